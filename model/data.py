@@ -1,0 +1,129 @@
+"""Parallel text: reading, cleaning, and length-bucketed batches under a token budget."""
+
+from __future__ import annotations
+
+import gzip
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch import Tensor
+
+from model.transformer import BOS_ID, EOS_ID, PAD_ID
+
+
+class DataError(ValueError):
+    """Input data that cannot be used; the message names the offending file(s)."""
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """One sentence per line, UTF-8, plain or gzipped (by the .gz suffix)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no such file: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\r\n") for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
+    """Both sides of a parallel corpus; they must have the same number of lines."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
+        )
+    if not src:
+        raise DataError(f"empty corpus: {src_path} and {tgt_path} have no lines")
+    return src, tgt
+
+
+@dataclass(frozen=True)
+class Example:
+    src: list[int]  # source ids followed by </s>
+    tgt: list[int]  # target ids followed by </s> (the decoder input is <s> + tgt[:-1])
+
+
+def encode_pairs(
+    tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], max_len: int
+) -> list[Example]:
+    """Tokenize pairs and drop empty ones and those longer than max_len tokens (with </s>)."""
+    src_ids = tokenizer.encode_batch(list(src))
+    tgt_ids = tokenizer.encode_batch(list(tgt))
+    examples = []
+    for s, t in zip(src_ids, tgt_ids, strict=True):
+        if not s.ids or not t.ids:
+            continue
+        if len(s.ids) + 1 > max_len or len(t.ids) + 1 > max_len:
+            continue
+        examples.append(Example(s.ids + [EOS_ID], t.ids + [EOS_ID]))
+    return examples
+
+
+def pad(sequences: Sequence[Sequence[int]], prefix: Sequence[int] = ()) -> Tensor:
+    """Right-pad int sequences (each optionally prefixed) into a (B, L) int64 tensor."""
+    length = max(len(prefix) + len(s) for s in sequences)
+    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        row = [*prefix, *s]
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+@dataclass
+class Batch:
+    src: Tensor  # (B, S)
+    tgt_in: Tensor  # (B, T): <s> y1 .. yn
+    tgt_out: Tensor  # (B, T): y1 .. yn </s>
+
+    @classmethod
+    def from_examples(cls, examples: Sequence[Example]) -> Batch:
+        src = pad([e.src for e in examples])
+        tgt_out = pad([e.tgt for e in examples])
+        tgt_in = pad([e.tgt[:-1] for e in examples], prefix=[BOS_ID])
+        return cls(src, tgt_in, tgt_out)
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+
+
+def token_budget_batches(examples: Sequence[Example], max_tokens: int) -> list[list[int]]:
+    """Indices grouped by length so that batch_size * longest side <= max_tokens.
+
+    Sorting by (target, source) length keeps padding low; the order of the batches is
+    shuffled separately, per epoch.
+    """
+    order = sorted(range(len(examples)), key=lambda i: (len(examples[i].tgt), len(examples[i].src)))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        size = max(len(examples[i].src), len(examples[i].tgt))
+        if size > max_tokens:
+            raise DataError(f"an example of {size} tokens does not fit max_tokens={max_tokens}")
+        if current and max(longest, size) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, size)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def epoch_batches(batches: Sequence[list[int]], seed: int, epoch: int) -> Iterator[list[int]]:
+    """The batches of one epoch in a shuffled order determined by (seed, epoch)."""
+    order = list(range(len(batches)))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    for i in order:
+        yield batches[i]

@@ -1,0 +1,342 @@
+"""Reference decoding in torch: greedy and batched beam search over a step function.
+
+The search knows nothing of the model: it drives a `Stepper`, which turns the last token of
+every live row into log-probs for the next one. Two steppers wrap the model: `CachedStepper`
+(decode_step with a key/value cache) and `UncachedStepper` (re-runs the whole decoder on the
+prefix each step, the seeds' loop, kept as the baseline).
+
+Conventions (shared with the ONNX engine, which must match this token for token):
+- A hypothesis's tokens exclude </s>; it has at most `max_decoding_length` of them and ends with
+  finish_reason "eos" or "length".
+- Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
+  length ** length_penalty, where length counts </s> too.
+- Beam search follows CTranslate2/fairseq: encoder output expanded beam_size times once; the
+  2*beam_size best candidates per sentence are scanned, a </s> among the top beam_size finishes a
+  hypothesis, the others continue; a sentence is done with beam_size finished hypotheses, and
+  leaves the batch. Only the self-attention cache is reordered by the back-pointers.
+- beam_size=1 gives the same tokens as greedy search.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from model.data import pad
+from model.transformer import BOS_ID, EOS_ID, Transformer, padding_mask
+
+DecoderKind = Literal["cached", "uncached"]
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    score: float
+    finish_reason: Literal["eos", "length"]
+
+
+class Stepper(Protocol):
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens (R,) -> log-probs (R, V) of the next token."""
+        ...
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only the given rows (sentences that finished leave the batch)."""
+        ...
+
+    def reorder(self, rows: Tensor) -> None:
+        """Beam back-pointers: row i continues from row rows[i] of the same sentence."""
+        ...
+
+
+class CachedStepper:
+    def __init__(self, model: Transformer, memory: Tensor, src_mask: Tensor) -> None:
+        self.model, self.src_mask = model, src_mask
+        self.cache = model.init_cache(memory)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        log_probs, self.cache = self.model.decode_step(tokens, self.cache, self.src_mask)
+        return log_probs
+
+    def select(self, rows: Tensor) -> None:
+        self.cache = self.cache.select(rows)
+        self.src_mask = self.src_mask.index_select(0, rows)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.cache = self.cache.reorder_self(rows)
+
+
+class UncachedStepper:
+    def __init__(self, model: Transformer, memory: Tensor, src_mask: Tensor) -> None:
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+        self.prefix = memory.new_zeros(memory.size(0), 0, dtype=torch.long)  # (R, t)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)  # (R, t + 1)
+        logits = self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # (R, V)
+        return logits.float().log_softmax(dim=-1)
+
+    def select(self, rows: Tensor) -> None:
+        self.prefix = self.prefix.index_select(0, rows)
+        self.memory = self.memory.index_select(0, rows)
+        self.src_mask = self.src_mask.index_select(0, rows)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.prefix = self.prefix.index_select(0, rows)
+
+
+def _normalized(score: float, length: int, length_penalty: float) -> float:
+    return score / (length**length_penalty)
+
+
+def greedy_search(
+    stepper: Stepper,
+    batch_size: int,
+    *,
+    max_decoding_length: int,
+    min_decoding_length: int = 0,
+    length_penalty: float = 1.0,
+    device: torch.device | str = "cpu",
+) -> list[Hypothesis]:
+    """Pick the most probable token at each step; finished rows leave the batch."""
+    alive = list(range(batch_size))  # sentence index of each live row
+    tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)
+    outputs: list[list[int]] = [[] for _ in range(batch_size)]
+    scores = [0.0] * batch_size
+    results: list[Hypothesis | None] = [None] * batch_size
+    for step in range(max_decoding_length):
+        log_probs = stepper.step(tokens)  # (R, V)
+        if step < min_decoding_length:
+            log_probs[:, EOS_ID] = -math.inf
+        best_scores, best = log_probs.max(dim=-1)  # (R,)
+        keep = []
+        for row, (sentence, token, score) in enumerate(
+            zip(alive, best.tolist(), best_scores.tolist(), strict=True)
+        ):
+            scores[sentence] += score
+            if token == EOS_ID:
+                results[sentence] = Hypothesis(
+                    outputs[sentence],
+                    _normalized(scores[sentence], step + 1, length_penalty),
+                    "eos",
+                )
+            else:
+                outputs[sentence].append(token)
+                keep.append(row)
+        if len(keep) < len(alive):
+            if not keep:
+                break
+            rows = torch.tensor(keep, device=device)
+            stepper.select(rows)
+            best = best.index_select(0, rows)
+            alive = [alive[r] for r in keep]
+        tokens = best
+    for sentence in alive:
+        if results[sentence] is None:
+            results[sentence] = Hypothesis(
+                outputs[sentence],
+                _normalized(scores[sentence], max_decoding_length, length_penalty),
+                "length",
+            )
+    return [r for r in results if r is not None]
+
+
+def beam_search(
+    stepper: Stepper,
+    batch_size: int,
+    *,
+    beam_size: int,
+    num_hypotheses: int = 1,
+    max_decoding_length: int,
+    min_decoding_length: int = 0,
+    length_penalty: float = 1.0,
+    device: torch.device | str = "cpu",
+) -> list[list[Hypothesis]]:
+    """Batched beam search; `stepper` holds batch_size * beam_size rows, sentence-major."""
+    if not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(f"num_hypotheses must be in 1..beam_size ({beam_size})")
+    k = beam_size
+    alive = list(range(batch_size))  # sentence index of each live block of k rows
+    # Only the first beam of each sentence is live at the start: the others are copies.
+    scores = torch.full((batch_size, k), -math.inf, device=device)  # (N, K)
+    scores[:, 0] = 0.0
+    history = torch.zeros(batch_size * k, 0, dtype=torch.long, device=device)  # (N*K, t)
+    tokens = torch.full((batch_size * k,), BOS_ID, dtype=torch.long, device=device)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+
+    for step in range(max_decoding_length):
+        log_probs = stepper.step(tokens)  # (N*K, V)
+        if step < min_decoding_length:
+            log_probs[:, EOS_ID] = -math.inf
+        n, vocab = len(alive), log_probs.size(-1)
+        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (N, 2K)
+        next_rows: list[int] = []
+        next_tokens: list[int] = []
+        next_scores: list[float] = []
+        keep_blocks: list[int] = []
+        for i, (sentence, cand_scores, cand_index) in enumerate(
+            zip(alive, top_scores.tolist(), top_index.tolist(), strict=True)
+        ):
+            rows, toks, scs = [], [], []
+            for j, (score, index) in enumerate(zip(cand_scores, cand_index, strict=True)):
+                if score == -math.inf or len(rows) == k:
+                    break
+                beam, token = divmod(index, vocab)
+                if token == EOS_ID:
+                    if j < k:
+                        finished[sentence].append(
+                            Hypothesis(
+                                history[i * k + beam].tolist(),
+                                _normalized(score, step + 1, length_penalty),
+                                "eos",
+                            )
+                        )
+                    continue
+                rows.append(i * k + beam)
+                toks.append(token)
+                scs.append(score)
+            if len(finished[sentence]) >= k:
+                continue
+            while len(rows) < k:  # fewer live candidates than beams: dead filler rows
+                rows.append(i * k)
+                toks.append(EOS_ID)
+                scs.append(-math.inf)
+            keep_blocks.append(i)
+            next_rows += rows
+            next_tokens += toks
+            next_scores += scs
+        if not keep_blocks:
+            alive = []
+            break
+        row_index = torch.tensor(next_rows, device=device)
+        if len(keep_blocks) < n:
+            # Rows of finished sentences leave: select whole blocks, then reorder within them.
+            kept_rows = torch.tensor(
+                [b * k + r for b in keep_blocks for r in range(k)], device=device
+            )
+            stepper.select(kept_rows)
+            position = {b: p for p, b in enumerate(keep_blocks)}
+            row_index_in_kept = torch.tensor(
+                [position[r // k] * k + r % k for r in next_rows], device=device
+            )
+            stepper.reorder(row_index_in_kept)
+        else:
+            stepper.reorder(row_index)
+        history = torch.cat(
+            [history.index_select(0, row_index), torch.tensor(next_tokens, device=device)[:, None]],
+            dim=1,
+        )
+        tokens = torch.tensor(next_tokens, device=device)
+        scores = torch.tensor(next_scores, device=device).view(len(keep_blocks), k)
+        alive = [alive[b] for b in keep_blocks]
+
+    for i, sentence in enumerate(alive):
+        for beam in range(k):
+            score = float(scores[i, beam])
+            if score > -math.inf:
+                finished[sentence].append(
+                    Hypothesis(
+                        history[i * k + beam].tolist(),
+                        _normalized(score, max_decoding_length, length_penalty),
+                        "length",
+                    )
+                )
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:num_hypotheses] for hyps in finished]
+
+
+def decode_batches(
+    make_stepper: Callable[[Tensor], Stepper],
+    sources: Sequence[Sequence[int]],
+    *,
+    beam_size: int = 1,
+    num_hypotheses: int = 1,
+    length_penalty: float = 1.0,
+    max_decoding_length: int,
+    min_decoding_length: int = 0,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> list[list[Hypothesis]]:
+    """Sort sources by length, decode them in batches, and return n-best lists in input order.
+
+    `make_stepper(src)` gets a padded (B, S) batch and returns a stepper over B * beam_size rows
+    (the encoder run once, its outputs repeated per beam). Any backend (torch, ONNX Runtime)
+    plugs in here and shares the search. Empty sources give an empty hypothesis unseen.
+    """
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, "eos")] for _ in sources]
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        stepper = make_stepper(pad([sources[i] for i in chunk]))  # (B, S) -> B*K rows
+        if beam_size > 1:
+            nbest = beam_search(
+                stepper,
+                len(chunk),
+                beam_size=beam_size,
+                num_hypotheses=num_hypotheses,
+                max_decoding_length=max_decoding_length,
+                min_decoding_length=min_decoding_length,
+                length_penalty=length_penalty,
+                device=device,
+            )
+        else:
+            nbest = [
+                [h]
+                for h in greedy_search(
+                    stepper,
+                    len(chunk),
+                    max_decoding_length=max_decoding_length,
+                    min_decoding_length=min_decoding_length,
+                    length_penalty=length_penalty,
+                    device=device,
+                )
+            ]
+        for i, hyps in zip(chunk, nbest, strict=True):
+            results[i] = hyps
+    return results
+
+
+@torch.inference_mode()
+def generate(
+    model: Transformer,
+    sources: Sequence[Sequence[int]],
+    *,
+    beam_size: int = 1,
+    num_hypotheses: int = 1,
+    length_penalty: float = 1.0,
+    max_decoding_length: int | None = None,
+    min_decoding_length: int = 0,
+    batch_size: int = 64,
+    decoder: DecoderKind = "cached",
+) -> list[list[Hypothesis]]:
+    """Decode source id sequences (each ending in </s>) with the torch model; n-best lists."""
+    device = next(model.parameters()).device
+    limit = model.config.max_positions
+    max_len = limit if max_decoding_length is None else min(max_decoding_length, limit)
+    stepper_cls = CachedStepper if decoder == "cached" else UncachedStepper
+
+    def make_stepper(src: Tensor) -> Stepper:
+        src = src.to(device)  # (B, S)
+        src_mask = padding_mask(src)
+        memory = model.encode(src, src_mask)  # encoder once per batch
+        if beam_size > 1:
+            memory = memory.repeat_interleave(beam_size, dim=0)  # (B*K, S, d_model)
+            src_mask = src_mask.repeat_interleave(beam_size, dim=0)
+        return stepper_cls(model, memory, src_mask)
+
+    return decode_batches(
+        make_stepper,
+        sources,
+        beam_size=beam_size,
+        num_hypotheses=num_hypotheses,
+        length_penalty=length_penalty,
+        max_decoding_length=max_len,
+        min_decoding_length=min_decoding_length,
+        batch_size=batch_size,
+        device=device,
+    )

@@ -1,0 +1,421 @@
+"""The Transformer encoder-decoder of Vaswani et al. (2017), "Attention Is All You Need".
+
+Written bottom-up in the paper's names: scaled dot-product attention, multi-head attention,
+position-wise feed-forward, sinusoidal positional encoding, encoder and decoder layers, and the
+model with `encode()`, `decode()` (teacher forcing, for training) and `decode_step()` (one token
+per sequence plus a key/value cache, for inference and the ONNX export).
+
+Shapes: B batch, S source length, T target length, H heads, Dh = d_model / H, V vocabulary.
+Masks are boolean and broadcastable to (B, H, T_query, T_key); True means "may attend".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Fixed special-token ids shared by the tokenizer, the model and the exported bundle.
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+
+NormPlacement = Literal["post", "pre"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters; saved next to the weights and the only source of truth."""
+
+    vocab_size: int
+    d_model: int = 512
+    d_ff: int = 2048
+    h: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    max_positions: int = 256
+    norm: NormPlacement = "post"
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.h != 0:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by h ({self.h})")
+        if self.norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        if self.vocab_size <= UNK_ID:
+            raise ValueError(f"vocab_size must exceed the special ids, got {self.vocab_size}")
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.h
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+# Architecture presets; the vocabulary size comes from the trained tokenizer.
+PRESETS: dict[str, dict[str, object]] = {
+    # Transformer-Tiny as in Wu et al. (2021) for Multi30k.
+    "tiny": dict(d_model=128, d_ff=256, h=4, n_encoder_layers=4, n_decoder_layers=4, dropout=0.3),
+    # The paper's base model.
+    "base": dict(d_model=512, d_ff=2048, h=8, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
+}
+
+
+def preset_config(name: str, vocab_size: int, **overrides: object) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return ModelConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})  # type: ignore[arg-type]
+
+
+def sinusoidal_encoding(max_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)."""
+    position = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position / div)
+    pe[:, 1::2] = torch.cos(position / div[: d_model // 2])
+    return pe.float()  # (P, d_model)
+
+
+def padding_mask(ids: Tensor) -> Tensor:
+    """(B, L) token ids -> (B, 1, 1, L) mask, False on padding."""
+    return (ids != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
+    """(1, 1, L, L) mask: position t may attend to positions <= t only."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: nn.Module | None = None
+) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V; returns the output and the attention weights."""
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, Tq, Tk)
+    if mask is not None:
+        # A finite minimum instead of -inf keeps fully padded query rows free of NaN.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)  # (B, H, Tq, Tk)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v, weights  # (B, H, Tq, Dh)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.h, self.d_k = config.h, config.d_k
+        self.w_q = nn.Linear(config.d_model, config.d_model)
+        self.w_k = nn.Linear(config.d_model, config.d_model)
+        self.w_v = nn.Linear(config.d_model, config.d_model)
+        self.w_o = nn.Linear(config.d_model, config.d_model)
+        self.dropout = nn.Dropout(config.attention_dropout)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.h, self.d_k).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of `x` (B, T, d_model), each (B, H, T, Dh); cacheable."""
+        return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
+
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Attention of queries from `x` (B, Tq, d_model) over precomputed k, v (B, H, Tk, Dh)."""
+        q = self.split_heads(self.w_q(x))  # (B, H, Tq, Dh)
+        out, _ = scaled_dot_product_attention(q, k, v, mask, self.dropout)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.h * self.d_k)  # (B, Tq, d_model)
+        return self.w_o(out)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(config.d_model, config.d_ff)
+        self.w_2 = nn.Linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+
+
+class Residual(nn.Module):
+    """Add & norm around a sub-layer: post-norm LayerNorm(x + Dropout(f(x))) as in the paper,
+    or pre-norm x + Dropout(f(LayerNorm(x)))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.pre_norm = config.norm == "pre"
+        self.norm = nn.LayerNorm(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def inner(self, x: Tensor) -> Tensor:
+        """What the sub-layer sees."""
+        return self.norm(x) if self.pre_norm else x
+
+    def outer(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        """Combine the residual stream with the sub-layer's output."""
+        y = x + self.dropout(sublayer_out)
+        return y if self.pre_norm else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.feed_forward = FeedForward(config)
+        self.sublayer = nn.ModuleList([Residual(config) for _ in range(2)])
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        r = self.sublayer[0]
+        y = r.inner(x)
+        k, v = self.self_attn.project_kv(y)
+        x = r.outer(x, self.self_attn.attend(y, k, v, src_mask))
+        r = self.sublayer[1]
+        return r.outer(x, self.feed_forward(r.inner(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.feed_forward = FeedForward(config)
+        self.sublayer = nn.ModuleList([Residual(config) for _ in range(3)])
+
+    def forward(
+        self,
+        x: Tensor,
+        tgt_mask: Tensor | None,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_mask: Tensor,
+        past_k: Tensor | None = None,
+        past_v: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, d_model) new positions; past_k/v (B, H, T_past, Dh) cached self-attention.
+
+        Returns the layer output and the self-attention keys/values including the new positions.
+        """
+        r = self.sublayer[0]
+        y = r.inner(x)
+        k, v = self.self_attn.project_kv(y)  # (B, H, T, Dh)
+        if past_k is not None and past_v is not None:
+            k = torch.cat([past_k, k], dim=2)  # (B, H, T_past + T, Dh)
+            v = torch.cat([past_v, v], dim=2)
+        x = r.outer(x, self.self_attn.attend(y, k, v, tgt_mask))
+        r = self.sublayer[1]
+        x = r.outer(x, self.cross_attn.attend(r.inner(x), cross_k, cross_v, src_mask))
+        r = self.sublayer[2]
+        x = r.outer(x, self.feed_forward(r.inner(x)))
+        return x, k, v
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer decoder state for incremental decoding.
+
+    self_k/self_v grow by one position per step; cross_k/cross_v are computed once from the
+    encoder output and never change. All tensors are (B, H, L, Dh).
+    """
+
+    self_k: list[Tensor]
+    self_v: list[Tensor]
+    cross_k: list[Tensor]
+    cross_v: list[Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.self_k[0].size(2)
+
+    def select(self, rows: Tensor) -> DecoderCache:
+        """Keep the batch rows `rows` (e.g. drop finished sentences); all tensors."""
+        return DecoderCache(*([t.index_select(0, rows) for t in ts] for ts in self._fields()))
+
+    def reorder_self(self, rows: Tensor) -> DecoderCache:
+        """Reorder beams by back-pointers: only the self-attention cache moves.
+
+        Valid when `rows` maps each row to a row of the same sentence, whose cross-attention
+        keys/values are identical copies.
+        """
+        return DecoderCache(
+            [t.index_select(0, rows) for t in self.self_k],
+            [t.index_select(0, rows) for t in self.self_v],
+            self.cross_k,
+            self.cross_v,
+        )
+
+    def _fields(self) -> tuple[list[Tensor], ...]:
+        return (self.self_k, self.self_v, self.cross_k, self.cross_v)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        # One joint vocabulary: the source and target embeddings and the output projection share
+        # a single matrix (the paper's weight tying, section 3.4).
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD_ID)
+        self.register_buffer(
+            "positional_encoding",
+            sinusoidal_encoding(config.max_positions, config.d_model),
+            persistent=False,
+        )
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(
+            [EncoderLayer(config) for _ in range(config.n_encoder_layers)]
+        )
+        self.decoder_layers = nn.ModuleList(
+            [DecoderLayer(config) for _ in range(config.n_decoder_layers)]
+        )
+        # Pre-norm leaves the residual stream un-normalised: a final norm per stack.
+        self.encoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        # Embeddings are multiplied by sqrt(d_model), so start them at scale d_model^-0.5.
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.config.d_model**-0.5)
+        with torch.no_grad():
+            self.embedding.weight[PAD_ID].zero_()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def embed(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """(B, L) ids at positions offset..offset+L-1 -> (B, L, d_model)."""
+        length = ids.size(1)
+        if isinstance(offset, int) and offset + length > self.config.max_positions:
+            raise ValueError(
+                f"sequence of {offset + length} positions exceeds max_positions "
+                f"{self.config.max_positions}"
+            )
+        pe = self.positional_encoding.narrow(0, offset, length)  # (L, d_model)
+        x = self.embedding(ids) * math.sqrt(self.config.d_model) + pe
+        return self.embed_dropout(x)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """src (B, S) ids, src_mask (B, 1, 1, S) -> memory (B, S, d_model)."""
+        x = self.embed(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def cross_kv(self, memory: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Cross-attention keys and values of every decoder layer, each (B, H, S, Dh)."""
+        pairs = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        return [k for k, _ in pairs], [v for _, v in pairs]
+
+    def output_logits(self, x: Tensor) -> Tensor:
+        """(..., d_model) -> (..., V), through the tied embedding matrix."""
+        return x @ self.embedding.weight.t()
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoder: tgt_in (B, T) -> logits (B, T, V)."""
+        tgt_mask = padding_mask(tgt_in) & causal_mask(tgt_in.size(1), tgt_in.device)
+        cross_k, cross_v = self.cross_kv(memory)
+        x = self.embed(tgt_in)
+        for layer, ck, cv in zip(self.decoder_layers, cross_k, cross_v, strict=True):
+            x, _, _ = layer(x, tgt_mask, ck, cv, src_mask)
+        return self.output_logits(self.decoder_norm(x))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        src_mask = padding_mask(src)
+        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def init_cache(self, memory: Tensor) -> DecoderCache:
+        """An empty self-attention cache (length 0) and the cross keys/values of `memory`."""
+        b = memory.size(0)
+        empty = memory.new_zeros(b, self.config.h, 0, self.config.d_k)  # (B, H, 0, Dh)
+        n = self.config.n_decoder_layers
+        cross_k, cross_v = self.cross_kv(memory)
+        return DecoderCache([empty] * n, [empty] * n, cross_k, cross_v)
+
+    def decode_step(
+        self, tokens: Tensor, cache: DecoderCache, src_mask: Tensor
+    ) -> tuple[Tensor, DecoderCache]:
+        """One decoding step: tokens (B,) at position cache.length -> log-probs (B, V).
+
+        Every row is at the same position (all sequences advance together); no target mask is
+        needed because the single query may attend to all cached positions.
+        """
+        x = self.embed(tokens[:, None], offset=cache.length)  # (B, 1, d_model)
+        self_k, self_v = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            x, k, v = layer(
+                x,
+                None,
+                cache.cross_k[i],
+                cache.cross_v[i],
+                src_mask,
+                cache.self_k[i],
+                cache.self_v[i],
+            )
+            self_k.append(k)
+            self_v.append(v)
+        logits = self.output_logits(self.decoder_norm(x[:, 0]))  # (B, V)
+        return logits.log_softmax(dim=-1), DecoderCache(
+            self_k, self_v, cache.cross_k, cache.cross_v
+        )
+
+
+# --- Checkpoint files: weights (safetensors, no pickle) + config.json ------------------------
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_model(model: Transformer, directory: str | Path, meta: dict[str, object]) -> None:
+    """Write model.safetensors and config.json ({"model": config, **meta}), each atomically."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, directory / WEIGHTS_FILE)
+    tmp = directory / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps({"model": model.config.to_dict(), **meta}, indent=2) + "\n")
+    os.replace(tmp, directory / CONFIG_FILE)
+
+
+def load_model(checkpoint_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Rebuild a model from a checkpoint directory (config.json + model.safetensors)."""
+    from safetensors.torch import load_file
+
+    directory = Path(checkpoint_dir)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"checkpoint {directory} has no {name}")
+    config = ModelConfig.from_dict(json.loads((directory / CONFIG_FILE).read_text())["model"])
+    model = Transformer(config)
+    model.load_state_dict(load_file(directory / WEIGHTS_FILE, device=str(device)))
+    return model.to(device).eval()

@@ -1,0 +1,1 @@
+"""The translation service: serves exported ONNX bundles with ONNX Runtime, never torch."""

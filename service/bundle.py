@@ -1,0 +1,304 @@
+"""The bundle contract: manifest schema, file names and every graph tensor name.
+
+The exported bundle is the only thing the PyTorch side hands to the serving side, so its consumer
+owns the contract: `export/` imports this module to write a bundle, `service/` imports it to read
+one. It must stay importable with the serving image's packages only (no torch, no onnx, no
+`model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
+which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
+
+Layout of a bundle directory (format version 1):
+
+    manifest.json      this schema, written last by the exporter
+    tokenizer.json     Hugging Face tokenizers file
+    encoder.onnx       input_ids, attention_mask (B, S) -> memory (B, S, d_model),
+                       cross_key.{i} / cross_value.{i} (B, H, S, Dh) for every decoder layer i
+    decoder_step.onnx  input_ids (B, 1), encoder_attention_mask (B, S),
+                       past_key.{i} / past_value.{i} (B, H, T, Dh) with T >= 0,
+                       cross_key.{i} / cross_value.{i} (B, H, S, Dh)
+                       -> log_probs (B, V) float32, present_key.{i} / present_value.{i}
+                          (B, H, T + 1, Dh); the step's position is T, read from the past inside
+                          the graph
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+FORMAT_VERSION = 1
+SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
+
+MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+ENCODER_FILE = "encoder.onnx"
+DECODER_STEP_FILE = "decoder_step.onnx"
+
+Dtype = Literal["fp32", "fp16", "int8"]
+
+# --- Tensor names: the one place they are spelled --------------------------------------------
+
+INPUT_IDS = "input_ids"
+ATTENTION_MASK = "attention_mask"  # encoder input, (B, S) int64, 1 on tokens and 0 on padding
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask, fed to every decoder step
+MEMORY = "memory"
+LOG_PROBS = "log_probs"
+
+# Dynamic axes, named the same in both graphs.
+BATCH_AXIS = "batch"
+SOURCE_AXIS = "source_length"
+PAST_AXIS = "past_length"
+PRESENT_AXIS = "present_length"
+
+
+def cross_key(layer: int) -> str:
+    return f"cross_key.{layer}"
+
+
+def cross_value(layer: int) -> str:
+    return f"cross_value.{layer}"
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
+def cross_names(n_layers: int) -> list[str]:
+    """cross_key.0, cross_value.0, cross_key.1, ...: encoder outputs and decoder inputs."""
+    return [name for i in range(n_layers) for name in (cross_key(i), cross_value(i))]
+
+
+def past_names(n_layers: int) -> list[str]:
+    return [name for i in range(n_layers) for name in (past_key(i), past_value(i))]
+
+
+def present_names(n_layers: int) -> list[str]:
+    """Decoder outputs in the order of `past_names`: present i becomes past i next step."""
+    return [name for i in range(n_layers) for name in (present_key(i), present_value(i))]
+
+
+def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) of encoder.onnx, in graph order."""
+    return [INPUT_IDS, ATTENTION_MASK], [MEMORY, *cross_names(n_layers)]
+
+
+def decoder_step_io(n_layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) of decoder_step.onnx, in graph order."""
+    inputs = [INPUT_IDS, ENCODER_ATTENTION_MASK, *past_names(n_layers), *cross_names(n_layers)]
+    return inputs, [LOG_PROBS, *present_names(n_layers)]
+
+
+# --- Manifest schema ---------------------------------------------------------------------------
+
+
+class BundleError(Exception):
+    """A bundle that cannot be served; the message names the offending file."""
+
+
+class _Frozen(BaseModel):
+    # Unknown fields are errors: a manifest this reader does not fully understand must carry a
+    # format version it does not support, not be half-read.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TensorSpec(_Frozen):
+    name: str
+    dtype: str  # numpy name: "int64", "float32", "float16"
+    shape: list[int | str]  # a str is a dynamic axis
+
+
+class GraphSpec(_Frozen):
+    file: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def tensor(self, name: str) -> TensorSpec:
+        for spec in (*self.inputs, *self.outputs):
+            if spec.name == name:
+                return spec
+        raise KeyError(f"{self.file} has no tensor {name!r}")
+
+
+class ModelDims(_Frozen):
+    encoder_layers: int
+    decoder_layers: int
+    heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    max_positions: int  # source length and decoding steps are each limited to this
+
+
+class SpecialIds(_Frozen):
+    pad: int
+    bos: int
+    eos: int
+    unk: int
+
+
+class FileEntry(_Frozen):
+    sha256: str
+    size: int  # bytes
+
+
+class Provenance(_Frozen):
+    checkpoint: str
+    checkpoint_sha256: str  # of model.safetensors
+    git_commit: str | None
+    bleu: float | None  # as recorded in the checkpoint's config.json, if it was
+    exporter: str
+
+
+class Manifest(_Frozen):
+    format_version: int
+    model: ModelDims
+    special_ids: SpecialIds
+    source_language: str
+    target_language: str
+    dtype: Dtype
+    opset: int
+    tokenizer: str
+    encoder: GraphSpec
+    decoder_step: GraphSpec
+    files: dict[str, FileEntry]
+    provenance: Provenance
+
+    @field_validator("files")
+    @classmethod
+    def _plain_file_names(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        # A bundle may come from elsewhere: never let it point outside its own directory.
+        for name in files:
+            if not name or Path(name).name != name or name in (".", ".."):
+                raise ValueError(f"file name {name!r} is not a plain name inside the bundle")
+        return files
+
+    def to_json(self) -> str:
+        """Stable text (fixed key order, no timestamps) so equal exports give equal manifests."""
+        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path) -> FileEntry:
+    return FileEntry(sha256=sha256_file(path), size=path.stat().st_size)
+
+
+# --- Loading and verification ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle: every listed file is present with its recorded hash."""
+
+    directory: Path
+    manifest: Manifest
+
+    def path(self, file: str) -> Path:
+        return self.directory / file
+
+    def check_graph_io(
+        self, graph: GraphSpec, inputs: Sequence[str], outputs: Sequence[str]
+    ) -> None:
+        """Compare the names a loaded graph really has (e.g. an ONNX Runtime session's) with
+        the manifest's, so a mismatch fails at load time and not at the first request."""
+        for kind, listed, actual in (
+            ("inputs", graph.input_names, inputs),
+            ("outputs", graph.output_names, outputs),
+        ):
+            missing = [n for n in listed if n not in actual]
+            unexpected = [n for n in actual if n not in listed]
+            if missing or unexpected:
+                raise BundleError(
+                    f"{self.path(graph.file)}: graph {kind} do not match {MANIFEST_FILE}: "
+                    f"missing {missing}, not in the manifest {unexpected}"
+                )
+
+
+def load_bundle(directory: str | Path) -> Bundle:
+    """Read and verify a bundle: manifest parseable and of a supported format version, tensor
+    names as this module spells them, every listed file present with its size and sha256."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST_FILE
+    try:
+        raw = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{manifest_path}: missing (not a bundle directory?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{manifest_path}: not readable JSON: {e}") from e
+    # The version first: a newer manifest may not fit this schema at all.
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise BundleError(
+            f"{manifest_path}: format version {version!r} is not supported "
+            f"(supported: {sorted(SUPPORTED_FORMAT_VERSIONS)})"
+        )
+    try:
+        manifest = Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise BundleError(f"{manifest_path}: invalid manifest: {e}") from e
+    _check_contract(manifest, manifest_path)
+    for name, entry in manifest.files.items():
+        _verify_file(directory / name, entry)
+    return Bundle(directory, manifest)
+
+
+def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
+    n = manifest.model.decoder_layers
+    for graph, (inputs, outputs) in (
+        (manifest.encoder, encoder_io(n)),
+        (manifest.decoder_step, decoder_step_io(n)),
+    ):
+        if graph.input_names != inputs or graph.output_names != outputs:
+            raise BundleError(
+                f"{manifest_path}: tensor names of {graph.file} differ from the contract: "
+                f"listed inputs {graph.input_names}, outputs {graph.output_names}; "
+                f"expected inputs {inputs}, outputs {outputs}"
+            )
+    for file in (manifest.encoder.file, manifest.decoder_step.file, manifest.tokenizer):
+        if file not in manifest.files:
+            raise BundleError(f"{manifest_path}: lists no sha256 for {file}")
+
+
+def _verify_file(path: Path, entry: FileEntry) -> None:
+    if not path.is_file():
+        raise BundleError(f"{path}: missing (listed in {MANIFEST_FILE})")
+    size = path.stat().st_size
+    if size != entry.size:
+        state = "truncated" if size < entry.size else "larger than listed"
+        raise BundleError(f"{path}: {state}: {size} bytes, {MANIFEST_FILE} lists {entry.size}")
+    digest = sha256_file(path)
+    if digest != entry.sha256:
+        raise BundleError(
+            f"{path}: sha256 mismatched: {digest}, {MANIFEST_FILE} lists {entry.sha256}"
+        )

@@ -1,0 +1,189 @@
+"""export/parity.py: ONNX Runtime matches torch output for output and token for token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from export.parity import (
+    TOLERANCE,
+    OrtBundle,
+    OrtStepper,
+    check_parity,
+    encode_sources,
+    main,
+    open_bundle,
+)
+from model.data import pad
+from model.search import generate
+from model.transformer import BOS_ID, DecoderCache, Transformer, load_model, padding_mask
+from service.bundle import (
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOG_PROBS,
+    cross_names,
+    past_key,
+    past_names,
+)
+
+
+def _sources(ort_bundle: OrtBundle, lines: list[str]) -> list[list[int]]:
+    sources, _ = encode_sources(ort_bundle, lines)
+    return sources
+
+
+@pytest.mark.parametrize(
+    ("bundle_name", "checkpoint_name"),
+    [("fp32_bundle", "tiny_checkpoint"), ("eos_bundle", "eos_checkpoint")],
+)
+def test_parity_on_real_sentences(
+    bundle_name: str, checkpoint_name: str, val_src: list[str], request: pytest.FixtureRequest
+) -> None:
+    ort_bundle = open_bundle(request.getfixturevalue(bundle_name))
+    model = load_model(request.getfixturevalue(checkpoint_name))
+    sources = _sources(ort_bundle, val_src)
+    assert len(sources) >= 15  # only a few val sentences exceed the tiny max_positions
+
+    report = check_parity(model, ort_bundle, sources)
+
+    assert report.ok, report.failures
+    assert report.tokens_equal
+    assert report.max_abs_diff <= TOLERANCE
+    assert set(report.max_abs_diff_by_tensor) == {
+        *ort_bundle.bundle.manifest.encoder.output_names,
+        *ort_bundle.bundle.manifest.decoder_step.output_names,
+    }
+
+
+def test_eos_bundle_exercises_finished_rows(
+    eos_checkpoint: Path, eos_bundle: Path, val_src: list[str]
+) -> None:
+    """Parity on eos_bundle covers rows leaving a live batch only if searches stop at
+    different steps; with random weights (fp32_bundle) they all run to max_positions."""
+    sources = _sources(open_bundle(eos_bundle), val_src)
+    model = load_model(eos_checkpoint)
+    for beam_size in (1, 4):
+        hyps = [h[0] for h in generate(model, sources, beam_size=beam_size)]
+        assert len({len(h.tokens) for h in hyps if h.finish_reason == "eos"}) > 1
+
+
+def _step_inputs(
+    model: Transformer, batch: int, source: int, past: int
+) -> tuple[torch.Tensor, torch.Tensor, DecoderCache]:
+    """A padded source, one token per row and a random past of the given length."""
+    config = model.config
+    generator = torch.Generator().manual_seed(batch * 100 + source * 10 + past)
+    src = torch.randint(4, config.vocab_size, (batch, source), generator=generator)
+    src[-1, (source + 1) // 2 :] = 0  # padding in the last row
+    cross = model.init_cache(model.encode(src, padding_mask(src)))
+    shape = (batch, config.h, past, config.d_k)  # (B, H, T, Dh)
+    n = config.n_decoder_layers
+    self_k = [torch.randn(shape, generator=generator) for _ in range(n)]
+    self_v = [torch.randn(shape, generator=generator) for _ in range(n)]
+    tokens = torch.randint(4, config.vocab_size, (batch,), generator=generator)
+    return src, tokens, DecoderCache(self_k, self_v, cross.cross_k, cross.cross_v)
+
+
+def _flat(keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[np.ndarray]:
+    return [t.numpy() for pair in zip(keys, values, strict=True) for t in pair]
+
+
+@pytest.mark.parametrize(
+    ("batch", "source", "past"),
+    [(1, 1, 0), (3, 7, 0), (3, 7, 5), (1, 9, 1), (4, 2, 11)],
+)
+@torch.inference_mode()
+def test_decoder_step_for_shapes_other_than_the_traced_ones(
+    fp32_bundle: Path, tiny_checkpoint: Path, batch: int, source: int, past: int
+) -> None:
+    """Traced with batch 2, source 5, past 3: none of these may be baked into the graph."""
+    ort_bundle = open_bundle(fp32_bundle)
+    model = load_model(tiny_checkpoint)
+    n = model.config.n_decoder_layers
+    src, tokens, cache = _step_inputs(model, batch, source, past)
+    expected, grown = model.decode_step(tokens, cache, padding_mask(src))
+
+    feeds = {
+        INPUT_IDS: tokens[:, None].numpy(),
+        ENCODER_ATTENTION_MASK: (src != 0).long().numpy(),
+        **dict(zip(past_names(n), _flat(cache.self_k, cache.self_v), strict=True)),
+        **dict(zip(cross_names(n), _flat(cache.cross_k, cache.cross_v), strict=True)),
+    }
+    log_probs, *present = ort_bundle.decoder_step.run(None, feeds)
+    assert log_probs.shape == (batch, model.config.vocab_size)
+    np.testing.assert_allclose(log_probs, expected.numpy(), rtol=0, atol=TOLERANCE)
+    for actual, wanted in zip(present, _flat(grown.self_k, grown.self_v), strict=True):
+        assert actual.shape[2] == past + 1
+        np.testing.assert_allclose(actual, wanted, rtol=0, atol=TOLERANCE)
+
+
+@torch.inference_mode()
+def test_first_step_with_zero_length_past(fp32_bundle: Path, tiny_checkpoint: Path) -> None:
+    ort_bundle = open_bundle(fp32_bundle)
+    model = load_model(tiny_checkpoint)
+    src = pad([[5, 6, 7, 8, 2], [9, 10, 2]])  # (2, 5), padded
+    mask = (src != 0).long().numpy()
+    stepper = OrtStepper(ort_bundle, ort_bundle.encode(src.numpy(), mask), mask)
+    assert stepper.past[past_key(0)].shape == (2, model.config.h, 0, model.config.d_k)
+
+    tokens = torch.full((2,), BOS_ID)
+    actual = stepper.step(tokens)
+    expected, _ = model.decode_step(
+        tokens, model.init_cache(model.encode(src, padding_mask(src))), padding_mask(src)
+    )
+    assert torch.allclose(actual, expected, rtol=0, atol=TOLERANCE)
+    assert stepper.past[past_key(0)].shape[2] == 1
+
+
+def test_parity_catches_a_different_model(
+    fp32_bundle: Path, tiny_checkpoint: Path, val_src: list[str]
+) -> None:
+    """The check must be able to fail, and it collects every failure instead of stopping."""
+    ort_bundle = open_bundle(fp32_bundle)
+    model = load_model(tiny_checkpoint)
+    with torch.no_grad():
+        model.decoder_layers[0].feed_forward.w_1.bias += 0.05  # the decoder only
+    report = check_parity(model, ort_bundle, _sources(ort_bundle, val_src)[:6])
+
+    assert not report.ok
+    assert report.max_abs_diff_by_tensor["memory"] <= TOLERANCE  # the encoder still agrees
+    assert report.max_abs_diff_by_tensor[LOG_PROBS] > TOLERANCE
+    assert any(f.startswith("decoder_step 0 (past length 0): log_probs") for f in report.failures)
+    assert any(f.startswith("decoder_step 3 ") for f in report.failures)
+
+
+def test_cli_prints_a_json_summary(
+    fp32_bundle: Path, tiny_checkpoint: Path, multi30k: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--checkpoint", str(tiny_checkpoint), "--bundle", str(fp32_bundle)]
+    argv += ["--src", str(multi30k / "val.en.gz"), "--n", "8"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["ok"] is True
+    assert summary["tokens_equal"] is True
+    assert summary["max_abs_diff"] <= TOLERANCE
+    assert summary["failures"] == []
+
+
+def test_cli_fails_for_another_checkpoint(
+    fp32_bundle: Path, eos_checkpoint: Path, multi30k: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--checkpoint", str(eos_checkpoint), "--bundle", str(fp32_bundle)]
+    argv += ["--src", str(multi30k / "val.en.gz"), "--n", "4"]
+    assert main(argv) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["ok"] is False
+    assert any("exported from other weights" in f for f in summary["failures"])
+
+
+def test_cli_refuses_reduced_precision(
+    int8_bundle: Path, tiny_checkpoint: Path, multi30k: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--checkpoint", str(tiny_checkpoint), "--bundle", str(int8_bundle)]
+    argv += ["--src", str(multi30k / "val.en.gz"), "--n", "4"]
+    assert main(argv) == 2
+    assert "python -m export.quantize" in capsys.readouterr().err

@@ -1,0 +1,220 @@
+"""Greedy and beam search against hand-built log-prob tables, then on a real (random) model."""
+
+import math
+
+import pytest
+import torch
+
+from model.data import pad
+from model.search import CachedStepper, beam_search, generate, greedy_search
+from model.transformer import BOS_ID, EOS_ID, ModelConfig, Transformer, padding_mask
+
+V = 8  # pad, bos, eos, unk, then tokens 4..7
+A, B, C, D = 4, 5, 6, 7
+
+
+class TableStepper:
+    """Log-probs as a function of each row's prefix: {prefix tuple: {token: prob}}.
+
+    Unlisted prefixes put all mass on </s>; unlisted tokens get a tiny probability.
+    """
+
+    def __init__(self, tables: list[dict[tuple[int, ...], dict[int, float]]], rows_per: int = 1):
+        # One table per sentence; rows are sentence-major (rows_per rows per sentence).
+        self.tables = [t for t in tables for _ in range(rows_per)]
+        self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
+        self.calls = 0
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = torch.full((len(self.prefixes), V), math.log(1e-6))
+        for r, token in enumerate(tokens.tolist()):
+            prefix = self.prefixes[r] if token == BOS_ID else (*self.prefixes[r], token)
+            self.prefixes[r] = prefix
+            for t, p in self.tables[r].get(prefix, {EOS_ID: 1.0}).items():
+                out[r, t] = math.log(p)
+        return out.log_softmax(-1)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+        self.tables = [self.tables[i] for i in rows.tolist()]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+
+
+# Greedy takes A (0.6) then is stuck with </s> at 0.35: 0.21. B then </s> gives 0.4 * 0.95 = 0.38.
+GARDEN_PATH = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS_ID: 0.35, C: 0.33, D: 0.32},
+    (B,): {EOS_ID: 0.95, C: 0.05},
+}
+
+
+def test_greedy_picks_the_argmax_each_step() -> None:
+    [hyp] = greedy_search(TableStepper([GARDEN_PATH]), 1, max_decoding_length=10)
+    assert hyp.tokens == [A]
+    assert hyp.finish_reason == "eos"
+    assert hyp.score == pytest.approx(math.log(0.6 * 0.35) / 2, abs=1e-4)
+
+
+def test_beam_finds_the_better_sequence_greedy_misses() -> None:
+    [[best]] = beam_search(
+        TableStepper([GARDEN_PATH], rows_per=2), 1, beam_size=2, max_decoding_length=10
+    )
+    assert best.tokens == [B]
+    assert best.score == pytest.approx(math.log(0.4 * 0.95) / 2, abs=1e-4)
+    assert best.score > math.log(0.6 * 0.35) / 2
+
+
+def test_length_penalty_changes_the_winner_as_computed() -> None:
+    # Short: A </s> = 0.4 (length 2). Long: B C D </s> = 0.6 * 0.55 = 0.33 (length 4).
+    table = {
+        (): {A: 0.4, B: 0.6},
+        (A,): {EOS_ID: 1.0},
+        (B,): {C: 0.55, D: 0.45},
+        (B, C): {D: 1.0},
+        (B, D): {C: 1.0},
+        (B, C, D): {EOS_ID: 1.0},
+        (B, D, C): {EOS_ID: 1.0},
+    }
+    short, long = math.log(0.4), math.log(0.33)
+    assert short > long and short / 2 < long / 4  # the computed winners differ
+    for alpha, expected in ((0.0, [A]), (1.0, [B, C, D])):
+        [[best]] = beam_search(
+            TableStepper([table], rows_per=2),
+            1,
+            beam_size=2,
+            length_penalty=alpha,
+            max_decoding_length=10,
+        )
+        assert best.tokens == expected
+        assert best.score == pytest.approx(max(short / 2**alpha, long / 4**alpha), abs=1e-4)
+
+
+def test_finish_reasons_eos_and_length() -> None:
+    loop = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {A: 0.9}}
+    [hyp] = greedy_search(TableStepper([loop]), 1, max_decoding_length=3)
+    assert hyp.tokens == [A, A, A] and hyp.finish_reason == "length"
+    [[hyp]] = beam_search(TableStepper([loop], 2), 1, beam_size=2, max_decoding_length=3)
+    assert hyp.finish_reason == "length" and len(hyp.tokens) == 3
+
+
+def test_min_decoding_length_forbids_early_eos() -> None:
+    [hyp] = greedy_search(
+        TableStepper([GARDEN_PATH]), 1, max_decoding_length=10, min_decoding_length=3
+    )
+    assert len(hyp.tokens) >= 3
+
+
+def test_nbest_is_ordered_by_score() -> None:
+    nbest = beam_search(
+        TableStepper([GARDEN_PATH], rows_per=4),
+        1,
+        beam_size=4,
+        num_hypotheses=4,
+        max_decoding_length=5,
+    )[0]
+    assert len(nbest) == 4
+    scores = [h.score for h in nbest]
+    assert scores == sorted(scores, reverse=True)
+    assert nbest[0].tokens == [B]
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        beam_search(
+            TableStepper([GARDEN_PATH], 2), 1, beam_size=2, num_hypotheses=3, max_decoding_length=5
+        )
+
+
+def test_finished_sentences_leave_the_batch() -> None:
+    short = {(): {EOS_ID: 0.9, A: 0.1}}
+    long = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {EOS_ID: 0.9}}
+    stepper = TableStepper([short, long, short])
+    hyps = greedy_search(stepper, 3, max_decoding_length=10)
+    assert [h.tokens for h in hyps] == [[], [A, A, A], []]
+    assert len(stepper.prefixes) == 1  # only the long sentence was still being decoded
+    stepper = TableStepper([short, long, short], rows_per=2)
+    nbest = beam_search(stepper, 3, beam_size=2, max_decoding_length=10)
+    assert [n[0].tokens for n in nbest] == [[], [A, A, A], []]
+    assert len(stepper.prefixes) == 2
+
+
+def _random_table(seed: int, depth: int = 4) -> dict[tuple[int, ...], dict[int, float]]:
+    g = torch.Generator().manual_seed(seed)
+    table: dict[tuple[int, ...], dict[int, float]] = {}
+    frontier: list[tuple[int, ...]] = [()]
+    for _ in range(depth):
+        nxt = []
+        for prefix in frontier:
+            p = torch.rand(5, generator=g) + 0.05
+            p = (p / p.sum()).tolist()
+            table[prefix] = dict(zip([EOS_ID, A, B, C, D], p, strict=True))
+            nxt += [(*prefix, t) for t in (A, B, C, D)]
+        frontier = nxt
+    return table
+
+
+def test_beam_size_one_equals_greedy_on_random_tables() -> None:
+    tables = [_random_table(s) for s in range(12)]
+    greedy = greedy_search(TableStepper(tables), 12, max_decoding_length=6)
+    beam = beam_search(TableStepper(tables), 12, beam_size=1, max_decoding_length=6)
+    assert [g.tokens for g in greedy] == [b[0].tokens for b in beam]
+    assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])
+
+
+@pytest.fixture(scope="module")
+def random_model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40,
+        d_model=32,
+        d_ff=64,
+        h=4,
+        n_encoder_layers=2,
+        n_decoder_layers=2,
+        max_positions=20,
+        norm="pre",
+    )
+    return Transformer(config).eval()
+
+
+SOURCES = [[5, 6, 7, EOS_ID], [], [8, EOS_ID], [9, 10, 11, 12, 13, 14, EOS_ID], [15, 16, EOS_ID]]
+
+
+def test_model_beam_one_equals_greedy_and_cached_equals_uncached(random_model) -> None:
+    greedy = generate(random_model, SOURCES, beam_size=1, max_decoding_length=12)
+    uncached = generate(
+        random_model, SOURCES, beam_size=1, max_decoding_length=12, decoder="uncached"
+    )
+    assert [g[0].tokens for g in greedy] == [u[0].tokens for u in uncached]
+    # The batched beam code with K=1, through the model, picks the same tokens as greedy.
+    nonempty = [s for s in SOURCES if s]
+    src = pad(nonempty)
+    mask = padding_mask(src)
+    with torch.no_grad():
+        stepper = CachedStepper(random_model, random_model.encode(src, mask), mask)
+        beam = beam_search(stepper, len(nonempty), beam_size=1, max_decoding_length=12)
+    assert [b[0].tokens for b in beam] == [
+        g[0].tokens for g, s in zip(greedy, SOURCES, strict=True) if s
+    ]
+
+
+def test_model_beam_cached_equals_uncached_and_order_is_kept(random_model) -> None:
+    cached = generate(
+        random_model, SOURCES, beam_size=4, num_hypotheses=2, max_decoding_length=12, batch_size=2
+    )
+    uncached = generate(
+        random_model,
+        SOURCES,
+        beam_size=4,
+        num_hypotheses=2,
+        max_decoding_length=12,
+        decoder="uncached",
+    )
+    assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in uncached]
+    assert cached[1][0].tokens == [] and cached[1][0].finish_reason == "eos"
+    # Each sentence decoded alone gives the same result as in the batch (order restored).
+    for source, nbest in zip(SOURCES, cached, strict=True):
+        alone = generate(
+            random_model, [source], beam_size=4, num_hypotheses=2, max_decoding_length=12
+        )
+        assert [h.tokens for h in alone[0]] == [h.tokens for h in nbest]

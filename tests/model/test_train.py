@@ -1,0 +1,174 @@
+"""The training and evaluation CLIs, end to end, on a synthetic task and on bad inputs."""
+
+import hashlib
+import json
+import random
+
+import pytest
+
+from model import evaluate, train
+from model.train import TrainConfig, learning_rate
+
+SYMBOLS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"]
+
+
+def _write_reverse_task(directory, n: int, seed: int) -> tuple:
+    rng = random.Random(seed)
+    src, tgt = [], []
+    for _ in range(n):
+        seq = [rng.choice(SYMBOLS) for _ in range(rng.randint(3, 7))]
+        src.append(" ".join(seq))
+        tgt.append(" ".join(reversed(seq)))
+    paths = directory / f"rev{seed}.src", directory / f"rev{seed}.tgt"
+    paths[0].write_text("\n".join(src) + "\n")
+    paths[1].write_text("\n".join(tgt) + "\n")
+    return paths
+
+
+RECIPE = {
+    # The tiny preset (4+4 layers, d_model 128, 4 heads) with less dropout for a clean task.
+    "model": {"preset": "tiny", "dropout": 0.1, "max_positions": 32},
+    "training": {
+        "max_tokens": 1024,
+        "lr": 0.002,
+        "warmup_updates": 100,
+        "vocab_size": 64,
+        "max_len": 16,
+        "log_every": 25,
+        "save_every": 50,
+        "valid_every": 1000,
+        "average_last": 2,
+        "valid_bleu_sentences": 100,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("reverse")
+    train_src, train_tgt = _write_reverse_task(d, 4000, seed=1)
+    valid_src, valid_tgt = _write_reverse_task(d, 200, seed=2)
+    (d / "recipe.json").write_text(json.dumps(RECIPE))
+    out = d / "run"
+    common = [
+        "--src-train", str(train_src), "--tgt-train", str(train_tgt),
+        "--src-valid", str(valid_src), "--tgt-valid", str(valid_tgt),
+        "--out", str(out), "--config", str(d / "recipe.json"), "--threads", "1",
+    ]  # fmt: skip
+    # Train 150 updates, then resume to 400: the second run must continue, not restart.
+    assert train.main([*common, "--max-updates", "150"]) == 0
+    first = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert train.main([*common, "--max-updates", "400", "--resume"]) == 0
+    return d, out, first, (valid_src, valid_tgt)
+
+
+def test_outputs_and_provenance(trained) -> None:
+    d, out, _, _ = trained
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"):
+        assert (out / name).is_file(), name
+    assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["d_model"] == 128 and config["model"]["n_encoder_layers"] == 4
+    assert config["training"]["max_updates"] == 400
+    src = config["data"]["src_train"]
+    assert src["sha256"] == hashlib.sha256((d / "rev1.src").read_bytes()).hexdigest()
+    assert src["lines"] == 4000
+    assert config["averaged_checkpoints"] == [
+        "update_000350.safetensors",
+        "update_000400.safetensors",
+    ]
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_resume_continues_from_the_saved_update(trained) -> None:
+    _, out, first, _ = trained
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train_updates = [r["update"] for r in rows if r["split"] == "train"]
+    assert train_updates == list(range(25, 401, 25))  # no update logged twice, none missing
+    assert max(r["update"] for r in first) == 150
+    assert all(r["tokens_per_s"] > 0 for r in rows if r["split"] == "train")
+
+
+def test_tiny_preset_learns_to_reverse(trained, tmp_path, capsys) -> None:
+    _, out, _, (valid_src, valid_tgt) = trained
+    hyp = tmp_path / "hyp.txt"
+    args = ["--checkpoint", str(out), "--src", str(valid_src), "--ref", str(valid_tgt)]
+    assert evaluate.main([*args, "--beam-size", "1", "--hyp-out", str(hyp)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    refs = valid_tgt.read_text().splitlines()
+    hyps = hyp.read_text().splitlines()
+    exact = sum(h == r for h, r in zip(hyps, refs, strict=True)) / len(refs)
+    assert exact >= 0.95, f"exact match {exact:.3f}"
+    assert result["n_sentences"] == 200 and result["bleu"] > 90
+    assert {"bleu", "bleu_lc_tok", "chrf", "seconds"} <= set(result)
+    # Beam search and the uncached decoder agree with the greedy, cached result here.
+    assert evaluate.main([*args, "--beam-size", "4", "--decoder", "uncached"]) == 0
+    beam = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert beam["bleu"] == pytest.approx(result["bleu"], abs=2.0)
+
+
+def test_learning_rate_schedule_peaks_at_warmup() -> None:
+    config = TrainConfig(lr=0.005, warmup_updates=2000)
+    assert learning_rate(1000, config) == pytest.approx(0.0025)
+    assert learning_rate(2000, config) == pytest.approx(0.005)
+    assert learning_rate(8000, config) == pytest.approx(0.0025)  # lr * sqrt(2000 / 8000)
+
+
+@pytest.fixture
+def tiny_files(tmp_path):
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    return tmp_path, src, tgt
+
+
+def _run_cli(args, capsys) -> tuple[int, str]:
+    code = train.main(args)
+    return code, capsys.readouterr().err
+
+
+def _args(src, tgt, out, *extra):
+    return ["--src-train", str(src), "--tgt-train", str(tgt), "--src-valid", str(src),
+            "--tgt-valid", str(tgt), "--out", str(out), "--max-updates", "1", *extra]  # fmt: skip
+
+
+def test_missing_file_is_a_clear_error_and_writes_nothing(tiny_files, capsys) -> None:
+    d, _src, tgt = tiny_files
+    code, err = _run_cli(_args(d / "missing.en", tgt, d / "out"), capsys)
+    assert code == 2 and "no such file" in err and "missing.en" in err
+    assert not (d / "out").exists()
+
+
+def test_mismatched_lines_name_both_files(tiny_files, capsys) -> None:
+    d, src, _tgt = tiny_files
+    short = d / "short.tgt"
+    short.write_text("a b\n")
+    code, err = _run_cli(_args(src, short, d / "out"), capsys)
+    assert code == 2 and "rev3.src has 20 lines" in err and "short.tgt has 1" in err
+    assert not (d / "out").exists()
+
+
+def test_empty_corpus_is_an_error(tiny_files, capsys) -> None:
+    d, _, _ = tiny_files
+    (d / "e.src").write_text("")
+    (d / "e.tgt").write_text("")
+    code, err = _run_cli(_args(d / "e.src", d / "e.tgt", d / "out"), capsys)
+    assert code == 2 and "empty corpus" in err
+    assert not (d / "out").exists()
+
+
+def test_unknown_preset_and_existing_output_are_errors(tiny_files, capsys) -> None:
+    d, src, tgt = tiny_files
+    code, err = _run_cli(_args(src, tgt, d / "out", "--preset", "huge"), capsys)
+    assert code == 2 and "unknown preset 'huge'" in err
+    assert not (d / "out").exists()
+    (d / "out").mkdir()
+    (d / "out" / "keep.txt").write_text("x")
+    code, err = _run_cli(_args(src, tgt, d / "out"), capsys)
+    assert code == 2 and "not empty" in err
+    assert [p.name for p in (d / "out").iterdir()] == ["keep.txt"]
+    code, err = _run_cli(_args(src, tgt, d / "fresh", "--resume"), capsys)
+    assert code == 2 and "no training state" in err
+
+
+def test_evaluate_rejects_a_missing_checkpoint(tmp_path, capsys) -> None:
+    code = evaluate.main(["--checkpoint", str(tmp_path), "--src", "x", "--ref", "y"])
+    assert code == 2 and "config.json" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+import math
+
+import pytest
+import torch
+
+from model.transformer import (
+    PAD_ID,
+    ModelConfig,
+    Transformer,
+    causal_mask,
+    load_model,
+    padding_mask,
+    preset_config,
+    save_model,
+    scaled_dot_product_attention,
+    sinusoidal_encoding,
+)
+
+torch.set_num_threads(1)
+SMALL = dict(d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2, max_positions=40)
+
+
+def make_model(norm: str = "post", seed: int = 0, vocab: int = 50) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=vocab, norm=norm, **SMALL)).eval()  # type: ignore[arg-type]
+
+
+def test_positional_encoding_matches_paper_formula() -> None:
+    pe = sinusoidal_encoding(10, 4)
+    # PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), d = 4.
+    assert pe[0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert pe[1, 0] == pytest.approx(math.sin(1.0))
+    assert pe[1, 1] == pytest.approx(math.cos(1.0))
+    assert pe[3, 2] == pytest.approx(math.sin(3 / 100))  # 10000^(2/4) = 100
+    assert pe[3, 3] == pytest.approx(math.cos(3 / 100))
+    assert pe[7, 2] == pytest.approx(0.0699428473, abs=1e-7)
+
+
+def test_attention_gives_padded_keys_zero_weight() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 5, 8).unbind(0)
+    ids = torch.tensor([[5, 6, 7, PAD_ID, PAD_ID], [5, 6, 7, 8, 9]])
+    _, weights = scaled_dot_product_attention(q, k, v, padding_mask(ids))
+    assert torch.all(weights[0, :, :, 3:] == 0)
+    assert torch.all(weights[0, :, :, :3] > 0)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 5))
+
+
+def test_causal_mask_blocks_the_future() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, 6, 4).unbind(0)
+    _, weights = scaled_dot_product_attention(q, k, v, causal_mask(6))
+    for t in range(6):
+        assert torch.all(weights[0, 0, t, t + 1 :] == 0)
+        assert torch.all(weights[0, 0, t, : t + 1] > 0)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_extra_padding_does_not_change_the_encoding(norm: str) -> None:
+    model = make_model(norm)
+    src = torch.tensor([[5, 9, 11, 2]])
+    padded = torch.tensor([[5, 9, 11, 2, PAD_ID, PAD_ID, PAD_ID]])
+    a = model.encode(src, padding_mask(src))
+    b = model.encode(padded, padding_mask(padded))
+    assert torch.allclose(a, b[:, :4], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_decoder_position_t_never_sees_t_plus_1(norm: str) -> None:
+    model = make_model(norm)
+    src = torch.tensor([[5, 9, 11, 2]])
+    tgt = torch.tensor([[1, 7, 8, 9, 10]])
+    changed = tgt.clone()
+    changed[0, 3:] = torch.tensor([20, 21])
+    a, b = model(src, tgt), model(src, changed)
+    assert torch.allclose(a[:, :3], b[:, :3], atol=1e-6)
+    assert not torch.allclose(a[:, 3:], b[:, 3:], atol=1e-3)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_cached_steps_equal_full_decode(norm: str) -> None:
+    """decode_step token by token == decode() on the whole prefix, with padded sources."""
+    model = make_model(norm, seed=1)
+    src = torch.tensor([[5, 9, 11, 12, 13, 2], [6, 7, 2, PAD_ID, PAD_ID, PAD_ID]])
+    tgt = torch.tensor([[1, 14, 15, 16, 17, 18, 19], [1, 20, 21, 22, 23, 24, 25]])
+    src_mask = padding_mask(src)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory, src_mask).log_softmax(-1)  # (B, T, V)
+        cache = model.init_cache(memory)
+        assert cache.length == 0
+        for t in range(tgt.size(1)):
+            step, cache = model.decode_step(tgt[:, t], cache, src_mask)
+            assert cache.length == t + 1
+            assert (step - full[:, t]).abs().max().item() < 1e-5
+
+
+def test_output_projection_is_tied_to_the_embedding() -> None:
+    model = make_model()
+    names = [n for n, _ in model.named_parameters()]
+    assert sum("embedding" in n for n in names) == 1
+    x = torch.randn(3, 32)
+    assert torch.allclose(model.output_logits(x), x @ model.embedding.weight.t())
+
+
+def test_presets_and_config_validation() -> None:
+    tiny = preset_config("tiny", vocab_size=8000)
+    assert (tiny.d_model, tiny.d_ff, tiny.h, tiny.n_encoder_layers, tiny.dropout) == (
+        128,
+        256,
+        4,
+        4,
+        0.3,
+    )
+    base = preset_config("base", vocab_size=8000)
+    assert (base.d_model, base.d_ff, base.h, base.n_decoder_layers) == (512, 2048, 8, 6)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        preset_config("huge", vocab_size=100)
+    with pytest.raises(ValueError, match="divisible"):
+        ModelConfig(vocab_size=100, d_model=30, h=4)
+    with pytest.raises(ValueError, match="norm"):
+        ModelConfig(vocab_size=100, norm="sandwich")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown model config fields"):
+        ModelConfig.from_dict({"vocab_size": 100, "d_modle": 64})
+    with pytest.raises(Exception, match=r"frozen|cannot assign"):
+        tiny.d_model = 64  # type: ignore[misc]
+
+
+def test_too_many_positions_is_an_error() -> None:
+    model = make_model()
+    src = torch.full((1, 41), 5)
+    with pytest.raises(ValueError, match="max_positions 40"):
+        model.encode(src, padding_mask(src))
+
+
+def test_save_then_load_gives_identical_outputs(tmp_path) -> None:
+    model = make_model("pre", seed=3)
+    save_model(model, tmp_path, {"source_language": "en"})
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    src = torch.tensor([[5, 9, 11, 2], [6, 2, PAD_ID, PAD_ID]])
+    tgt = torch.tensor([[1, 7, 8], [1, 9, PAD_ID]])
+    assert torch.equal(model(src, tgt), loaded(src, tgt))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_load_model_names_the_missing_file(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_model(tmp_path)
