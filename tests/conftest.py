@@ -1,16 +1,20 @@
-"""Session-wide fixtures: the Multi30k location and a tiny checkpoint built once per session."""
+"""Session-wide fixtures: the Multi30k location, a tiny checkpoint built once per session, and
+the ONNX bundles exported from it (fp32, fp16, int8), shared by the export and service tests."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.tokenizer import TOKENIZER_FILE, train_tokenizer
-from model.transformer import ModelConfig, Transformer, save_model
+from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
@@ -45,3 +49,65 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) ->
         {"source_language": "en", "target_language": "de", "note": "random weights, tests only"},
     )
     return out
+
+
+N_SENTENCES = 20
+
+
+@pytest.fixture(scope="session")
+def fp32_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle_fp32")
+    export_bundle(tiny_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def int8_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle_int8")
+    export_bundle(tiny_checkpoint, out, dtype="int8")
+    return out
+
+
+@pytest.fixture(scope="session")
+def fp16_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle_fp16")
+    export_bundle(tiny_checkpoint, out, dtype="fp16")
+    return out
+
+
+@pytest.fixture(scope="session")
+def eos_checkpoint(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint edited so that searches end with </s> after 6 to 48 tokens.
+
+    With random weights every hypothesis runs to max_positions, so finished rows would never
+    leave the batch (Stepper.select) and parity would not cover that path. Making </s>'s
+    embedding longer and pushing the last decoder norm's output towards it gives varied lengths.
+    """
+    model = load_model(tiny_checkpoint)
+    with torch.no_grad():
+        eos = model.embedding.weight[EOS_ID]
+        model.decoder_layers[-1].sublayer[-1].norm.bias += eos / eos.norm()
+        eos *= 4
+    out = tmp_path_factory.mktemp("eos_checkpoint")
+    meta = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
+    meta.pop("model")
+    save_model(model, out, meta)
+    shutil.copyfile(tiny_checkpoint / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    return out
+
+
+@pytest.fixture(scope="session")
+def eos_bundle(eos_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle_eos")
+    export_bundle(eos_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def val_src(multi30k: Path) -> list[str]:
+    return read_lines(multi30k / "val.en.gz")[:N_SENTENCES]
+
+
+@pytest.fixture(scope="session")
+def val_ref(multi30k: Path) -> list[str]:
+    return read_lines(multi30k / "val.de.gz")[:N_SENTENCES]

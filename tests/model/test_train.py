@@ -26,18 +26,19 @@ def _write_reverse_task(directory, n: int, seed: int) -> tuple:
 
 
 RECIPE = {
-    # The tiny preset (4+4 layers, d_model 128, 4 heads) with less dropout for a clean task.
-    "model": {"preset": "tiny", "dropout": 0.1, "max_positions": 32},
+    # The tiny preset (4+4 layers, d_model 128, 4 heads), pre-norm, less dropout for a clean
+    # task. (Post-norm at a 0.005 peak diverges on this task; pre-norm at 0.003 learns it.)
+    "model": {"preset": "tiny", "dropout": 0.1, "max_positions": 32, "norm": "pre"},
     "training": {
         "max_tokens": 1024,
-        "lr": 0.002,
+        "lr": 0.003,
         "warmup_updates": 100,
         "vocab_size": 64,
         "max_len": 16,
         "log_every": 25,
         "save_every": 50,
         "valid_every": 1000,
-        "average_last": 2,
+        "average_last": 1,
         "valid_bleu_sentences": 100,
     },
 }
@@ -53,12 +54,12 @@ def trained(tmp_path_factory):
     common = [
         "--src-train", str(train_src), "--tgt-train", str(train_tgt),
         "--src-valid", str(valid_src), "--tgt-valid", str(valid_tgt),
-        "--out", str(out), "--config", str(d / "recipe.json"), "--threads", "1",
+        "--out", str(out), "--config", str(d / "recipe.json"),
     ]  # fmt: skip
-    # Train 150 updates, then resume to 400: the second run must continue, not restart.
-    assert train.main([*common, "--max-updates", "150"]) == 0
+    # Train 300 updates, then resume to 800: the second run must continue, not restart.
+    assert train.main([*common, "--max-updates", "300"]) == 0
     first = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert train.main([*common, "--max-updates", "400", "--resume"]) == 0
+    assert train.main([*common, "--max-updates", "800", "--resume"]) == 0
     return d, out, first, (valid_src, valid_tgt)
 
 
@@ -69,14 +70,11 @@ def test_outputs_and_provenance(trained) -> None:
     assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["d_model"] == 128 and config["model"]["n_encoder_layers"] == 4
-    assert config["training"]["max_updates"] == 400
+    assert config["training"]["max_updates"] == 800
     src = config["data"]["src_train"]
     assert src["sha256"] == hashlib.sha256((d / "rev1.src").read_bytes()).hexdigest()
     assert src["lines"] == 4000
-    assert config["averaged_checkpoints"] == [
-        "update_000350.safetensors",
-        "update_000400.safetensors",
-    ]
+    assert config["averaged_checkpoints"] == ["update_000800.safetensors"]
     assert not list(out.rglob("*.tmp"))
 
 
@@ -84,8 +82,8 @@ def test_resume_continues_from_the_saved_update(trained) -> None:
     _, out, first, _ = trained
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     train_updates = [r["update"] for r in rows if r["split"] == "train"]
-    assert train_updates == list(range(25, 401, 25))  # no update logged twice, none missing
-    assert max(r["update"] for r in first) == 150
+    assert train_updates == list(range(25, 801, 25))  # no update logged twice, none missing
+    assert max(r["update"] for r in first) == 300
     assert all(r["tokens_per_s"] > 0 for r in rows if r["split"] == "train")
 
 

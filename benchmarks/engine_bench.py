@@ -1,0 +1,378 @@
+"""Speed and memory of the engine against the torch reference loops and CTranslate2, in one run.
+
+    python -m benchmarks.engine_bench --checkpoint checkpoints/multi30k-en-de \\
+        --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--src FILE] [--n 500] [--threads 2] \\
+        [--batch-sizes 1 32] [--beam-sizes 1 4] [--systems NAME ...] [--json FILE]
+
+Systems: torch-uncached (model.search with the decoder re-run on the whole prefix each step),
+torch-cached (decode_step with the key/value cache), engine-fp32 / engine-int8 (this service's
+engine on the CPU provider), ct2-fp32 / ct2-int8 (CTranslate2 on the same weights, converted by
+benchmarks/ct2_convert.py; an optional, benchmark-only dependency).
+
+Method, so the numbers compare like with like:
+- The first N lines of --src are tokenized once with the bundle's tokenizer; lines over the
+  model's input limit are left out. Every system decodes the same id sequences in the same
+  batches (sorted by length, then cut), greedy and beam with the same length penalty (1.0),
+  max length (the model's positions) and no minimum length.
+- Each system runs in its own Python process, so one's imports (torch or not) and allocator
+  state never count against another's. Peak memory is the process's peak RSS (VmHWM), reset
+  through /proc/self/clear_refs before each configuration: what the host must provision,
+  libraries and weights included. "load RSS" is the RSS after loading and one warm-up batch.
+- Time is wall clock over generation only (no tokenization, no loading), after the warm-up.
+  Target tokens exclude </s>. Ratios are against engine-fp32 in the same configuration.
+- "same" counts sentences whose output equals engine-fp32's: torch and CTranslate2 fp32 greedy
+  must match on every sentence (same model, same search); int8 and CTranslate2 beam search (its
+  own beam rules) may differ.
+The last stdout line is a JSON object with every measurement (--json also writes it to a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
+SYSTEMS = ("torch-uncached", "torch-cached", "engine-fp32", "engine-int8", "ct2-fp32", "ct2-int8")
+REFERENCE = "engine-fp32"
+
+Decode = Callable[[list[list[int]], int], list[list[int]]]  # (batch, beam size) -> ids per row
+
+
+def _read_lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _batches(sources: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Indices of `sources`, sorted by length and cut into batches: the same for every system."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _memory_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where that is not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+# --- Worker: one system, every configuration ---------------------------------------------------
+
+
+def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> Decode:
+    if system.startswith("torch-"):
+        import torch
+
+        from model.search import generate
+        from model.transformer import load_model
+
+        torch.set_num_threads(args.threads)
+        model = load_model(args.checkpoint)
+        kind = system.removeprefix("torch-")
+
+        def decode_torch(batch: list[list[int]], beam: int) -> list[list[int]]:
+            nbest = generate(model, batch, beam_size=beam, batch_size=len(batch), decoder=kind)
+            return [n[0].tokens for n in nbest]
+
+        return decode_torch
+
+    if system.startswith("engine-"):
+        from service.decoding import DecodingOptions
+        from service.engine import Engine
+
+        bundle = args.bundle_fp32 if system == "engine-fp32" else args.bundle_int8
+        engine = Engine.load(
+            bundle,
+            device="cpu",
+            intra_op_threads=args.threads,
+            max_batch_size=max(args.batch_sizes),
+        )
+
+        def decode_engine(batch: list[list[int]], beam: int) -> list[list[int]]:
+            options = DecodingOptions(beam_size=beam, max_decoding_length=max_positions)
+            return [n[0].ids for n in engine.generate(batch, options)]
+
+        return decode_engine
+
+    import ctranslate2
+    from tokenizers import Tokenizer
+
+    from service.bundle import load_bundle
+
+    bundle = load_bundle(args.bundle_fp32)
+    tokenizer = Tokenizer.from_file(str(bundle.path(bundle.manifest.tokenizer)))
+    vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+    index = {token: i for i, token in enumerate(vocabulary)}
+    translator = ctranslate2.Translator(
+        str(args.ct2_dir),
+        device="cpu",
+        compute_type=system.removeprefix("ct2-").replace("fp32", "float32"),
+        inter_threads=1,
+        intra_threads=args.threads,
+    )
+
+    def decode_ct2(batch: list[list[int]], beam: int) -> list[list[int]]:
+        results = translator.translate_batch(
+            [[vocabulary[i] for i in source] for source in batch],
+            beam_size=beam,
+            max_decoding_length=max_positions,
+            min_decoding_length=0,  # CTranslate2's default is 1; the engine's is 0
+            length_penalty=1.0,
+        )
+        return [[index[t] for t in r.hypotheses[0]] for r in results]
+
+    return decode_ct2
+
+
+def _worker(args: argparse.Namespace) -> dict[str, Any]:
+    data = json.loads(Path(args.sources_file).read_text())
+    sources: list[list[int]] = data["sources"]
+    start = time.perf_counter()
+    decode = _load_system(args.worker, args, data["max_positions"])
+    load_seconds = time.perf_counter() - start
+    runs = []
+    for beam in args.beam_sizes:
+        for batch_size in args.batch_sizes:
+            batches = _batches(sources, batch_size)
+            decode([sources[i] for i in batches[0]], beam)  # warm-up
+            load_rss = _memory_kib("VmRSS")
+            peak_reset = _reset_peak()
+            outputs: list[list[int]] = [[] for _ in sources]
+            start = time.perf_counter()
+            for batch in batches:
+                for i, ids in zip(batch, decode([sources[i] for i in batch], beam), strict=True):
+                    outputs[i] = ids
+            seconds = time.perf_counter() - start
+            runs.append(
+                {
+                    "batch_size": batch_size,
+                    "beam_size": beam,
+                    "seconds": seconds,
+                    "target_tokens": sum(len(o) for o in outputs),
+                    "load_rss_mib": load_rss / 1024,
+                    "peak_rss_mib": _memory_kib("VmHWM") / 1024,
+                    "peak_since_start": not peak_reset,
+                    "outputs": outputs,
+                }
+            )
+    return {"system": args.worker, "load_seconds": load_seconds, "runs": runs}
+
+
+# --- Parent: sentences, subprocesses, table ----------------------------------------------------
+
+
+def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int, int]:
+    """Tokenize the sentences once; returns the sources file, its size and the lines left out."""
+    from service.engine import Engine
+
+    engine = Engine.load(args.bundle_fp32, device="cpu", intra_op_threads=1)
+    lines = _read_lines(args.src)[: args.n]
+    encoded = [ids for ids in engine.encode(lines) if ids]
+    sources = [ids for ids in encoded if len(ids) <= engine.max_input_tokens]
+    path = work / "sources.json"
+    path.write_text(json.dumps({"sources": sources, "max_positions": engine.max_input_tokens}))
+    return path, len(sources), len(lines) - len(sources)
+
+
+def _convert_ct2(args: argparse.Namespace) -> str | None:
+    """Convert the checkpoint for CTranslate2; the reason it could not be, or None."""
+    try:
+        import ctranslate2  # noqa: F401
+
+        from benchmarks.ct2_convert import convert
+    except ImportError as e:
+        return f"ctranslate2 is not installed ({e}); pip install ctranslate2"
+    try:
+        convert(args.checkpoint, args.ct2_dir)
+    except Exception as e:  # any failure is reported in the table, the rest still runs
+        return f"conversion failed: {type(e).__name__}: {e}"
+    return None
+
+
+def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> dict[str, Any]:
+    argv = [
+        sys.executable, "-m", "benchmarks.engine_bench",
+        "--worker", system, "--sources-file", str(sources_file),
+        "--checkpoint", str(args.checkpoint), "--bundle-fp32", str(args.bundle_fp32),
+        "--threads", str(args.threads), "--ct2-dir", str(args.ct2_dir),
+        "--batch-sizes", *map(str, args.batch_sizes), "--beam-sizes", *map(str, args.beam_sizes),
+    ]  # fmt: skip
+    if args.bundle_int8:
+        argv += ["--bundle-int8", str(args.bundle_int8)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    print(f"running {system} ...", file=sys.stderr, flush=True)
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"system": system, "error": reason}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _table(results: list[dict[str, Any]]) -> list[str]:
+    reference = next((r for r in results if r["system"] == REFERENCE and "runs" in r), None)
+    ref_runs = (
+        {(x["batch_size"], x["beam_size"]): x for x in reference["runs"]} if reference else {}
+    )
+    header = (
+        "| system | batch | beam | tokens | seconds | tokens/s | × engine-fp32 | load RSS MiB "
+        "| peak RSS MiB | × engine-fp32 | same as engine-fp32 |"
+    )
+    rows = [header, "|" + "---|" * 11]
+    for result in results:
+        if "error" in result:
+            rows.append(f"| {result['system']} | n/a: {result['error']} |" + " |" * 9)
+            continue
+        for run in result["runs"]:
+            ref = ref_runs.get((run["batch_size"], run["beam_size"]))
+            speed = run["target_tokens"] / run["seconds"]
+            cells = [
+                result["system"],
+                str(run["batch_size"]),
+                str(run["beam_size"]),
+                str(run["target_tokens"]),
+                f"{run['seconds']:.2f}",
+                f"{speed:.0f}",
+                f"{speed / (ref['target_tokens'] / ref['seconds']):.2f}" if ref else "-",
+                f"{run['load_rss_mib']:.0f}",
+                f"{run['peak_rss_mib']:.0f}" + ("*" if run["peak_since_start"] else ""),
+                f"{run['peak_rss_mib'] / ref['peak_rss_mib']:.2f}" if ref else "-",
+                _same(run, ref),
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _same(run: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    if ref is None:
+        return "-"
+    same = sum(a == b for a, b in zip(run["outputs"], ref["outputs"], strict=True))
+    return f"{same}/{len(ref['outputs'])}"
+
+
+# Systems that run the same model with the same search as the reference: every output must match
+# (CTranslate2's beam search has its own rules, so only its greedy output is held to this).
+_MUST_MATCH = {"torch-uncached": None, "torch-cached": None, "ct2-fp32": 1}  # beam size or all
+
+
+def _checks(results: list[dict[str, Any]]) -> list[str]:
+    """One line per system that must give engine-fp32's output: does it, per configuration."""
+    reference = next((r for r in results if r["system"] == REFERENCE and "runs" in r), None)
+    if reference is None:
+        return []
+    ref_runs = {(x["batch_size"], x["beam_size"]): x for x in reference["runs"]}
+    lines = []
+    for result in results:
+        if result["system"] not in _MUST_MATCH or "runs" not in result:
+            continue
+        beam = _MUST_MATCH[result["system"]]
+        runs = [x for x in result["runs"] if beam is None or x["beam_size"] == beam]
+        verdicts = [
+            f"batch {x['batch_size']} beam {x['beam_size']}: "
+            f"{_same(x, ref_runs.get((x['batch_size'], x['beam_size'])))}"
+            for x in runs
+        ]
+        everywhere = all(
+            x["outputs"] == ref_runs[(x["batch_size"], x["beam_size"])]["outputs"] for x in runs
+        )
+        verdict = "equal" if everywhere else "DIFFERENT"
+        lines.append(f"{result['system']} output vs {REFERENCE}: {verdict} ({'; '.join(verdicts)})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.engine_bench",
+        description="Engine vs torch vs CTranslate2: target tokens/s and peak RSS.",
+    )
+    p.add_argument("--checkpoint", required=True, type=Path)
+    p.add_argument("--bundle-fp32", required=True, type=Path)
+    p.add_argument("--bundle-int8", type=Path, help="leave out to skip engine-int8")
+    p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
+    p.add_argument("--n", type=int, default=500, help="first N lines (default 500)")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--ct2-dir", type=Path, help="where the CTranslate2 model goes (a temp dir)")
+    p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--sources-file", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        try:
+            result = _worker(args)
+        except Exception:
+            traceback.print_exc()
+            return 1
+        print(json.dumps(result))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="engine_bench_") as tmp:
+        work = Path(tmp)
+        args.ct2_dir = args.ct2_dir or work / "ct2"
+        sources_file, n_sources, left_out = _prepare(args, work)
+        skipped: dict[str, str] = {}
+        if not args.bundle_int8:
+            skipped["engine-int8"] = "no --bundle-int8 given"
+        if any(s.startswith("ct2-") for s in args.systems):
+            reason = _convert_ct2(args)
+            if reason:
+                skipped.update({s: reason for s in SYSTEMS if s.startswith("ct2-")})
+        # The reference first, so a failure there shows before the long torch runs.
+        order = sorted(args.systems, key=lambda s: s != REFERENCE)
+        results = [
+            {"system": s, "error": skipped[s]}
+            if s in skipped
+            else _run_system(s, args, sources_file)
+            for s in order
+        ]
+
+    print(
+        f"{n_sources} sentences from {args.src} ({left_out} over the input limit or empty left "
+        f"out), threads {args.threads}, CPU provider; * = peak since process start"
+    )
+    print("\n".join([*_table(results), *_checks(results)]))
+    summary = {
+        "src": str(args.src),
+        "sentences": n_sources,
+        "threads": args.threads,
+        "results": [
+            {**r, "runs": [{k: v for k, v in x.items() if k != "outputs"} for x in r["runs"]]}
+            if "runs" in r
+            else r
+            for r in results
+        ],
+    }
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Translate a file line by line with the engine: the batch path, no HTTP.
+
+    python -m service.translate --bundle BUNDLE [--beam-size K] [--batch-size N]
+        [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
+        [--max-decoding-length N] < in.txt > out.txt
+
+One output line per input line, in order; empty lines stay empty. Every line is checked against
+the model's input limit before anything is translated, so a too-long line fails the run (exit
+status 2, naming the line) instead of being truncated or leaving a partial output. Progress goes
+to stderr when it is a terminal; a summary is logged at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from service.bundle import BundleError
+from service.decoding import DecodingOptions
+from service.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# Lines handed to the engine at once, in batches: the engine sorts each window by length, so a
+# window several batches long keeps batches homogeneous while the progress line still moves.
+_BATCHES_PER_WINDOW = 8
+
+
+class _Progress:
+    """A one-line counter on stderr, redrawn at most every `interval` seconds."""
+
+    def __init__(self, total: int, stream: TextIO, interval: float = 0.2) -> None:
+        self.total, self.stream, self.interval = total, stream, interval
+        self.start = self.last = time.perf_counter()
+        self.enabled = stream.isatty()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < self.interval and done < self.total):
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        self.stream.write(f"\r{done}/{self.total} lines ({rate:.1f} lines/s)")
+        if done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def translate_lines(
+    engine: Engine,
+    lines: Sequence[str],
+    options: DecodingOptions,
+    *,
+    out: TextIO,
+    on_progress: Callable[[int], None] = lambda done: None,
+) -> int:
+    """Write one translation per line to `out`, window by window; returns target tokens.
+
+    Raises ValueError, naming the line, before anything is written if a line is too long.
+    """
+    sources = engine.encode(lines)
+    for number, ids in enumerate(sources, start=1):
+        if len(ids) > engine.max_input_tokens:
+            raise ValueError(
+                f"line {number} has {len(ids)} tokens, more than the limit of "
+                f"{engine.max_input_tokens} (</s> included); split it and try again"
+            )
+    window = engine.max_batch_size * _BATCHES_PER_WINDOW
+    tokens = 0
+    for start in range(0, len(sources), window):
+        nbest = engine.generate(sources[start : start + window], options)
+        for hyps in nbest:
+            best = hyps[0]
+            tokens += len(best.ids)
+            # One line in, one line out: a newline in a translation would shift every line.
+            out.write(engine.decode(best.ids).replace("\n", " ") + "\n")
+        out.flush()
+        on_progress(min(start + window, len(sources)))
+    return tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m service.translate",
+        description="Translate stdin to stdout, line by line, with an ONNX bundle.",
+    )
+    p.add_argument("--bundle", required=True, help="bundle directory (python -m export)")
+    p.add_argument("--beam-size", type=int, default=4, help="1 is greedy (default 4)")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument(
+        "--max-decoding-length",
+        type=int,
+        default=None,
+        help="target tokens per line (default: the model's max positions)",
+    )
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        engine = Engine.load(
+            args.bundle,
+            device=args.device,
+            device_id=args.device_id,
+            intra_op_threads=args.threads,
+            max_batch_size=args.batch_size,
+        )
+        options = DecodingOptions(
+            beam_size=args.beam_size,
+            length_penalty=args.length_penalty,
+            max_decoding_length=(
+                engine.max_input_tokens
+                if args.max_decoding_length is None
+                else args.max_decoding_length
+            ),
+        )
+        # Lines end at "\n" only (str.splitlines would also split at U+2028 and friends, and
+        # the output would no longer line up with the input).
+        lines = sys.stdin.read().split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        start = time.perf_counter()
+        tokens = translate_lines(
+            engine,
+            lines,
+            options,
+            out=sys.stdout,
+            on_progress=_Progress(len(lines), sys.stderr).update,
+        )
+    except (BundleError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    log.info(
+        "translated %d lines (%d target tokens) in %.1f s on %s",
+        len(lines),
+        tokens,
+        seconds,
+        engine.provider,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""service/decoding.py: numpy greedy and beam search on hand-built log-prob tables, and token
+for token against the torch reference (model/search.py) on random tables."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model import search as reference
+from service.decoding import (
+    DecodingOptions,
+    FloatArray,
+    Hypothesis,
+    IntArray,
+    beam_search,
+    greedy_search,
+    search,
+)
+
+BOS, EOS = 1, 2  # the fixed special ids of model/transformer.py
+V = 8  # pad, bos, eos, unk, then tokens 4..7
+A, B, C, D = 4, 5, 6, 7
+
+Table = dict[tuple[int, ...], dict[int, float]]
+
+
+class TableState:
+    """Log-probs as a function of each row's prefix: {prefix tuple: {token: prob}}.
+
+    Unlisted prefixes put all mass on </s>; unlisted tokens get tiny probabilities, all
+    different so that no test depends on how ties are broken. Counts the rows it is asked to
+    step, so tests can see finished sentences leave the batch.
+    """
+
+    def __init__(self, tables: list[Table], rows_per: int = 1) -> None:
+        # One table per sentence; rows are sentence-major (rows_per rows per sentence).
+        self.tables = [t for t in tables for _ in range(rows_per)]
+        self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
+        self.rows_stepped: list[int] = []
+
+    def step(self, tokens: IntArray) -> FloatArray:
+        self.rows_stepped.append(len(tokens))
+        out = np.tile(1e-6 / (1 + np.arange(V)), (len(self.prefixes), 1))  # (R, V)
+        for r, token in enumerate(tokens.tolist()):
+            prefix = self.prefixes[r] if token == BOS else (*self.prefixes[r], token)
+            self.prefixes[r] = prefix
+            for t, p in self.tables[r].get(prefix, {EOS: 1.0}).items():
+                out[r, t] = p
+        return np.log(out / out.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+    def select(self, rows: IntArray) -> None:
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+        self.tables = [self.tables[i] for i in rows.tolist()]
+
+    def reorder(self, rows: IntArray) -> None:
+        self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+
+
+def _search(tables: list[Table], **options: object) -> list[list[Hypothesis]]:
+    opts = DecodingOptions(**options)  # type: ignore[arg-type]
+    state = TableState(tables, rows_per=opts.beam_size)
+    return search(state, len(tables), opts, bos_id=BOS, eos_id=EOS)
+
+
+# Greedy takes A (0.6) then is stuck with </s> at 0.35: 0.21. B then </s> gives 0.4 * 0.95 = 0.38.
+GARDEN_PATH: Table = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS: 0.35, C: 0.33, D: 0.32},
+    (B,): {EOS: 0.95, C: 0.05},
+}
+
+
+def test_greedy_picks_the_argmax_each_step() -> None:
+    [[hyp]] = _search([GARDEN_PATH])
+    assert hyp == Hypothesis([A], pytest.approx(math.log(0.6 * 0.35) / 2, abs=1e-4), "eos")
+
+
+def test_beam_finds_the_better_sequence_greedy_misses() -> None:
+    [[best]] = _search([GARDEN_PATH], beam_size=2)
+    assert best.ids == [B] and best.finish_reason == "eos"
+    assert best.score == pytest.approx(math.log(0.4 * 0.95) / 2, abs=1e-4)
+    assert best.score > math.log(0.6 * 0.35) / 2
+
+
+def test_length_penalty_changes_the_winner_as_computed() -> None:
+    # Short: A </s> = 0.4 (length 2). Long: B C D </s> = 0.6 * 0.55 = 0.33 (length 4).
+    table: Table = {
+        (): {A: 0.4, B: 0.6},
+        (A,): {EOS: 1.0},
+        (B,): {C: 0.55, D: 0.45},
+        (B, C): {D: 1.0},
+        (B, D): {C: 1.0},
+        (B, C, D): {EOS: 1.0},
+        (B, D, C): {EOS: 1.0},
+    }
+    short, long = math.log(0.4), math.log(0.33)
+    assert short > long and short / 2 < long / 4  # the computed winners differ
+    for alpha, expected in ((0.0, [A]), (1.0, [B, C, D])):
+        [[best]] = _search([table], beam_size=2, length_penalty=alpha)
+        assert best.ids == expected
+        assert best.score == pytest.approx(max(short / 2**alpha, long / 4**alpha), abs=1e-4)
+
+
+# Every prefix of A and C up to length 3 continues (A 0.9, C 0.1); </s> after 4 tokens.
+LOOP: Table = {
+    prefix: {A: 0.9, C: 0.1} for n in range(4) for prefix in itertools.product((A, C), repeat=n)
+}
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_finish_reason_length_at_max_decoding_length(beam_size: int) -> None:
+    [[hyp]] = _search([LOOP], beam_size=beam_size, max_decoding_length=3)
+    assert hyp.ids == [A, A, A] and hyp.finish_reason == "length"
+    # Normalized by the 3 tokens (no </s> was emitted).
+    assert hyp.score == pytest.approx(3 * math.log(0.9) / 3, abs=1e-4)
+
+
+def test_finish_reason_eos_when_the_end_token_wins() -> None:
+    [[hyp]] = _search([LOOP], max_decoding_length=10)
+    assert hyp.ids == [A, A, A, A] and hyp.finish_reason == "eos"
+    assert hyp.score == pytest.approx(4 * math.log(0.9) / 5, abs=1e-4)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_min_decoding_length_forbids_early_eos(beam_size: int) -> None:
+    [[hyp]] = _search([GARDEN_PATH], beam_size=beam_size, min_decoding_length=3)
+    assert len(hyp.ids) >= 3 and hyp.finish_reason == "eos"
+
+
+def test_nbest_is_ordered_by_score() -> None:
+    [nbest] = _search([GARDEN_PATH], beam_size=4, num_hypotheses=4, max_decoding_length=5)
+    assert len(nbest) == 4
+    scores = [h.score for h in nbest]
+    assert scores == sorted(scores, reverse=True)
+    assert nbest[0].ids == [B]
+
+
+@pytest.mark.parametrize(
+    ("beam_size", "rows_stepped"),
+    [
+        # Greedy: the short sentences end at step 0, the long one runs 4 steps alone.
+        (1, [3, 1, 1, 1]),
+        # Beam 2: a short sentence needs 2 finished hypotheses ([] at step 0, [A] and a
+        # filler's at step 1), then its rows leave; the long one's 2 beams run 4 steps.
+        (2, [6, 6, 2, 2]),
+    ],
+)
+def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[int]) -> None:
+    short: Table = {(): {EOS: 0.8, A: 0.2}}
+    # Every prefix of A and B up to length 3 continues; </s> after 3 tokens.
+    long: Table = {(): {A: 0.5, B: 0.5}}
+    for prefix in ((A,), (B,), (A, A), (A, B), (B, A), (B, B)):
+        long[prefix] = {A: 0.5, B: 0.5}
+    state = TableState([short, long, short], rows_per=beam_size)
+    opts = DecodingOptions(beam_size=beam_size, max_decoding_length=10)
+    nbest = search(state, 3, opts, bos_id=BOS, eos_id=EOS)
+    assert [n[0].ids for n in nbest[::2]] == [[], []]
+    assert len(nbest[1][0].ids) == 3 and nbest[1][0].finish_reason == "eos"
+    assert state.rows_stepped == rows_stepped
+
+
+def test_the_state_table_is_not_modified_by_the_search() -> None:
+    """min_decoding_length forbids </s> on a copy: a state may hand out its own arrays."""
+    table = np.log(np.full((1, V), 1 / V, dtype=np.float32))
+
+    class Constant:
+        def step(self, tokens: IntArray) -> FloatArray:
+            return table
+
+        def select(self, rows: IntArray) -> None: ...
+
+        def reorder(self, rows: IntArray) -> None: ...
+
+    opts = DecodingOptions(max_decoding_length=3, min_decoding_length=2)
+    greedy_search(Constant(), 1, opts, bos_id=BOS, eos_id=EOS)
+    assert np.isfinite(table).all()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"beam_size": 0}, "beam_size"),
+        ({"beam_size": 2.0}, "beam_size must be an integer"),
+        ({"beam_size": 2, "num_hypotheses": 3}, r"num_hypotheses must be between 1 and beam_size"),
+        ({"num_hypotheses": 0}, "num_hypotheses"),
+        ({"max_decoding_length": 0}, "max_decoding_length"),
+        ({"max_decoding_length": 5, "min_decoding_length": 6}, "min_decoding_length"),
+        ({"min_decoding_length": -1}, "min_decoding_length"),
+        ({"length_penalty": math.nan}, "length_penalty"),
+        ({"max_decoding_length": True}, "max_decoding_length must be an integer"),
+    ],
+)
+def test_options_are_validated(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecodingOptions(**options)  # type: ignore[arg-type]
+
+
+def test_options_are_keyword_only_and_frozen() -> None:
+    with pytest.raises(TypeError):
+        DecodingOptions(4)  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        DecodingOptions().beam_size = 2  # type: ignore[misc]
+
+
+# --- Against the torch reference on random log-probs -------------------------------------------
+
+
+class RandomModel:
+    """Log-probs as a deterministic pseudo-random function of (sentence, prefix), with </s>
+    made likelier as the prefix grows so that hypotheses end at varied lengths. The same
+    function feeds a numpy state and a torch stepper, so the searches see equal inputs."""
+
+    def __init__(self, seed: int, vocab: int, sentences: int, rows_per: int) -> None:
+        self.seed, self.vocab = seed, vocab
+        self.sentence = [s for s in range(sentences) for _ in range(rows_per)]  # of each row
+        self.prefixes: list[tuple[int, ...]] = [() for _ in self.sentence]
+
+    def log_probs(self, tokens: list[int]) -> FloatArray:
+        out = np.empty((len(tokens), self.vocab), dtype=np.float32)
+        for r, token in enumerate(tokens):
+            prefix = self.prefixes[r] if token == BOS else (*self.prefixes[r], token)
+            self.prefixes[r] = prefix
+            rng = np.random.default_rng([self.seed, self.sentence[r], *prefix])
+            logits = rng.normal(size=self.vocab) * 2
+            logits[EOS] += len(prefix) - 2
+            out[r] = logits - np.logaddexp.reduce(logits)
+        return out
+
+    def keep(self, rows: list[int], everything: bool) -> None:
+        self.prefixes = [self.prefixes[i] for i in rows]
+        if everything:
+            self.sentence = [self.sentence[i] for i in rows]
+
+
+class NumpyState:
+    def __init__(self, model: RandomModel) -> None:
+        self.model = model
+
+    def step(self, tokens: IntArray) -> FloatArray:
+        return self.model.log_probs(tokens.tolist())
+
+    def select(self, rows: IntArray) -> None:
+        self.model.keep(rows.tolist(), everything=True)
+
+    def reorder(self, rows: IntArray) -> None:
+        self.model.keep(rows.tolist(), everything=False)
+
+
+class TorchStepper:
+    def __init__(self, model: RandomModel) -> None:
+        self.model = model
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.model.log_probs(tokens.tolist()))
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.model.keep(rows.tolist(), everything=True)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.model.keep(rows.tolist(), everything=False)
+
+
+def _reference(
+    seed: int, vocab: int, sentences: int, opts: DecodingOptions
+) -> list[list[reference.Hypothesis]]:
+    stepper = TorchStepper(RandomModel(seed, vocab, sentences, opts.beam_size))
+    lengths = {
+        "max_decoding_length": opts.max_decoding_length,
+        "min_decoding_length": opts.min_decoding_length,
+        "length_penalty": opts.length_penalty,
+    }
+    if opts.beam_size == 1:
+        return [[h] for h in reference.greedy_search(stepper, sentences, **lengths)]  # type: ignore[arg-type]
+    return reference.beam_search(
+        stepper,
+        sentences,
+        beam_size=opts.beam_size,
+        num_hypotheses=opts.num_hypotheses,
+        **lengths,  # type: ignore[arg-type]
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    vocab=st.integers(5, 12),
+    sentences=st.integers(1, 4),
+    beam_size=st.integers(1, 4),
+    data=st.data(),
+)
+def test_numpy_search_equals_the_torch_reference(
+    seed: int, vocab: int, sentences: int, beam_size: int, data: st.DataObject
+) -> None:
+    max_length = data.draw(st.integers(1, 8), "max_decoding_length")
+    opts = DecodingOptions(
+        beam_size=beam_size,
+        num_hypotheses=data.draw(st.integers(1, beam_size), "num_hypotheses"),
+        length_penalty=data.draw(st.sampled_from([0.0, 0.6, 1.0, 1.7]), "length_penalty"),
+        max_decoding_length=max_length,
+        min_decoding_length=data.draw(st.integers(0, max_length), "min_decoding_length"),
+    )
+    state = NumpyState(RandomModel(seed, vocab, sentences, beam_size))
+    ours = search(state, sentences, opts, bos_id=BOS, eos_id=EOS)
+    expected = _reference(seed, vocab, sentences, opts)
+    assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
+        [(h.tokens, h.finish_reason) for h in n] for n in expected
+    ]
+    for n, m in zip(ours, expected, strict=True):
+        assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)
+
+
+def test_beam_size_one_equals_greedy() -> None:
+    opts = DecodingOptions(max_decoding_length=8)
+    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6, 1)), 6, opts, bos_id=BOS, eos_id=EOS)
+    beam = beam_search(NumpyState(RandomModel(7, 10, 6, 1)), 6, opts, bos_id=BOS, eos_id=EOS)
+    assert [g.ids for g in greedy] == [b[0].ids for b in beam]
+    assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])

@@ -1,0 +1,257 @@
+"""service/engine.py and service/translate.py on the tiny bundles: token for token with the
+torch reference, provider fallback, input checks without model calls, order, the CLI."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+import pytest
+
+from model.search import generate
+from model.transformer import load_model
+from service import translate
+from service.decoding import DecodingOptions, Hypothesis
+from service.engine import CPU_PROVIDER, Engine, InputTooLongError
+
+
+@pytest.fixture(scope="module")
+def engine(eos_bundle: Path) -> Engine:
+    return Engine.load(eos_bundle, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def sources(engine: Engine, val_src: list[str]) -> list[list[int]]:
+    ids = [s for s in engine.encode(val_src) if len(s) <= engine.max_input_tokens]
+    assert len(ids) >= 15  # only a few val sentences exceed the tiny max_positions
+    return ids
+
+
+@pytest.fixture
+def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every ONNX Runtime session run, whichever way it is made."""
+    calls: list[str] = []
+    for method in ("run", "run_with_iobinding"):
+        original = getattr(ort.InferenceSession, method)
+
+        def spy(
+            self: object, *args: object, _f: Any = original, _m: str = method, **kw: object
+        ) -> Any:
+            calls.append(_m)
+            return _f(self, *args, **kw)
+
+        monkeypatch.setattr(ort.InferenceSession, method, spy)
+    return calls
+
+
+@pytest.mark.parametrize(("beam_size", "num_hypotheses"), [(1, 1), (4, 2)])
+@pytest.mark.parametrize("io_binding", [True, False])
+@pytest.mark.parametrize(
+    ("bundle_name", "checkpoint_name"),
+    [("eos_bundle", "eos_checkpoint"), ("fp32_bundle", "tiny_checkpoint")],
+)
+def test_engine_equals_the_torch_reference(
+    bundle_name: str,
+    checkpoint_name: str,
+    io_binding: bool,
+    beam_size: int,
+    num_hypotheses: int,
+    sources: list[list[int]],
+    request: pytest.FixtureRequest,
+) -> None:
+    """The eos model stops at varied lengths (rows leave the batch), the plain one at
+    max_positions ("length"); batches of 8 make the engine and torch sort and split alike."""
+    engine = Engine.load(
+        request.getfixturevalue(bundle_name),
+        device="cpu",
+        intra_op_threads=1,
+        io_binding=io_binding,
+        max_batch_size=8,
+    )
+    model = load_model(request.getfixturevalue(checkpoint_name))
+    options = DecodingOptions(beam_size=beam_size, num_hypotheses=num_hypotheses)
+
+    ours = engine.generate(sources, options)
+    expected = generate(
+        model, sources, beam_size=beam_size, num_hypotheses=num_hypotheses, batch_size=8
+    )
+
+    assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
+        [(h.tokens, h.finish_reason) for h in n] for n in expected
+    ]
+    for n, m in zip(ours, expected, strict=True):
+        assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)
+    reasons = {h.finish_reason for n in ours for h in n}
+    if bundle_name == "eos_bundle":
+        assert "eos" in reasons
+        assert len({len(n[0].ids) for n in ours}) > 3  # varied lengths
+    else:
+        assert reasons == {"length"}
+
+
+def test_cuda_asked_for_without_cuda_falls_back_to_cpu_with_a_warning(
+    fp32_bundle: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA")
+    with caplog.at_level(logging.INFO, logger="service.engine"):
+        engine = Engine.load(fp32_bundle, device="cuda", intra_op_threads=1)
+    assert engine.provider == CPU_PROVIDER
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "running on the CPU" in warnings[0].getMessage()
+    [[(text, hyp)]] = engine.translate(["A dog runs."], DecodingOptions(max_decoding_length=5))
+    assert len(hyp.ids) == 5 and isinstance(text, str)
+
+
+def test_auto_picks_the_cpu_without_a_warning(
+    fp32_bundle: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA")
+    with caplog.at_level(logging.INFO, logger="service.engine"):
+        engine = Engine.load(fp32_bundle, intra_op_threads=1)
+    assert engine.provider == CPU_PROVIDER
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(CPU_PROVIDER in r.getMessage() for r in caplog.records)
+
+
+def test_engine_describes_its_model(engine: Engine, eos_checkpoint: Path) -> None:
+    assert engine.name == eos_checkpoint.name
+    assert (engine.source_language, engine.target_language) == ("en", "de")
+    assert engine.max_input_tokens == engine.manifest.model.max_positions == 48
+
+
+def test_over_long_input_names_the_limit_and_runs_nothing(
+    engine: Engine, sources: list[list[int]], model_calls: list[str]
+) -> None:
+    too_long = [5] * 48 + [2]
+    with pytest.raises(InputTooLongError, match="limit of 48 tokens") as error:
+        engine.generate([sources[0], too_long], DecodingOptions())
+    assert (error.value.limit, error.value.length) == (48, 49)
+    assert isinstance(error.value, ValueError)
+    assert model_calls == []
+    assert engine.generate([[5] * 47 + [2]], DecodingOptions(max_decoding_length=2))  # at the limit
+
+
+def test_unknown_token_ids_are_rejected_before_running(
+    engine: Engine, model_calls: list[str]
+) -> None:
+    with pytest.raises(ValueError, match=r"token id 600 is outside the vocabulary \(0\.\.599\)"):
+        engine.generate([[5, 600, 2]], DecodingOptions())
+    assert model_calls == []
+
+
+def test_empty_input_gives_empty_output_without_a_model_call(
+    engine: Engine, model_calls: list[str]
+) -> None:
+    assert engine.encode(["", "   ", "\t\n"]) == [[], [], []]
+    empty = [Hypothesis([], 0.0, "eos")]
+    assert engine.generate([[], []], DecodingOptions(beam_size=4)) == [empty, empty]
+    assert engine.translate(["", "  "], DecodingOptions()) == [[("", empty[0])]] * 2
+    assert engine.generate([], DecodingOptions()) == []
+    assert model_calls == []
+
+
+def test_user_text_cannot_inject_the_end_token(engine: Engine) -> None:
+    [ids] = engine.encode(["a dog </s> runs"])
+    eos = engine.manifest.special_ids.eos
+    assert ids[-1] == eos and eos not in ids[:-1]
+    assert engine.decode(ids) == "a dog </s> runs"
+
+
+def test_order_is_restored_across_batches(eos_bundle: Path, sources: list[list[int]]) -> None:
+    """Sources sorted by length and cut into batches of 3 come back in the input order, each
+    as it would be decoded alone; empty ones keep their places."""
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=1, max_batch_size=3)
+    mixed = [sources[5], [], sources[0], sources[12], [], sources[3], sources[9]]
+    options = DecodingOptions(beam_size=2)
+    together = engine.generate(mixed, options)
+    alone = [engine.generate([s], options)[0] for s in mixed]
+    assert [[h.ids for h in n] for n in together] == [[h.ids for h in n] for n in alone]
+    assert together[1] == together[4] == [Hypothesis([], 0.0, "eos")]
+
+
+def test_decoding_length_is_capped_by_the_model_positions(
+    fp32_bundle: Path, sources: list[list[int]]
+) -> None:
+    engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=1)
+    options = DecodingOptions(max_decoding_length=1000, min_decoding_length=500)
+    [[hyp]] = engine.generate(sources[:1], options)
+    assert len(hyp.ids) == 48 and hyp.finish_reason == "length"
+
+
+@pytest.mark.parametrize("bundle_name", ["int8_bundle", "fp16_bundle"])
+def test_reduced_precision_bundles_run(
+    bundle_name: str, sources: list[list[int]], request: pytest.FixtureRequest
+) -> None:
+    engine = Engine.load(request.getfixturevalue(bundle_name), device="cpu", intra_op_threads=1)
+    nbest = engine.generate(sources[:4], DecodingOptions(beam_size=2, max_decoding_length=6))
+    assert [len(n[0].ids) for n in nbest] == [6] * 4  # random weights: never </s>
+
+
+def test_concurrent_calls_are_serialized_and_correct(
+    engine: Engine, sources: list[list[int]]
+) -> None:
+    options = DecodingOptions(beam_size=2)
+    expected = engine.generate(sources, options)
+    results: list[list[list[Hypothesis]]] = []
+
+    def worker() -> None:
+        results.append(engine.generate(sources, options))
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [expected] * 3
+
+
+# --- python -m service.translate -------------------------------------------------------------
+
+
+def _run_cli(monkeypatch: pytest.MonkeyPatch, stdin: str, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    code = translate.main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_keeps_order_and_empty_lines(
+    eos_bundle: Path, engine: Engine, val_src: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [val_src[3], "", val_src[0], "   ", val_src[7], val_src[1]]
+    code, out, _ = _run_cli(
+        monkeypatch,
+        "\n".join(lines) + "\n",
+        "--bundle",
+        str(eos_bundle),
+        "--beam-size",
+        "2",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    )
+    assert code == 0
+    expected = [n[0][0] for n in engine.translate(lines, DecodingOptions(beam_size=2))]
+    assert out.split("\n") == [*expected, ""]
+    assert out.split("\n")[1] == out.split("\n")[3] == ""
+
+
+def test_cli_rejects_a_too_long_line_before_writing_anything(
+    eos_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stdin = "A dog.\n" + "dog " * 60 + "\n"
+    code, out, err = _run_cli(monkeypatch, stdin, "--bundle", str(eos_bundle), "--device", "cpu")
+    assert code == 2 and out == ""
+    assert "line 2 has" in err and "limit of 48" in err
