@@ -1,0 +1,245 @@
+"""Load benchmark: start `python -m service` on 127.0.0.1, drive it with concurrent async
+clients, and compare dynamic batching with batching off (max batch size 1).
+
+    python -m benchmarks.load_bench --bundle bundles/multi30k-en-de \\
+        [--concurrency 1,8,32,64] [--duration 10] [--max-requests 2000] [--beam-size 1] \\
+        [--max-batch-size 32] [--max-wait-ms 5] [--intra-op-threads N] [--texts FILE] [--json OUT]
+
+For each server configuration and each concurrency level: requests/s, p50/p95/p99 latency,
+errors by status, and the mean batch size the server formed (from its /metrics). Each level runs
+until `--duration` seconds or `--max-requests` requests, whichever comes first, after a short
+warm-up. The last table gives throughput with batching divided by throughput without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"  # loopback only, always
+
+# Image-caption sentences like the shipped model's domain (Multi30k).
+DEFAULT_TEXTS = [
+    "A man in a blue shirt is riding a bike.",
+    "Two young children are playing in the sand on the beach.",
+    "A woman with a red hat is sitting on a bench in the park.",
+    "A black dog runs through the snow.",
+    "Several people are standing in front of a large building.",
+    "A little girl climbs the stairs to her playhouse.",
+    "A group of men are playing soccer on a field.",
+    "An older man is cooking food in a small kitchen.",
+]
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    config: str
+    concurrency: int
+    requests: int
+    seconds: float
+    requests_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    errors: dict[str, int]
+    mean_batch_size: float
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    texts = _read_texts(args.texts)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    configs = {
+        f"batching (max {args.max_batch_size})": ["--max-batch-size", str(args.max_batch_size)],
+        "no batching (max 1)": ["--max-batch-size", "1"],
+    }
+    results: list[LevelResult] = []
+    for name, flags in configs.items():
+        server_flags = [*flags, "--max-wait-ms", str(args.max_wait_ms)]
+        if args.intra_op_threads is not None:
+            server_flags += ["--intra-op-threads", str(args.intra_op_threads)]
+        with _server(args.bundle, server_flags) as url:
+            pair = httpx.get(f"{url}/languages", timeout=10).json()[0]
+            for concurrency in levels:
+                result = asyncio.run(_run_level(url, name, concurrency, texts, pair, args))
+                results.append(result)
+                _print_row(result)
+    _print_ratios(results, levels, list(configs))
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    return 0
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.load_bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per level (at most)")
+    p.add_argument("--max-requests", type=int, default=2000, help="requests per level (at most)")
+    p.add_argument("--warmup-requests", type=int, default=4)
+    p.add_argument("--beam-size", type=int, default=1)
+    p.add_argument("--max-batch-size", type=int, default=32, help="the batching configuration")
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--intra-op-threads", type=int, default=None)
+    p.add_argument("--texts", type=Path, default=None, help="one sentence per line")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    return p.parse_args(argv)
+
+
+def _read_texts(path: Path | None) -> list[str]:
+    if path is None:
+        return DEFAULT_TEXTS
+    texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [t for t in texts if t] or DEFAULT_TEXTS
+
+
+@contextlib.contextmanager
+def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
+        "--port", str(port), "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
+    url = f"http://{HOST}:{port}"
+    try:
+        _wait_ready(url, process)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with status {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SystemExit(f"the server was not ready after {timeout:.0f} s")
+
+
+async def _run_level(
+    url: str,
+    config: str,
+    concurrency: int,
+    texts: list[str],
+    pair: dict[str, str],
+    args: argparse.Namespace,
+) -> LevelResult:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        def body(i: int) -> dict[str, object]:
+            text = texts[i % len(texts)]
+            return {"text": text, "source": pair["source"], "target": pair["target"],
+                    "beam_size": args.beam_size}  # fmt: skip
+
+        for i in range(args.warmup_requests):
+            await client.post("/translate", json=body(i))
+        before = _batch_totals((await client.get("/metrics")).text)
+        latencies: list[float] = []
+        statuses: Counter[str] = Counter()
+        issued = 0
+        start = time.perf_counter()
+        end = start + args.duration
+
+        async def worker() -> None:
+            nonlocal issued
+            while issued < args.max_requests and time.perf_counter() < end:
+                i = issued
+                issued += 1
+                sent = time.perf_counter()
+                try:
+                    response = await client.post("/translate", json=body(i))
+                    statuses[str(response.status_code)] += 1
+                except httpx.HTTPError as e:
+                    statuses[type(e).__name__] += 1
+                latencies.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+        after = _batch_totals((await client.get("/metrics")).text)
+    batches, segments = after[0] - before[0], after[1] - before[1]
+    ok = statuses.pop("200", 0)
+    return LevelResult(
+        config=config,
+        concurrency=concurrency,
+        requests=ok + sum(statuses.values()),
+        seconds=round(seconds, 3),
+        requests_per_s=round(ok / seconds, 2),
+        p50_ms=_percentile_ms(latencies, 50),
+        p95_ms=_percentile_ms(latencies, 95),
+        p99_ms=_percentile_ms(latencies, 99),
+        errors=dict(statuses),
+        mean_batch_size=round(segments / batches, 2) if batches else 0.0,
+    )
+
+
+def _batch_totals(metrics_text: str) -> tuple[float, float]:
+    """(batches, segments) the server decoded so far, over all models."""
+    batches = segments = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "mt_batch_size_segments_count":
+                batches += sample.value
+            elif sample.name == "mt_batch_size_segments_sum":
+                segments += sample.value
+    return batches, segments
+
+
+def _percentile_ms(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return round(1000 * values[0], 1) if values else 0.0
+    return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
+
+
+def _print_row(r: LevelResult) -> None:
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "none"
+    print(
+        f"{r.config:<22} c={r.concurrency:<3} {r.requests:>6} req {r.requests_per_s:>8.1f} req/s  "
+        f"p50 {r.p50_ms:>7.1f} ms  p95 {r.p95_ms:>7.1f} ms  p99 {r.p99_ms:>7.1f} ms  "
+        f"batch {r.mean_batch_size:>5.1f}  errors: {errors}",
+        flush=True,
+    )
+
+
+def _print_ratios(results: list[LevelResult], levels: list[int], configs: list[str]) -> None:
+    batched, single = configs
+    by_key = {(r.config, r.concurrency): r for r in results}
+    print("\nthroughput ratio, batching / no batching:")
+    for c in levels:
+        base = by_key[single, c].requests_per_s
+        ratio = by_key[batched, c].requests_per_s / base if base else float("nan")
+        print(f"  c={c:<3} {ratio:5.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

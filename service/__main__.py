@@ -1,0 +1,93 @@
+"""`python -m service [--bundle DIR ...] [--host H] [--port P] [--any-setting V]`: serve with
+uvicorn. Every setting is a flag (`--help` lists them) and an `MT_*` environment variable.
+
+SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted request is
+translated and answered; then the server exits, all within `--drain-timeout-s`. A second
+SIGTERM, or SIGINT, stops at once (uvicorn's own handling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+from pydantic_settings import CliApp
+
+from service.api import Runtime
+from service.bundle import BundleError
+from service.main import create_app, shipped_bundle
+from service.settings import Settings
+
+log = logging.getLogger("service")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM lets the app finish its accepted requests while
+    the port stays open (so new requests get a 503, not a refused connection)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self._draining and self._loop is not None:
+            self._draining = True
+            # A signal handler runs between bytecodes of the loop's thread: hand over to the loop.
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        # Held here: the event loop keeps only a weak reference to its tasks.
+        self._drain_task = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        end = time.monotonic() + self._drain_timeout_s
+        runtime: Runtime | None = getattr(self._app.state, "runtime", None)
+        log.info("SIGTERM: finishing accepted requests (up to %.0f s)", self._drain_timeout_s)
+        if runtime is not None:
+            await runtime.finish_requests(self._drain_timeout_s)
+        # What is left of the timeout bounds uvicorn's wait for open connections.
+        self.config.timeout_graceful_shutdown = max(1, round(end - time.monotonic()))
+        self.should_exit = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = CliApp.run(Settings, cli_args=sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not settings.bundle:
+        # Before the server binds its port: the first start may export the shipped model.
+        try:
+            bundle = shipped_bundle(settings.checkpoint, settings.shipped_bundle)
+        except BundleError as e:
+            log.error("%s", e)
+            return 2
+        settings = settings.model_copy(update={"bundle": [bundle]})
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on"
+    )
+    server = DrainingServer(config, app, settings.drain_timeout_s)
+    server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

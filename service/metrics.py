@@ -1,0 +1,97 @@
+"""Prometheus metrics in a registry of their own per app, so tests can build several apps.
+
+Labels are bounded: routes are the service's own paths, statuses are HTTP codes, models are the
+loaded bundles, reasons are error types; never a client address, key or text.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Request latency and queue wait (seconds): from a few ms to a minute.
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_BATCH_TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "mt_http_requests", "HTTP requests answered", ["route", "status"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "mt_http_request_duration_seconds",
+            "Time from request to response",
+            ["route"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "mt_in_flight_requests",
+            "Translation requests accepted and not yet answered",
+            registry=r,
+        )
+        self.rejected = Counter(
+            "mt_rejected_requests",
+            "Requests answered with an error, by error type",
+            ["reason"],
+            registry=r,
+        )
+        self.queue_wait_seconds = Histogram(
+            "mt_queue_wait_seconds",
+            "Time a segment waited in the queue before decoding",
+            ["model"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.engine_seconds = Histogram(
+            "mt_engine_seconds",
+            "Time of one engine call (one batch)",
+            ["model"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.batch_segments = Histogram(
+            "mt_batch_size_segments",
+            "Segments per engine call",
+            ["model"],
+            buckets=_BATCH_SEGMENTS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "mt_batch_tokens",
+            "Source tokens per engine call",
+            ["model"],
+            buckets=_BATCH_TOKENS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "mt_input_tokens", "Source tokens decoded", ["model"], registry=r
+        )
+        self.generated_tokens = Counter(
+            "mt_generated_tokens",
+            "Tokens of the best hypotheses (without </s>)",
+            ["model"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "mt_queue_depth_segments", "Segments waiting for a batch", ["model"], registry=r
+        )
+        self.dropped = Counter(
+            "mt_dropped_segments",
+            "Queued segments dropped before decoding: client gone (cancelled) or past the "
+            "request deadline (deadline)",
+            ["reason"],
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "mt_model_info",
+            "Loaded models (value 1)",
+            ["model", "source", "target", "provider"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,112 @@
+"""Service configuration: one pydantic-settings class, read from `MT_*` environment variables or
+from `python -m service --flag value` (flags win), never at import time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "MT_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        cli_prog_name="python -m service",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+    )
+
+    # --- Models --------------------------------------------------------------------------------
+    bundle: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="bundle directory, one per language pair (repeat the flag; comma-separated "
+        "in the environment); none: the shipped model, built on first start",
+    )
+    checkpoint: Path = Field(
+        Path("checkpoints/multi30k-en-de"),
+        description="the shipped checkpoint, exported when no bundle is given",
+    )
+    shipped_bundle: Path = Field(
+        Path("bundles/multi30k-en-de"), description="where the shipped checkpoint's bundle lives"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="ONNX Runtime device")
+    device_id: int = Field(0, ge=0, description="CUDA device index")
+    intra_op_threads: int | None = Field(
+        None, ge=1, description="ONNX Runtime intra-op threads (none: its default)"
+    )
+    io_binding: bool = Field(True, description="bind inputs and outputs on the device (CUDA)")
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="address uvicorn binds")
+    port: int = Field(8000, ge=0, le=65535, description="port uvicorn binds")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="uvicorn's and the service's log level"
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1, description="larger request bodies get 413")
+    max_texts: int = Field(128, ge=1, description="texts per request")
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="accepted API keys (comma-separated in the environment); none: no key needed",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="origins allowed by CORS (comma-separated); none: off"
+    )
+    libretranslate_prefix: str = Field(
+        "/libretranslate", description="path of the LibreTranslate-compatible API; empty: off"
+    )
+
+    # --- Decoding defaults and limits ----------------------------------------------------------
+    default_beam_size: int = Field(4, ge=1, description="beam size when a request names none")
+    max_beam_size: int = Field(8, ge=1, description="largest beam size a request may ask for")
+    default_length_penalty: float = Field(
+        1.0, ge=0.0, le=10.0, description="length penalty when a request names none"
+    )
+    default_max_decoding_length: int = Field(
+        256, ge=1, description="capped by the model's maximum positions"
+    )
+
+    # --- Batching ------------------------------------------------------------------------------
+    max_batch_size: int = Field(32, ge=1, description="segments per engine call")
+    max_batch_tokens: int = Field(
+        4096, ge=1, description="padded source tokens per engine call (batch size x longest)"
+    )
+    max_wait_ms: float = Field(
+        5.0, ge=0.0, description="how long the oldest queued segment waits for company"
+    )
+    max_queue_segments: int = Field(1024, ge=1, description="queued segments; beyond: 429")
+    request_timeout_s: float = Field(
+        60.0, gt=0.0, description="segments still queued after this are dropped (503)"
+    )
+    retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
+    drain_timeout_s: float = Field(
+        30.0, ge=0.0, description="on SIGTERM, how long accepted requests may take to finish"
+    )
+
+    @field_validator("bundle", "api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("libretranslate_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        value = value.rstrip("/")
+        if value and not value.startswith("/"):
+            raise ValueError("must be empty or start with '/'")
+        return value
+
+    @model_validator(mode="after")
+    def _default_beam_within_limit(self) -> Self:
+        if self.default_beam_size > self.max_beam_size:
+            raise ValueError(
+                f"default_beam_size {self.default_beam_size} exceeds max_beam_size "
+                f"{self.max_beam_size}"
+            )
+        return self

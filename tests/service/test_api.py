@@ -1,0 +1,579 @@
+"""The HTTP room over a fake engine, in process: happy paths, every row of the error table,
+batching across requests, disconnects, draining, API keys, CORS and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from conftest import FakeModel, async_wait_for, fast_settings, running
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.api import Runtime
+from service.errors import ERROR_TABLE, ErrorType
+from service.main import create_app
+
+pytestmark = pytest.mark.anyio
+
+EN_DE = {"source": "en", "target": "de"}
+LT = "/libretranslate"
+
+
+def error_of(response: httpx.Response) -> dict[str, str]:
+    error: dict[str, str] = response.json()["error"]
+    assert set(error) == {"type", "message"}
+    assert ERROR_TABLE[ErrorType(error["type"])].status == response.status_code
+    return error
+
+
+def runtime_of(app: FastAPI) -> Runtime:
+    runtime: Runtime = app.state.runtime
+    return runtime
+
+
+# --- Happy paths -------------------------------------------------------------------------------
+
+
+async def test_translate_one_text_keeps_its_layout(client: httpx.AsyncClient) -> None:
+    text = "A dog runs. A cat sleeps!\n\n  New paragraph\nlast line  "
+    response = await client.post("/translate", json={"text": text, **EN_DE})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["model"] == "fake-en-de" and body["source"] == "en" and body["target"] == "de"
+    [translation] = body["translations"]
+    assert translation["text"] == text.upper()
+    assert [s["finish_reason"] for s in translation["segments"]] == ["eos"] * 4
+    assert "score" not in translation and "alternatives" not in translation
+
+
+async def test_translate_a_list_in_order_with_scores_and_alternatives(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    response = await client.post(
+        "/translate",
+        json={
+            "text": ["One. Two.", "Three"],
+            **EN_DE,
+            "beam_size": 3,
+            "num_hypotheses": 3,
+            "length_penalty": 0.6,
+            "max_decoding_length": 1000,
+            "return_scores": True,
+        },
+    )
+    assert response.status_code == 200
+    first, second = response.json()["translations"]
+    assert first["text"] == "ONE. TWO." and second["text"] == "THREE"
+    assert first["alternatives"] == [
+        {"text": "ONE.~ TWO.~", "score": -1.0},
+        {"text": "ONE.~~ TWO.~~", "score": -2.0},
+    ]
+    assert first["score"] == 0.0 and first["segments"][0]["score"] == 0.0
+    options = fake.calls[-1][1]
+    assert (options.beam_size, options.num_hypotheses, options.length_penalty) == (3, 3, 0.6)
+    assert options.max_decoding_length == fake.max_input_tokens  # capped by the model
+
+
+async def test_empty_and_blank_texts_never_reach_the_model(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    calls = len(fake.calls)  # the warm-up
+    response = await client.post("/translate", json={"text": ["", "  \n\t ", "\n\n"], **EN_DE})
+    assert response.status_code == 200
+    assert [t["text"] for t in response.json()["translations"]] == ["", "", ""]
+    assert len(fake.calls) == calls
+    response = await client.post("/translate", json={"text": [], **EN_DE})
+    assert response.json()["translations"] == []
+
+
+async def test_settings_give_the_defaults(fake: FakeModel) -> None:
+    settings = fast_settings(default_beam_size=2, default_length_penalty=0.5)
+    async with running(create_app(settings, models=[fake])) as client:
+        await client.post("/translate", json={"text": "x", **EN_DE})
+    options = fake.calls[-1][1]
+    assert (options.beam_size, options.length_penalty, options.num_hypotheses) == (2, 0.5, 1)
+
+
+async def test_languages_health_ready(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/languages")).json() == [
+        {"source": "en", "target": "de", "model": "fake-en-de"}
+    ]
+    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/ready")).json() == {"status": "ready"}
+    assert (await client.get("/docs")).status_code == 200
+    assert "/translate" in (await client.get("/openapi.json")).json()["paths"]
+
+
+async def test_several_bundles_are_routed_by_language_pair() -> None:
+    en_de, de_en = FakeModel("en", "de"), FakeModel("de", "en")
+    async with running(create_app(fast_settings(), models=[en_de, de_en])) as client:
+        response = await client.post(
+            "/translate", json={"text": "x", "source": "de", "target": "en"}
+        )
+        assert response.json()["model"] == "fake-de-en"
+        assert len((await client.get("/languages")).json()) == 2
+    assert len(de_en.calls) == 2 and len(en_de.calls) == 1  # warm-ups + the request
+
+
+async def test_not_ready_without_lifespan() -> None:
+    app = create_app(fast_settings(), models=[FakeModel()])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.get("/health")).status_code == 200
+        response = await client.get("/ready")
+        assert response.status_code == 503 and error_of(response)["type"] == "unavailable"
+        response = await client.post("/translate", json={"text": "x", **EN_DE})
+        assert response.status_code == 503
+
+
+# --- Error rows --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"text": "x", "source": "en"}, "target"),
+        ({"text": 3, **EN_DE}, "text"),
+        ({"text": "x", **EN_DE, "beam_size": 0}, "beam_size"),
+        ({"text": "x", **EN_DE, "length_penalty": "NaN"}, "length_penalty"),
+        ({"text": "x", **EN_DE, "unknown": 1}, "unknown"),
+        ({"text": "x", **EN_DE, "beam_size": 2, "num_hypotheses": 3}, "num_hypotheses"),
+        ({"text": "x", **EN_DE, "beam_size": 9}, "limit of 8"),
+        ({"text": ["x"] * 129, **EN_DE}, "limit is 128"),
+    ],
+)
+async def test_invalid_fields_are_422(
+    client: httpx.AsyncClient, body: dict[str, Any], needle: str
+) -> None:
+    response = await client.post("/translate", json=body)
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["type"] == "invalid_request" and needle in error["message"]
+
+
+async def test_malformed_json_is_422(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/translate", content=b'{"text": ', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422 and "not valid JSON" in error_of(response)["message"]
+
+
+async def test_an_unknown_language_pair_is_422(client: httpx.AsyncClient) -> None:
+    response = await client.post("/translate", json={"text": "x", "source": "en", "target": "fr"})
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["type"] == "unsupported_language_pair" and "en -> de" in error["message"]
+
+
+async def test_a_sentence_over_the_model_limit_is_422_naming_the_limit(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    calls = len(fake.calls)
+    text = "Fine. " + "X" * 250  # 251 tokens with </s>; the fake's limit is 200
+    response = await client.post("/translate", json={"text": ["ok", text], **EN_DE})
+    assert response.status_code == 422
+    error = error_of(response)
+    assert error["type"] == "input_too_long"
+    assert "text 1, sentence 1: 251 tokens" in error["message"] and "200" in error["message"]
+    assert len(fake.calls) == calls  # nothing of the request was decoded
+
+
+async def test_unknown_path_and_wrong_method(client: httpx.AsyncClient) -> None:
+    response = await client.get("/nowhere")
+    assert response.status_code == 404 and error_of(response)["type"] == "not_found"
+    response = await client.get("/translate")
+    assert response.status_code == 405 and error_of(response)["type"] == "method_not_allowed"
+
+
+async def test_a_body_over_the_limit_is_413(fake: FakeModel) -> None:
+    async with running(create_app(fast_settings(max_body_bytes=1000), models=[fake])) as client:
+        big = json.dumps({"text": "x" * 2000, **EN_DE}).encode()
+        response = await client.post(
+            "/translate", content=big, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 413 and error_of(response)["type"] == "payload_too_large"
+
+        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it comes
+            for start in range(0, len(big), 100):
+                yield big[start : start + 100]
+
+        response = await client.post(
+            "/translate", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 413 and "1000 bytes" in error_of(response)["message"]
+        response = await client.post(
+            "/libretranslate/translate", content=big, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 413 and "error" in response.json()
+
+
+async def test_a_full_queue_is_429_with_retry_after(fake: FakeModel) -> None:
+    app = create_app(fast_settings(max_queue_segments=2), models=[fake])
+    async with running(app) as client:
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        try:
+            busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
+            await asyncio.to_thread(fake.entered.wait, 5)
+            queued = asyncio.ensure_future(
+                client.post("/translate", json={"text": "b\nc", **EN_DE})
+            )
+            await async_wait_for(lambda: runtime_of(app).batchers["en", "de"].depth == 2)
+            response = await client.post("/translate", json={"text": "d", **EN_DE})
+            assert response.status_code == 429
+            assert response.headers["retry-after"] == "2"
+            assert error_of(response)["type"] == "queue_full"
+        finally:
+            fake.gate.set()
+        assert [(await r).status_code for r in (busy, queued)] == [200, 200]
+
+
+async def test_a_request_past_its_deadline_is_503(fake: FakeModel) -> None:
+    app = create_app(fast_settings(request_timeout_s=0.05), models=[fake])
+    async with running(app) as client:
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        try:
+            busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
+            await asyncio.to_thread(fake.entered.wait, 5)
+            late = asyncio.ensure_future(client.post("/translate", json={"text": "b", **EN_DE}))
+            await asyncio.sleep(0.1)
+        finally:
+            fake.gate.set()
+        assert (await busy).status_code == 200
+        response = await late
+        assert response.status_code == 503 and "retry-after" in response.headers
+        assert error_of(response)["type"] == "deadline_exceeded"
+
+
+async def test_an_engine_failure_is_500_and_the_service_keeps_serving(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post("/translate", json={"text": "FAIL now", **EN_DE})
+    assert response.status_code == 500
+    error = error_of(response)
+    assert error == {"type": "internal", "message": "the translation engine failed"}
+    assert "Traceback" not in response.text and "exploded" not in response.text
+    assert (await client.post("/translate", json={"text": "ok", **EN_DE})).status_code == 200
+    assert (await client.get("/ready")).status_code == 200
+
+
+async def test_a_bug_is_500_without_a_stack_trace(
+    client: httpx.AsyncClient, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(texts: object) -> list[list[int]]:
+        raise KeyError("internal detail")
+
+    monkeypatch.setattr(fake, "encode", broken)
+    response = await client.post("/translate", json={"text": "x", **EN_DE})
+    assert response.status_code == 500
+    assert error_of(response) == {"type": "internal", "message": "internal server error"}
+    assert "internal detail" not in response.text
+
+
+async def test_api_keys(fake: FakeModel) -> None:
+    settings = fast_settings(api_keys=["k-one", "k-two"])
+    async with running(create_app(settings, models=[fake])) as client:
+        body = {"text": "x", **EN_DE}
+        response = await client.post("/translate", json=body)
+        assert response.status_code == 401 and error_of(response)["type"] == "unauthorized"
+        response = await client.post("/translate", json=body, headers={"X-API-Key": "nope"})
+        assert response.status_code == 401
+        response = await client.post(
+            "/translate", json=body, headers={"X-API-Key": "ключ".encode()}
+        )
+        assert response.status_code == 401  # non-ASCII keys compare as bytes, no crash
+        for headers in ({"X-API-Key": "k-two"}, {"Authorization": "Bearer k-one"}):
+            assert (await client.post("/translate", json=body, headers=headers)).status_code == 200
+        lt = {"q": "x", **EN_DE}
+        response = await client.post("/libretranslate/translate", json=lt)
+        assert response.status_code == 403 and "error" in response.json()
+        response = await client.post("/libretranslate/translate", json={**lt, "api_key": "k-one"})
+        assert response.status_code == 200
+        assert (await client.get("/health")).status_code == 200  # probes need no key
+
+
+async def test_cors(fake: FakeModel) -> None:
+    settings = fast_settings(cors_origins=["https://app.example"])
+    async with running(create_app(settings, models=[fake])) as client:
+        response = await client.options(
+            "/translate",
+            headers={
+                "Origin": "https://app.example",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+            },
+        )
+        assert response.status_code == 200
+        assert response.headers["access-control-allow-origin"] == "https://app.example"
+        response = await client.get("/health", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in response.headers
+
+
+# --- Batching, disconnects, draining -----------------------------------------------------------
+
+
+async def test_concurrent_requests_are_decoded_in_one_batch(fake: FakeModel) -> None:
+    app = create_app(fast_settings(max_wait_ms=50), models=[fake])
+    async with running(app) as client:
+        texts = [f"request {i}" for i in range(6)]
+        responses = await asyncio.gather(
+            *(client.post("/translate", json={"text": t, **EN_DE}) for t in texts)
+        )
+        assert [r.json()["translations"][0]["text"] for r in responses] == [
+            t.upper() for t in texts
+        ]
+        metrics = (await client.get("/metrics")).text
+    assert fake.batch_sizes == [1, 6]  # the warm-up, then every request together
+    family = {f.name: f for f in text_string_to_metric_families(metrics)}["mt_batch_size_segments"]
+    counts = {s.name: s.value for s in family.samples if not s.labels.get("le")}
+    assert counts["mt_batch_size_segments_count"] == 2
+    assert counts["mt_batch_size_segments_sum"] == 7
+
+
+async def test_a_disconnected_client_is_dropped_before_decoding(fake: FakeModel) -> None:
+    app = create_app(fast_settings(), models=[fake])
+    async with running(app) as client:
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        try:
+            busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
+            await asyncio.to_thread(fake.entered.wait, 5)
+            gone = asyncio.Event()
+            sent: list[dict[str, Any]] = []
+            body = json.dumps({"text": "never decoded", **EN_DE}).encode()
+            call = asyncio.ensure_future(
+                app(_scope("/translate", body), _receive(body, gone), _collect(sent))
+            )
+            await async_wait_for(lambda: runtime_of(app).batchers["en", "de"].depth == 1)
+            gone.set()  # the client hangs up while its sentence waits in the queue
+            await call
+        finally:
+            fake.gate.set()
+        assert (await busy).status_code == 200
+        assert sent[0]["status"] == 499
+        metrics = (await client.get("/metrics")).text
+    decoded = [fake.decode(s) for sources, _ in fake.calls for s in sources]
+    assert not any("NEVER" in d for d in decoded)
+    assert 'mt_dropped_segments_total{reason="cancelled"} 1.0' in metrics
+
+
+async def test_draining_refuses_new_requests_and_answers_accepted_ones(fake: FakeModel) -> None:
+    app = create_app(fast_settings(), models=[fake])
+    async with running(app) as client:
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        accepted = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
+        await asyncio.to_thread(fake.entered.wait, 5)
+        drain = asyncio.ensure_future(runtime_of(app).finish_requests(5.0))
+        await asyncio.sleep(0.01)
+        assert not drain.done()
+        for path, body in (("/translate", {"text": "b"}), (f"{LT}/translate", {"q": "b"})):
+            response = await client.post(path, json={**body, **EN_DE})
+            assert response.status_code == 503 and response.headers["retry-after"] == "2"
+        ready = await client.get("/ready")
+        assert ready.status_code == 503 and error_of(ready)["message"] == "shutting down"
+        fake.gate.set()
+        assert (await accepted).status_code == 200
+        assert await drain is True
+
+
+# --- LibreTranslate surface --------------------------------------------------------------------
+
+
+async def test_libretranslate_string_and_list(client: httpx.AsyncClient) -> None:
+    response = await client.post(f"{LT}/translate", json={"q": "Hello. World", **EN_DE})
+    assert response.json() == {"translatedText": "HELLO. WORLD"}
+    response = await client.post(
+        f"{LT}/translate", json={"q": ["a", "b"], **EN_DE, "format": "text"}
+    )
+    assert response.json() == {"translatedText": ["A", "B"]}
+
+
+async def test_libretranslate_auto_source_and_alternatives(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        f"{LT}/translate", json={"q": "hi", "source": "auto", "target": "de", "alternatives": 2}
+    )
+    assert response.json() == {
+        "translatedText": "HI",
+        "detectedLanguage": {"confidence": 100.0, "language": "en"},
+        "alternatives": ["HI~", "HI~~"],
+    }
+    response = await client.post(
+        f"{LT}/translate",
+        json={"q": ["a", "b"], "source": "auto", "target": "de", "alternatives": 1},
+    )
+    assert response.json() == {
+        "translatedText": ["A", "B"],
+        "detectedLanguage": [{"confidence": 100.0, "language": "en"}] * 2,
+        "alternatives": [["A~"], ["B~"]],
+    }
+
+
+async def test_libretranslate_form_and_query_bodies(client: httpx.AsyncClient) -> None:
+    response = await client.post(f"{LT}/translate", data={"q": "one\r\ntwo", **EN_DE})
+    assert response.json() == {"translatedText": "ONE\nTWO"}
+    response = await client.post(
+        f"{LT}/translate",
+        files={"q": (None, "multi"), "source": (None, "en"), "target": (None, "de")},
+    )
+    assert response.json() == {"translatedText": "MULTI"}
+    response = await client.post(f"{LT}/translate", params={"q": "query", **EN_DE})
+    assert response.json() == {"translatedText": "QUERY"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"source": "en", "target": "de"}, 400, "Invalid request: missing q parameter"),
+        ({"q": "x", "target": "de"}, 400, "Invalid request: missing source parameter"),
+        ({"q": "x", "source": "en", "target": "fr"}, 400, "no model translates en -> fr"),
+        ({"q": "x", **EN_DE, "format": "html"}, 400, "html format is not supported"),
+        ({"q": "x", **EN_DE, "alternatives": 8}, 400, "alternatives parameter must be <= 7"),
+        ({"q": "x", **EN_DE, "alternatives": "many"}, 400, "alternatives"),
+        ({"q": ["x"] * 129, **EN_DE}, 400, "exceeds text limit (128)"),
+        ({"q": "x" * 300, **EN_DE}, 400, "limit of 200 tokens"),
+        ({"q": "FAIL", **EN_DE}, 500, "the translation engine failed"),
+    ],
+)
+async def test_libretranslate_errors(
+    client: httpx.AsyncClient, body: dict[str, Any], status: int, message: str
+) -> None:
+    response = await client.post(f"{LT}/translate", json=body)
+    assert response.status_code == status
+    assert list(response.json()) == ["error"] and message in response.json()["error"]
+
+
+async def test_libretranslate_rejects_non_object_json(client: httpx.AsyncClient) -> None:
+    for content in (b"[1, 2]", b"{nope"):
+        response = await client.post(
+            f"{LT}/translate", content=content, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == 400 and response.json() == {"error": "Invalid JSON format"}
+    assert (await client.get(f"{LT}/nowhere")).json() == {"error": "Not Found"}
+
+
+async def test_libretranslate_detect_names_the_only_source_language(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post(f"{LT}/detect", data={"q": "Hello"})
+    assert response.json() == [{"confidence": 100.0, "language": "en"}]
+    response = await client.post(f"{LT}/detect", json={})
+    assert response.status_code == 400
+    assert response.json() == {"error": "Invalid request: missing q parameter"}
+
+
+async def test_libretranslate_auto_needs_a_single_source_language() -> None:
+    models = [FakeModel("en", "de"), FakeModel("fr", "de")]
+    async with running(create_app(fast_settings(), models=models)) as client:
+        response = await client.post(
+            f"{LT}/translate", json={"q": "x", "source": "auto", "target": "de"}
+        )
+        assert response.status_code == 400 and "en, fr" in response.json()["error"]
+        response = await client.post(f"{LT}/detect", json={"q": "x"})
+        assert response.status_code == 400 and "en, fr" in response.json()["error"]
+        languages = (await client.get(f"{LT}/languages")).json()
+    assert languages == [
+        {"code": "de", "name": "German", "targets": []},
+        {"code": "en", "name": "English", "targets": ["de"]},
+        {"code": "fr", "name": "French", "targets": ["de"]},
+    ]
+
+
+async def test_libretranslate_prefix_can_be_moved_or_switched_off(fake: FakeModel) -> None:
+    async with running(create_app(fast_settings(libretranslate_prefix="/lt"), models=[fake])) as c:
+        assert (await c.get("/lt/languages")).status_code == 200
+    async with running(create_app(fast_settings(libretranslate_prefix=""), models=[fake])) as c:
+        assert (await c.get(f"{LT}/languages")).status_code == 404
+
+
+# --- Metrics -----------------------------------------------------------------------------------
+
+
+async def test_metrics_parse_and_carry_bounded_labels(client: httpx.AsyncClient) -> None:
+    await client.post("/translate", json={"text": "x", **EN_DE}, headers={"X-API-Key": "secret"})
+    await client.post("/translate", json={"text": "x", "source": "en", "target": "xx"})
+    await client.get("/no/such/path/12345")
+    response = await client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    expected = {
+        "mt_http_requests": "counter",
+        "mt_http_request_duration_seconds": "histogram",
+        "mt_in_flight_requests": "gauge",
+        "mt_rejected_requests": "counter",
+        "mt_queue_wait_seconds": "histogram",
+        "mt_engine_seconds": "histogram",
+        "mt_batch_size_segments": "histogram",
+        "mt_batch_tokens": "histogram",
+        "mt_input_tokens": "counter",
+        "mt_generated_tokens": "counter",
+        "mt_queue_depth_segments": "gauge",
+        "mt_dropped_segments": "counter",
+        "mt_model_info": "gauge",
+    }
+    for name, kind in expected.items():
+        assert families[name].type == kind, name
+    requests = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in families["mt_http_requests"].samples
+        if s.name.endswith("_total")
+    }
+    assert requests[("/translate", "200")] == 1
+    assert requests[("/translate", "422")] == 1
+    assert requests[("other", "404")] == 1
+    rejected = {s.labels["reason"] for s in families["mt_rejected_requests"].samples}
+    assert {"unsupported_language_pair", "not_found"} <= rejected
+    [info] = [s for s in families["mt_model_info"].samples]
+    assert info.labels == {
+        "model": "fake-en-de",
+        "source": "en",
+        "target": "de",
+        "provider": "FakeProvider",
+    }
+    # Nothing from the client (address, key, path, text) becomes a label value.
+    values = {v for f in families.values() for s in f.samples for v in s.labels.values()}
+    assert not {"secret", "127.0.0.1", "testclient", "/no/such/path/12345", "X"} & values
+
+
+def _scope(path: str, body: bytes) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"test"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("test", 80),
+    }
+
+
+def _receive(body: bytes, gone: asyncio.Event) -> Any:
+    """The body, then `http.disconnect` once `gone` is set: a client that hangs up."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _collect(sent: list[dict[str, Any]]) -> Any:
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    return send

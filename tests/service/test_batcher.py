@@ -1,0 +1,236 @@
+"""service/batcher.py alone, over a fake engine: batching, limits, cancellation, deadlines,
+failures and shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from conftest import FakeModel, async_wait_for
+
+from service.batcher import Batcher, BatchLimits
+from service.decoding import DecodingOptions
+from service.errors import ErrorType, ServiceError
+from service.metrics import Metrics
+
+pytestmark = pytest.mark.anyio
+
+GREEDY = DecodingOptions()
+FAR = float("inf")
+
+
+def limits(**overrides: float) -> BatchLimits:
+    values: dict[str, float] = dict(
+        max_batch_size=64, max_batch_tokens=10_000, max_wait_s=0.05, max_queue=100
+    )
+    values.update(overrides)
+    return BatchLimits(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def started(fake: FakeModel) -> AsyncIterator[tuple[Batcher, Metrics]]:
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model=fake.name, limits=limits(), metrics=metrics)
+    batcher.start()
+    yield batcher, metrics
+    await batcher.stop(1.0)
+
+
+def ids(text: str) -> list[int]:
+    return [ord(c) for c in text] + [2]
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def test_concurrent_submits_share_one_batch_and_keep_their_order(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    batcher, metrics = started
+    requests = [[ids("ccc"), ids("a")], [ids("bb")], [ids("dddd"), ids("e"), ids("ff")]]
+    results = await asyncio.gather(*(batcher.submit(r, GREEDY, deadline=FAR) for r in requests))
+    assert fake.batch_sizes == [6]
+    # Sorted by length for the engine, answered in each request's own order.
+    assert [len(s) for s in fake.calls[0][0]] == sorted(len(s) for r in requests for s in r)
+    for request, hypotheses in zip(requests, results, strict=True):
+        assert [h[0].ids for h in hypotheses] == [s[:-1] for s in request]
+    assert sample(metrics, "mt_batch_size_segments_count", model=fake.name) == 1
+    assert sample(metrics, "mt_batch_size_segments_sum", model=fake.name) == 6
+    assert sample(metrics, "mt_input_tokens_total", model=fake.name) == 19
+    assert sample(metrics, "mt_generated_tokens_total", model=fake.name) == 13
+
+
+async def test_batch_size_and_token_budget_are_respected(fake: FakeModel) -> None:
+    metrics = Metrics()
+    batcher = Batcher(
+        fake.generate,
+        model="m",
+        limits=limits(max_batch_size=3, max_batch_tokens=20),
+        metrics=metrics,
+    )
+    batcher.start()
+    try:
+        sources = [ids("x" * 4)] * 7 + [ids("y" * 30)]  # 5 tokens each; one of 31
+        await batcher.submit(sources, GREEDY, deadline=FAR)
+    finally:
+        await batcher.stop(1.0)
+    # 3 x 5 <= 20 but 4 x 5 > 20 and size <= 3; the long one goes alone, over the budget.
+    assert sorted(fake.batch_sizes) == [1, 1, 3, 3]
+    for sources_, _ in fake.calls:
+        assert len(sources_) == 1 or len(sources_) * max(map(len, sources_)) <= 20
+
+
+async def test_different_options_are_never_mixed(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    batcher, _ = started
+    beam = DecodingOptions(beam_size=2, num_hypotheses=2)
+    greedy, nbest = await asyncio.gather(
+        batcher.submit([ids("a"), ids("b")], GREEDY, deadline=FAR),
+        batcher.submit([ids("c")], beam, deadline=FAR),
+    )
+    assert sorted(fake.batch_sizes) == [1, 2]
+    assert {options for _, options in fake.calls} == {GREEDY, beam}
+    assert [len(h) for h in greedy] == [1, 1]
+    assert [len(h) for h in nbest] == [2]
+
+
+async def test_a_full_queue_refuses_the_whole_request(fake: FakeModel) -> None:
+    fake.gate = threading.Event()
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_queue=3), metrics=Metrics())
+    batcher.start()
+    try:
+        running = asyncio.ensure_future(batcher.submit([ids("a")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)  # the engine holds "a"; queue empty
+        queued = asyncio.ensure_future(batcher.submit([ids("b"), ids("c")], GREEDY, deadline=FAR))
+        await async_wait_for(lambda: batcher.depth == 2)
+        with pytest.raises(ServiceError) as refused:
+            await batcher.submit([ids("d"), ids("e")], GREEDY, deadline=FAR)
+        assert refused.value.type is ErrorType.QUEUE_FULL
+        assert batcher.depth == 2  # nothing of the refused request was queued
+        fake.gate.set()
+        await asyncio.gather(running, queued)
+    finally:
+        fake.gate.set()
+        await batcher.stop(1.0)
+
+
+async def test_cancelled_waiters_are_dropped_before_decoding(fake: FakeModel) -> None:
+    fake.gate = threading.Event()
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model="m", limits=limits(), metrics=metrics)
+    batcher.start()
+    try:
+        first = asyncio.ensure_future(batcher.submit([ids("first")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)
+        gone = asyncio.ensure_future(
+            batcher.submit([ids("gone"), ids("gone2")], GREEDY, deadline=FAR)
+        )
+        kept = asyncio.ensure_future(batcher.submit([ids("kept")], GREEDY, deadline=FAR))
+        await async_wait_for(lambda: batcher.depth == 3)
+        gone.cancel()  # what the API does when the client disconnects
+        fake.gate.set()
+        await first
+        assert [h[0].ids for h in await kept] == [ids("kept")[:-1]]
+    finally:
+        fake.gate.set()
+        await batcher.stop(1.0)
+    decoded = [s for sources, _ in fake.calls for s in sources]
+    assert ids("gone") not in decoded and ids("gone2") not in decoded
+    assert sample(metrics, "mt_dropped_segments_total", reason="cancelled") == 2
+
+
+async def test_segments_past_their_deadline_are_dropped(fake: FakeModel) -> None:
+    fake.gate = threading.Event()
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model="m", limits=limits(), metrics=metrics)
+    batcher.start()
+    try:
+        first = asyncio.ensure_future(batcher.submit([ids("first")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)
+        late = asyncio.ensure_future(
+            batcher.submit([ids("late")], GREEDY, deadline=time.monotonic() + 0.01)
+        )
+        await asyncio.sleep(0.05)
+        fake.gate.set()
+        await first
+        with pytest.raises(ServiceError) as expired:
+            await late
+    finally:
+        fake.gate.set()
+        await batcher.stop(1.0)
+    assert expired.value.type is ErrorType.DEADLINE_EXCEEDED
+    assert fake.batch_sizes == [1]
+    assert sample(metrics, "mt_dropped_segments_total", reason="deadline") == 1
+
+
+async def test_an_engine_failure_reaches_only_its_batch(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    batcher, _ = started
+    with pytest.raises(ServiceError) as failed:
+        await batcher.submit([ids("FAIL"), ids("ok")], GREEDY, deadline=FAR)
+    assert failed.value.type is ErrorType.INTERNAL
+    assert "exploded" not in failed.value.message  # no internals to the client
+    results = await batcher.submit([ids("fine")], GREEDY, deadline=FAR)
+    assert results[0][0].ids == ids("fine")[:-1]
+    assert batcher.running
+
+
+async def test_the_engine_runs_off_the_event_loop_one_call_at_a_time(fake: FakeModel) -> None:
+    threads: set[str] = set()
+    busy = threading.Lock()
+
+    def generate(sources: list[list[int]], options: DecodingOptions) -> object:
+        assert busy.acquire(blocking=False), "two engine calls at once"
+        try:
+            threads.add(threading.current_thread().name)
+            time.sleep(0.01)
+            return fake.generate(sources, options)
+        finally:
+            busy.release()
+
+    batcher = Batcher(generate, model="m", limits=limits(max_batch_size=1), metrics=Metrics())  # type: ignore[arg-type]
+    batcher.start()
+    try:
+        await asyncio.gather(
+            *(batcher.submit([ids(str(i))], GREEDY, deadline=FAR) for i in range(5))
+        )
+    finally:
+        await batcher.stop(1.0)
+    assert fake.batch_sizes == [1] * 5
+    assert len(threads) == 1 and threading.main_thread().name not in threads
+
+
+async def test_stop_finishes_queued_work_then_refuses(fake: FakeModel) -> None:
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_wait_s=0.2), metrics=Metrics())
+    batcher.start()
+    pending = asyncio.ensure_future(batcher.submit([ids("a"), ids("b")], GREEDY, deadline=FAR))
+    await async_wait_for(lambda: batcher.depth == 2)
+    assert await batcher.stop(5.0) is True  # does not wait for the 200 ms window
+    assert len(await pending) == 2
+    assert not batcher.running
+    with pytest.raises(ServiceError) as refused:
+        await batcher.submit([ids("c")], GREEDY, deadline=FAR)
+    assert refused.value.type is ErrorType.UNAVAILABLE
+
+
+async def test_stop_after_its_timeout_fails_what_is_left(fake: FakeModel) -> None:
+    fake.gate = threading.Event()
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_batch_size=1), metrics=Metrics())
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit([ids("a")], GREEDY, deadline=FAR))
+    await asyncio.to_thread(fake.entered.wait, 5)
+    second = asyncio.ensure_future(batcher.submit([ids("b")], GREEDY, deadline=FAR))
+    await async_wait_for(lambda: batcher.depth == 1)
+    assert await batcher.stop(0.05) is False
+    fake.gate.set()
+    for waiter in (first, second):  # decoding and queued: both told, nobody waits forever
+        with pytest.raises(ServiceError) as told:
+            await waiter
+        assert told.value.type is ErrorType.UNAVAILABLE

@@ -1,0 +1,123 @@
+"""The whole service in process over the real engine (tiny eos bundle): translation through
+every room, any Unicode input, and schemathesis against the OpenAPI schema."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import schemathesis
+from conftest import fast_settings, running
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import not_a_server_error
+from schemathesis.python.asgi import shutdown_lifespans
+
+from service.engine import Engine
+from service.main import create_app
+
+EN_DE = {"source": "en", "target": "de"}
+
+
+@pytest.mark.anyio
+async def test_bundles_from_settings_translate_with_their_layout(eos_bundle: Path) -> None:
+    settings = fast_settings(bundle=[eos_bundle], intra_op_threads=1, device="cpu")
+    async with running(create_app(settings)) as client:
+        text = "A man rides a bike. Two dogs play in the snow.\n\nA woman sings."
+        response = await client.post(
+            "/translate",
+            json={
+                "text": [text, " "],
+                **EN_DE,
+                "beam_size": 2,
+                "num_hypotheses": 2,
+                "return_scores": True,
+            },
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["model"] == Path(Engine.load(eos_bundle).manifest.provenance.checkpoint).name
+        translation, blank = body["translations"]
+        assert blank["text"] == "" and blank["segments"] == []
+        assert len(translation["segments"]) == 3
+        assert {s["finish_reason"] for s in translation["segments"]} <= {"eos", "length"}
+        assert all(s["score"] <= 0 for s in translation["segments"])
+        assert translation["text"].count("\n\n") == 1  # the paragraph break survives
+        assert len(translation["alternatives"]) == 1
+        ready = await client.get("/ready")
+        assert ready.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_model_limit_is_the_bundles(eos_engine: Engine) -> None:
+    async with running(create_app(fast_settings(), models=[eos_engine])) as client:
+        limit = eos_engine.max_input_tokens
+        response = await client.post(
+            "/translate", json={"text": " ".join(["dog"] * (limit + 5)), **EN_DE}
+        )
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert error["type"] == "input_too_long" and f"limit of {limit} tokens" in error["message"]
+        response = await client.post(
+            "/libretranslate/translate", json={"q": "A dog.", "source": "auto", "target": "de"}
+        )
+        assert response.status_code == 200 and isinstance(response.json()["translatedText"], str)
+
+
+def test_any_unicode_text_gets_an_answer(eos_engine: Engine) -> None:
+    app = create_app(fast_settings(), models=[eos_engine])
+    with TestClient(app) as client:
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(texts=st.lists(st.text(max_size=60), max_size=3), form=st.text(max_size=40))
+        def check(texts: list[str], form: str) -> None:
+            response = client.post("/translate", json={"text": texts, **EN_DE})
+            assert response.status_code in (200, 422), response.text
+            if response.status_code == 200:
+                assert len(response.json()["translations"]) == len(texts)
+            else:
+                assert response.json()["error"]["type"] == "input_too_long"
+            response = client.post("/libretranslate/translate", data={"q": form, **EN_DE})
+            assert response.status_code in (200, 400), response.text
+
+        check()
+
+
+def test_openapi_schema_fuzzing_finds_no_server_error(eos_engine: Engine) -> None:
+    """Valid cases for every operation and invalid ones for those with a body, through the
+    ASGI transport: no 5xx, whatever arrives."""
+    app = create_app(fast_settings(max_texts=8), models=[eos_engine])
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    calls: Counter[str] = Counter()
+    try:
+        for result in schema.get_all_operations():
+            operation = result.ok()
+            _fuzz(operation, schemathesis.GenerationMode.POSITIVE, calls)
+            if operation.method.upper() == "POST":
+                _fuzz(operation, schemathesis.GenerationMode.NEGATIVE, calls)
+    finally:
+        shutdown_lifespans()
+    assert sum(calls.values()) >= 500, calls
+    assert calls["POST /translate"] >= 150, calls
+
+
+def _fuzz(
+    operation: schemathesis.APIOperation,
+    mode: schemathesis.GenerationMode,
+    calls: Counter[str],
+) -> None:
+    @settings(
+        max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(case=operation.as_strategy(generation_mode=mode), served_pair=st.booleans())
+    def check(case: schemathesis.Case, served_pair: bool) -> None:
+        # Random language codes are all unknown: half the time use the served pair, so that
+        # cases get past validation into segmentation, batching and the engine.
+        if served_pair and isinstance(case.body, dict):
+            case.body.update(EN_DE)
+        calls[operation.label] += 1
+        case.call_and_validate(checks=[not_a_server_error])
+
+    check()

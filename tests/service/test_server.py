@@ -1,0 +1,126 @@
+"""`python -m service` as a real uvicorn process on 127.0.0.1 with the tiny eos bundle:
+batching across connections, a client that hangs up, LibreTranslate clients' requests, and the
+SIGTERM drain with requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ServerProcess, server_process, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+EN_DE = {"source": "en", "target": "de"}
+
+
+def server_args(bundle: Path, *extra: str) -> list[str]:
+    return ["--bundle", str(bundle), "--intra-op-threads", "1", "--default-beam-size", "1", *extra]
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """A sample's value from the server's /metrics (0 when absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+async def post_all(url: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(*(client.post("/translate", json=b) for b in bodies))
+
+
+@pytest.fixture(scope="module")
+def server(eos_bundle: Path) -> Iterator[ServerProcess]:
+    # A 400 ms batching window: requests sent together are sure to meet in the queue.
+    with server_process(server_args(eos_bundle, "--max-wait-ms", "400")) as running:
+        yield running
+
+
+def test_concurrent_clients_are_decoded_in_one_batch(server: ServerProcess) -> None:
+    batches_before = metric(server.url, "mt_batch_size_segments_count")
+    segments_before = metric(server.url, "mt_batch_size_segments_sum")
+    bodies: list[dict[str, object]] = [
+        {"text": f"A dog number {i} runs.", **EN_DE} for i in range(8)
+    ]
+    responses = asyncio.run(post_all(server.url, bodies))
+    assert [r.status_code for r in responses] == [200] * 8
+    assert metric(server.url, "mt_batch_size_segments_count") - batches_before == 1
+    assert metric(server.url, "mt_batch_size_segments_sum") - segments_before == 8
+
+
+def test_a_client_that_hangs_up_is_not_decoded(server: ServerProcess) -> None:
+    dropped = metric(server.url, "mt_dropped_segments_total", reason="cancelled")
+    segments = metric(server.url, "mt_batch_size_segments_sum")
+    with pytest.raises(httpx.ReadTimeout):  # gives up inside the 400 ms window, closing the socket
+        httpx.post(f"{server.url}/translate", json={"text": "Gone.", **EN_DE}, timeout=0.15)
+    wait_for(lambda: metric(server.url, "mt_dropped_segments_total", reason="cancelled") > dropped)
+    assert metric(server.url, "mt_batch_size_segments_sum") == segments
+    answered = metric(server.url, "mt_http_requests_total", route="/translate", status="499")
+    assert answered >= 1
+
+
+def test_libretranslate_clients_work_unchanged(server: ServerProcess) -> None:
+    """The requests libretranslatepy (urllib, form-encoded) and JSON clients send."""
+    base = f"{server.url}/libretranslate/"
+    form = urllib.parse.urlencode({"q": "A dog runs.", "source": "en", "target": "de"})
+    with urllib.request.urlopen(
+        urllib.request.Request(base + "translate", data=form.encode())
+    ) as r:
+        assert isinstance(json.loads(r.read())["translatedText"], str)
+    with urllib.request.urlopen(
+        urllib.request.Request(base + "languages", data=b"", method="GET")
+    ) as r:
+        assert json.loads(r.read()) == [
+            {"code": "de", "name": "German", "targets": []},
+            {"code": "en", "name": "English", "targets": ["de"]},
+        ]
+    with urllib.request.urlopen(urllib.request.Request(base + "detect", data=b"q=Hello")) as r:
+        assert json.loads(r.read()) == [{"confidence": 100.0, "language": "en"}]
+    response = httpx.post(
+        base + "translate",
+        json={"q": ["A dog.", "A cat."], "source": "auto", "target": "de", "alternatives": 1},
+    )
+    body = response.json()
+    assert len(body["translatedText"]) == 2 and len(body["alternatives"]) == 2
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+
+
+def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> None:
+    # A 1.5 s window holds the accepted requests in the queue while SIGTERM arrives.
+    args = server_args(eos_bundle, "--max-wait-ms", "1500", "--drain-timeout-s", "20")
+    with server_process(args) as server:
+        bodies: list[dict[str, object]] = [
+            {"text": [f"A man number {i} sings.", "Two dogs play."], **EN_DE} for i in range(6)
+        ]
+
+        async def scenario() -> tuple[list[httpx.Response], list[int], float]:
+            accepted = asyncio.ensure_future(post_all(server.url, bodies))
+            async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
+                while metric(server.url, "mt_in_flight_requests") < len(bodies):
+                    await asyncio.sleep(0.02)
+                server.terminate()
+                start = time.monotonic()
+                await asyncio.sleep(0.2)
+                during = [
+                    (await client.get("/ready")).status_code,
+                    (await client.post("/translate", json={"text": "Late.", **EN_DE})).status_code,
+                ]
+            return await accepted, during, start
+
+        responses, during, start = asyncio.run(scenario())
+        assert during == [503, 503]
+        assert [r.status_code for r in responses] == [200] * len(bodies)  # none lost
+        assert all(len(r.json()["translations"]) == 2 for r in responses)
+        assert server.process.wait(20) == 0
+        assert time.monotonic() - start < 20
+    assert "finishing accepted requests" in server.output()

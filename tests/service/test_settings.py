@@ -1,0 +1,95 @@
+"""Settings from the environment and flags, and the shipped model's first start."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from service.__main__ import main
+from service.bundle import MANIFEST_FILE, BundleError, load_bundle
+from service.main import shipped_bundle
+from service.settings import Settings
+
+
+def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_BUNDLE", "bundles/a, bundles/b")
+    monkeypatch.setenv("MT_API_KEYS", "k1,k2")
+    monkeypatch.setenv("MT_CORS_ORIGINS", "https://a.example")
+    monkeypatch.setenv("MT_MAX_BATCH_SIZE", "4")
+    monkeypatch.setenv("MT_IO_BINDING", "false")
+    settings = Settings()
+    assert settings.bundle == [Path("bundles/a"), Path("bundles/b")]
+    assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
+    assert "k1" not in repr(settings)  # keys never reach logs
+    assert settings.cors_origins == ["https://a.example"]
+    assert (settings.max_batch_size, settings.io_binding) == (4, False)
+
+
+def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_PORT", "1234")
+    argv = ["--bundle", "x", "--bundle", "y", "--port", "9000", "--max-wait-ms", "2.5"]
+    settings = CliApp.run(Settings, cli_args=[*argv, "--no-io-binding"])
+    assert settings.bundle == [Path("x"), Path("y")]
+    assert (settings.port, settings.max_wait_ms, settings.io_binding) == (9000, 2.5, False)
+
+
+def test_defaults() -> None:
+    settings = Settings()
+    assert settings.host == "127.0.0.1" and settings.bundle == [] and settings.api_keys == []
+    assert settings.libretranslate_prefix == "/libretranslate"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"default_beam_size": 9, "max_beam_size": 8},
+        {"libretranslate_prefix": "lt"},
+        {"max_batch_size": 0},
+        {"device": "tpu"},
+    ],
+)
+def test_invalid_settings_are_refused(values: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+def test_prefix_loses_its_trailing_slash() -> None:
+    assert Settings(libretranslate_prefix="/lt/").libretranslate_prefix == "/lt"
+
+
+def test_the_shipped_bundle_is_built_once(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    bundle = tmp_path / "bundles" / "tiny"
+    assert shipped_bundle(tiny_checkpoint, bundle) == bundle
+    load_bundle(bundle)  # a complete, verified bundle
+    written = (bundle / MANIFEST_FILE).stat().st_mtime_ns
+    assert shipped_bundle(tiny_checkpoint, bundle) == bundle  # second start: no export
+    assert (bundle / MANIFEST_FILE).stat().st_mtime_ns == written
+
+
+def test_without_export_or_checkpoint_the_error_says_what_to_do(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(BundleError, match="no checkpoint at"):
+        shipped_bundle(tmp_path / "missing", tmp_path / "bundle")
+    real_find_spec = importlib.util.find_spec
+
+    def no_torch(name: str, *args: object) -> object:
+        return None if name == "torch" else real_find_spec(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    with pytest.raises(BundleError, match=r"pip install -e '.\[train\]'"):
+        shipped_bundle(tiny_checkpoint, tmp_path / "bundle")
+
+
+def test_python_m_service_exits_2_with_a_message_when_there_is_no_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = ["--checkpoint", str(tmp_path / "none"), "--shipped-bundle", str(tmp_path / "b")]
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 2
+    assert "no bundle given (--bundle DIR)" in caplog.text
