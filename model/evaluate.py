@@ -47,8 +47,18 @@ def score_translations(hyps: Sequence[str], refs: Sequence[str], language: str) 
 def translate(
     model: Transformer, tokenizer: Tokenizer, lines: Sequence[str], **options: Any
 ) -> tuple[list[str], list[list[Hypothesis]]]:
-    """Translate text lines with `generate` (options as its keywords); texts and n-best lists."""
+    """Translate text lines with `generate` (options as its keywords); texts and n-best lists.
+
+    Every line is checked against the model's limit first: too long is an error naming the line,
+    never a silent truncation.
+    """
     sources = [[*e.ids, EOS_ID] if e.ids else [] for e in tokenizer.encode_batch(list(lines))]
+    limit = model.config.max_positions
+    for number, source in enumerate(sources, start=1):
+        if len(source) > limit:
+            raise ValueError(
+                f"line {number} has {len(source)} tokens; the model's limit is {limit}"
+            )
     nbest = generate(model, sources, **options)
     return tokenizer.decode_batch([h[0].tokens for h in nbest]), nbest
 
@@ -82,16 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     language = json.loads((args.checkpoint / CONFIG_FILE).read_text()).get("target_language", "")
 
     start = time.perf_counter()
-    hyps, nbest = translate(
-        model,
-        tokenizer,
-        src,
-        beam_size=args.beam_size,
-        length_penalty=args.length_penalty,
-        max_decoding_length=args.max_decoding_length,
-        batch_size=args.batch_size,
-        decoder=args.decoder,
-    )
+    try:
+        hyps, nbest = translate(
+            model,
+            tokenizer,
+            src,
+            beam_size=args.beam_size,
+            length_penalty=args.length_penalty,
+            max_decoding_length=args.max_decoding_length,
+            batch_size=args.batch_size,
+            decoder=args.decoder,
+        )
+    except ValueError as e:
+        print(f"error: {args.src}: {e}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     if args.hyp_out:
         args.hyp_out.write_text("".join(h + "\n" for h in hyps))

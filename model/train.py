@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from tqdm import tqdm
@@ -54,8 +55,7 @@ from model.transformer import (
 log = logging.getLogger("model.train")
 
 CHECKPOINT_DIR = "checkpoints"
-STATE_WEIGHTS = "last_state.safetensors"
-STATE_JSON = "last_state.json"
+STATE_FILE = "last_state.safetensors"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "training_curve.png"
 
@@ -122,9 +122,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def atomic_save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+def atomic_save_tensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata)
     os.replace(tmp, path)
 
 
@@ -221,18 +223,30 @@ class Trainer:
     # --- resumable state -------------------------------------------------------------------
 
     def save_state(self) -> None:
+        """Weights, optimizer and counters in ONE atomic file: a crash leaves the old or the new
+        state, never a mix (the counters ride in the safetensors metadata)."""
         tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
         tensors.update(optimizer_tensors(self.model, self.optimizer))
-        atomic_save_tensors(tensors, self.ckpt_dir / STATE_WEIGHTS)
-        atomic_write_text(self.ckpt_dir / STATE_JSON, json.dumps(dataclasses.asdict(self.state)))
+        metadata = {
+            "trainer_state": json.dumps(dataclasses.asdict(self.state)),
+            "grad_scaler": json.dumps(self.scaler.state_dict()),
+        }
+        atomic_save_tensors(tensors, self.ckpt_dir / STATE_FILE, metadata)
 
     def load_state(self) -> None:
-        tensors = load_file(str(self.ckpt_dir / STATE_WEIGHTS))
+        path = self.ckpt_dir / STATE_FILE
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
         self.model.load_state_dict(
             {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
         )
         load_optimizer_tensors(self.model, self.optimizer, tensors)
-        self.state = TrainerState(**json.loads((self.ckpt_dir / STATE_JSON).read_text()))
+        self.state = TrainerState(**json.loads(metadata["trainer_state"]))
+        scaler_state = json.loads(metadata["grad_scaler"])
+        if scaler_state:
+            self.scaler.load_state_dict(scaler_state)
+        # Rows logged after the saved update (before a crash) are replayed: drop them.
         metrics = self.out / METRICS_FILE
         if metrics.is_file():
             self.history = [
@@ -240,16 +254,18 @@ class Trainer:
                 for row in map(json.loads, metrics.read_text().splitlines())
                 if row["update"] <= self.state.update
             ]
+            atomic_write_text(metrics, "".join(json.dumps(row) + "\n" for row in self.history))
 
     def save_checkpoint(self) -> None:
         path = self.ckpt_dir / f"update_{self.state.update:06d}.safetensors"
         atomic_save_tensors(self.model.state_dict(), path)
-        self.state.checkpoints.append(path.name)
         keep = max(self.config.average_last, 1)
-        for old in self.state.checkpoints[:-keep]:
-            (self.ckpt_dir / old).unlink(missing_ok=True)
-        self.state.checkpoints = self.state.checkpoints[-keep:]
+        names = [*self.state.checkpoints, path.name]
+        stale, self.state.checkpoints = names[:-keep], names[-keep:]
         self.save_state()
+        # Only once the state no longer names them.
+        for old in stale:
+            (self.ckpt_dir / old).unlink(missing_ok=True)
 
     # --- validation ----------------------------------------------------------------------------
 
@@ -460,7 +476,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
     src_valid, tgt_valid = read_parallel(args.src_valid, args.tgt_valid)
-    state_file = out / CHECKPOINT_DIR / STATE_JSON
+    state_file = out / CHECKPOINT_DIR / STATE_FILE
     if args.resume and not state_file.is_file():
         raise DataError(f"--resume: no training state at {state_file}")
     if not args.resume and out.exists() and any(out.iterdir()):

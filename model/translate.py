@@ -30,15 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    lines = sys.stdin.read().splitlines()
-    texts, _ = translate(
-        model,
-        tokenizer,
-        lines,
-        beam_size=args.beam_size,
-        length_penalty=args.length_penalty,
-        batch_size=args.batch_size,
-    )
+    text = sys.stdin.read()
+    # Lines end at "\n" only, as in service.translate: one output line per input line.
+    lines = text.removesuffix("\n").split("\n") if text else []
+    try:
+        texts, _ = translate(
+            model,
+            tokenizer,
+            lines,
+            beam_size=args.beam_size,
+            length_penalty=args.length_penalty,
+            batch_size=args.batch_size,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sys.stdout.write("".join(t + "\n" for t in texts))
     return 0
 

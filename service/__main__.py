@@ -2,8 +2,10 @@
 uvicorn. Every setting is a flag (`--help` lists them) and an `MT_*` environment variable.
 
 SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted request is
-translated and answered; then the server exits, all within `--drain-timeout-s`. A second
-SIGTERM, or SIGINT, stops at once (uvicorn's own handling).
+translated and answered; then the server exits, all within `--drain-timeout-s`. A SIGTERM or
+SIGINT during the drain (or during uvicorn's own shutdown) stops at once: open connections are
+not waited for, and the process dies of that signal. A first SIGINT is uvicorn's own graceful
+shutdown.
 """
 
 from __future__ import annotations
@@ -45,7 +47,14 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and not self._draining and self._loop is not None:
+        if self._draining or self.should_exit:
+            # A second signal: uvicorn's own handler would only set should_exit again, and its
+            # wait for open connections has no bound until the drain sets one. Stop now; the
+            # signal, recorded by uvicorn, is raised again once the server is down.
+            super().handle_exit(sig, frame)
+            self.should_exit = self.force_exit = True
+            return
+        if sig == signal.SIGTERM and self._loop is not None:
             self._draining = True
             # A signal handler runs between bytecodes of the loop's thread: hand over to the loop.
             self._loop.call_soon_threadsafe(self._start_drain)

@@ -199,6 +199,20 @@ class Runtime:
         except ValueError as e:
             raise ServiceError(ErrorType.INVALID_REQUEST, str(e)) from e
 
+    def _split_and_encode(
+        self, model: TranslationModel, texts: Sequence[str]
+    ) -> tuple[list[segment.Layout], list[list[int]]]:
+        layouts = [segment.split(text) for text in texts]
+        count = sum(len(layout.segments) for layout in layouts)
+        limit = self.settings.max_queue_segments
+        if count > limit:
+            # More than the queue ever holds: refused for good, before the tokeniser's work.
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"{count} sentences in one request; the limit is {limit} (max_queue_segments)",
+            )
+        return layouts, model.encode([s for layout in layouts for s in layout.segments])
+
     async def translate(
         self,
         texts: Sequence[str],
@@ -208,10 +222,11 @@ class Runtime:
         deadline: float,
     ) -> list[TextTranslation]:
         model, batcher = self.models[pair], self.batchers[pair]
-        layouts = [segment.split(text) for text in texts]
+        # Off the event loop: splitting and tokenising a large body takes CPU time that would
+        # stall every other request (and /health) meanwhile.
+        layouts, sources = await asyncio.to_thread(self._split_and_encode, model, texts)
         # Where each segment comes from: (text index, sentence index).
         origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
-        sources = model.encode([s for layout in layouts for s in layout.segments])
         limit = model.max_input_tokens
         for (text, number), ids in zip(origins, sources, strict=True):
             if len(ids) > limit:
@@ -648,8 +663,9 @@ def _missing(name: str) -> ServiceError:
 
 
 async def _libretranslate_fields(request: Request) -> dict[str, Any]:
-    """JSON when the client says so, else form fields over query parameters, as Flask's
-    `request.values` in LibreTranslate (first value of each; line endings made \\n)."""
+    """JSON when the client says so, else query parameters and form fields as Flask's
+    `request.values` in LibreTranslate: the query string first, then the form, and the first
+    value of a repeated name wins (line endings made \\n)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
@@ -660,7 +676,10 @@ async def _libretranslate_fields(request: Request) -> dict[str, Any]:
             raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid JSON format")
         return data
     form = await request.form()
-    fields = {**request.query_params, **{k: v for k, v in form.items() if isinstance(v, str)}}
+    fields: dict[str, Any] = {}
+    for key, value in [*request.query_params.multi_items(), *form.multi_items()]:
+        if isinstance(value, str):  # uploaded files are not fields
+            fields.setdefault(key, value)
     if "q" in fields:
         fields["q"] = "\n".join(fields["q"].splitlines())
     return fields
@@ -690,12 +709,14 @@ async def libretranslate_detect(
 ) -> list[DetectedLanguage]:
     """LibreTranslate's /detect, for clients that call it: no detector, the server's only
     source language with confidence 100 (400 when it serves several)."""
-    fields = await _libretranslate_fields(request)
-    api_key = fields.get("api_key")
-    check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
-    if not fields.get("q"):
-        raise _missing("q")
-    return [DetectedLanguage(confidence=100.0, language=_libretranslate_source(runtime, "auto"))]
+    with runtime.accept():  # refused while draining, like every request that carries text
+        fields = await _libretranslate_fields(request)
+        api_key = fields.get("api_key")
+        check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+        if not fields.get("q"):
+            raise _missing("q")
+        language = _libretranslate_source(runtime, "auto")
+    return [DetectedLanguage(confidence=100.0, language=language)]
 
 
 @libretranslate_router.get("/languages", response_model=list[LibreTranslateLanguage])

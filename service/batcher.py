@@ -80,11 +80,23 @@ class Batcher:
         self, sources: Sequence[list[int]], options: DecodingOptions, *, deadline: float
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each source, in order. All sources are queued or none is: a request
-        is never half-admitted. Cancelling the caller drops its segments still queued."""
+        is never half-admitted. Cancelling the caller takes its segments still queued out of
+        the queue at once."""
         if self._closed:
             raise ServiceError(ErrorType.UNAVAILABLE, "the service is shutting down")
+        if not self.running:
+            # The worker died (a bug; logged): nobody would ever answer.
+            raise ServiceError(ErrorType.UNAVAILABLE, "the translation worker is not running")
         if not sources:
             return []
+        if len(sources) > self._limits.max_queue:
+            # Never admissible, even on an idle server: not a 429 the client would retry.
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"{len(sources)} sentences in one request; the limit is {self._limits.max_queue} "
+                "(max_queue_segments)",
+            )
+        self._drop_dead()  # expired segments must not keep this request out
         if len(self._queue) + len(sources) > self._limits.max_queue:
             raise ServiceError(
                 ErrorType.QUEUE_FULL,
@@ -107,7 +119,19 @@ class Batcher:
             # One segment failed or the caller went away: its other segments are not wanted.
             for future in futures:
                 future.cancel()
+            self._remove(pending)
             raise
+
+    def _remove(self, items: list[_Pending]) -> None:
+        """Take these segments out of the queue now (those still in it count as dropped), not
+        at the worker's next look, which waits for the engine call running."""
+        mine = set(items)
+        kept = deque(item for item in self._queue if item not in mine)
+        removed = len(self._queue) - len(kept)
+        if removed:
+            self._metrics.dropped.labels(reason="cancelled").inc(removed)
+            self._queue = kept
+            self._queue_changed()
 
     async def stop(self, timeout: float) -> bool:
         """Refuse new work, finish what is queued within `timeout` seconds, then stop. Segments
@@ -120,12 +144,18 @@ class Batcher:
         except TimeoutError:
             drained = False
             log.warning("%s: %d segments not finished at shutdown", self._model, self.depth)
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-        self._fail_queued(ErrorType.UNAVAILABLE, "the service shut down before decoding")
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        try:
+            worker = self._worker
+            if worker is not None:
+                worker.cancel()
+                # Not `await worker`: a worker that died re-raises its error (logged when it
+                # died), which must not skip what follows.
+                await asyncio.wait({worker})
+                if not worker.cancelled() and worker.exception() is not None:
+                    drained = False
+        finally:
+            self._fail_queued(ErrorType.UNAVAILABLE, "the service shut down before decoding")
+            self._executor.shutdown(wait=False, cancel_futures=True)
         return drained
 
     # --- The worker -------------------------------------------------------------------------

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,12 +27,16 @@ from service.api import (
     libretranslate_router,
     router,
 )
-from service.bundle import MANIFEST_FILE, BundleError
+from service.bundle import MANIFEST_FILE, BundleError, sha256_file
 from service.errors import ErrorRenderer, install_error_handlers
 from service.metrics import Metrics
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# model/transformer.py's WEIGHTS_FILE, which the manifest's provenance hashes (the service does
+# not import the model package: it needs torch).
+CHECKPOINT_WEIGHTS = "model.safetensors"
 
 
 def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
@@ -95,21 +103,54 @@ def load_models(settings: Settings) -> list[TranslationModel]:
 
 
 def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
-    """The shipped model's bundle, exported from its checkpoint on first start.
+    """The shipped model's bundle, exported from its checkpoint on first start, and again when
+    the checkpoint's weights no longer match the ones the bundle was exported from.
 
     The export runs `python -m export` in a subprocess: it needs torch, which the service never
     imports, so a serving image without it gets a clear error instead of an ImportError.
     """
     if (bundle / MANIFEST_FILE).is_file():
-        return bundle
-    if not checkpoint.is_dir():
+        stale = _stale(checkpoint, bundle)
+        if stale is None:
+            return bundle
+        log.warning("%s is stale (%s): exporting %s again", bundle, stale, checkpoint)
+        why = f"{bundle} is stale ({stale})"
+    elif not checkpoint.is_dir():
         raise BundleError(f"no bundle given (--bundle DIR) and no checkpoint at {checkpoint}")
+    else:
+        log.info("exporting %s to %s (first start)", checkpoint, bundle)
+        why = f"{bundle} does not exist"
     if importlib.util.find_spec("export") is None or importlib.util.find_spec("torch") is None:
         raise BundleError(
-            f"{bundle} does not exist and building it from {checkpoint} needs the export "
+            f"{why} and building it from {checkpoint} needs the export "
             "package with torch (pip install -e '.[train]'); or pass --bundle DIR"
         )
-    log.info("exporting %s to %s (first start)", checkpoint, bundle)
+    _export(checkpoint, bundle)
+    return bundle
+
+
+def _stale(checkpoint: Path, bundle: Path) -> str | None:
+    """Why the bundle does not come from the checkpoint's weights; None when it does, or when
+    there is no checkpoint to compare with (an image that ships only the bundle)."""
+    weights = checkpoint / CHECKPOINT_WEIGHTS
+    if not weights.is_file():
+        return None
+    try:
+        raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
+        recorded = raw["provenance"]["checkpoint_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {MANIFEST_FILE} records no checkpoint sha256"
+    actual = sha256_file(weights)
+    if recorded != actual:
+        return f"exported from weights with sha256 {recorded}; {weights} has {actual}"
+    return None
+
+
+def _export(checkpoint: Path, bundle: Path) -> None:
+    """Export into a fresh directory beside `bundle`, then put it in place: a failed or
+    interrupted export never leaves a half-written bundle where a complete one is expected."""
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{bundle.name}.export-", dir=bundle.parent))
     command = [
         sys.executable,
         "-m",
@@ -117,9 +158,21 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
         "--checkpoint",
         str(checkpoint),
         "--out",
-        str(bundle),
+        str(fresh),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise BundleError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return bundle
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise BundleError(
+                f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}"
+            )
+        if bundle.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{bundle.name}.old-", dir=bundle.parent))
+            os.replace(bundle, old / bundle.name)
+            os.replace(fresh, bundle)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(fresh, bundle)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # gone already unless the export failed
+    log.info("exported %s to %s", checkpoint, bundle)

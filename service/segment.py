@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 # Everything `str.splitlines` breaks on: no segment spans two lines.
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
-_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
+# Tried only where a run of end marks begins (the lookbehind): trying every position inside a
+# long run without space after it made a search quadratic in the run's length.
+_SENTENCE_END = re.compile(r"(?<![.!?…。！？])[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
 
 
 @dataclass(frozen=True)

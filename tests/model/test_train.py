@@ -59,6 +59,10 @@ def trained(tmp_path_factory):
     # Train 300 updates, then resume to 800: the second run must continue, not restart.
     assert train.main([*common, "--max-updates", "300"]) == 0
     first = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # A crash after logging past the last checkpoint leaves rows that resuming must drop.
+    with open(out / "metrics.jsonl", "a") as f:
+        stale = {"update": 310, "split": "train", "loss": 9.9, "tokens_per_s": 1}
+        f.write(json.dumps(stale) + "\n")
     assert train.main([*common, "--max-updates", "800", "--resume"]) == 0
     return d, out, first, (valid_src, valid_tgt)
 
@@ -67,6 +71,11 @@ def test_outputs_and_provenance(trained) -> None:
     d, out, _, _ = trained
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"):
         assert (out / name).is_file(), name
+    # Only the checkpoints being averaged and the single-file resumable state are kept.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "last_state.safetensors",
+        "update_000800.safetensors",
+    ]
     assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["d_model"] == 128 and config["model"]["n_encoder_layers"] == 4

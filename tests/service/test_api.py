@@ -6,18 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from conftest import FakeModel, async_wait_for, fast_settings, running
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.api import Runtime
 from service.errors import ERROR_TABLE, ErrorType
 from service.main import create_app
+from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
 
@@ -577,3 +578,71 @@ def _collect(sent: list[dict[str, Any]]) -> Any:
         sent.append(message)
 
     return send
+
+
+# --- Review fixes ------------------------------------------------------------------------------
+
+
+async def test_more_sentences_than_the_queue_holds_is_422_even_when_idle(fake: FakeModel) -> None:
+    app = create_app(fast_settings(max_queue_segments=3), models=[fake])
+    async with running(app) as client:
+        encoded: list[str] = []
+        real_encode = fake.encode
+        fake.encode = lambda texts: encoded.extend(texts) or real_encode(texts)  # type: ignore[method-assign]
+        response = await client.post("/translate", json={"text": "A. B. C. D.", **EN_DE})
+        assert response.status_code == 422 and "retry-after" not in response.headers
+        assert error_of(response) == {
+            "type": "invalid_request",
+            "message": "4 sentences in one request; the limit is 3 (max_queue_segments)",
+        }
+        response = await client.post(f"{LT}/translate", json={"q": ["A.", "B. C. D."], **EN_DE})
+        assert response.status_code == 400 and "max_queue_segments" in response.json()["error"]
+        assert encoded == []  # refused before tokenising
+        response = await client.post("/translate", json={"text": "A. B. C.", **EN_DE})
+        assert response.status_code == 200
+
+
+async def test_splitting_and_tokenising_run_off_the_event_loop(
+    client: httpx.AsyncClient, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    real_encode = fake.encode
+
+    def encode(texts: Any) -> list[list[int]]:
+        threads.append(threading.current_thread())
+        return real_encode(texts)
+
+    monkeypatch.setattr(fake, "encode", encode)
+    response = await client.post("/translate", json={"text": "A dog. A cat.", **EN_DE})
+    assert response.status_code == 200
+    assert threads and threading.main_thread() not in threads
+
+
+async def test_libretranslate_detect_is_refused_while_draining(fake: FakeModel) -> None:
+    app = create_app(fast_settings(), models=[fake])
+    async with running(app) as client:
+        assert await runtime_of(app).finish_requests(1.0) is True  # nothing open: drains at once
+        response = await client.post(f"{LT}/detect", data={"q": "Hello"})
+        assert response.status_code == 503 and response.headers["retry-after"] == "2"
+        assert response.json() == {"error": "the service is shutting down"}
+
+
+async def test_libretranslate_repeated_fields_take_the_first_value_query_first(
+    client: httpx.AsyncClient,
+) -> None:
+    """As Flask's request.values: query string before form, first of repeated names."""
+    form = [("q", "first"), ("q", "second"), ("source", "en"), ("target", "de")]
+    response = await client.post(
+        f"{LT}/translate",
+        content=urllib.parse.urlencode(form),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert response.json() == {"translatedText": "FIRST"}
+    response = await client.post(
+        f"{LT}/translate", params=[("q", "one"), ("q", "two"), *EN_DE.items()]
+    )
+    assert response.json() == {"translatedText": "ONE"}
+    response = await client.post(
+        f"{LT}/translate", params={"q": "query"}, data={"q": "form", **EN_DE}
+    )
+    assert response.json() == {"translatedText": "QUERY"}

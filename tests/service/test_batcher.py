@@ -9,12 +9,12 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from conftest import FakeModel, async_wait_for
 
 from service.batcher import Batcher, BatchLimits
 from service.decoding import DecodingOptions
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
+from tests.service.helpers import FakeModel, async_wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -234,3 +234,96 @@ async def test_stop_after_its_timeout_fails_what_is_left(fake: FakeModel) -> Non
         with pytest.raises(ServiceError) as told:
             await waiter
         assert told.value.type is ErrorType.UNAVAILABLE
+
+
+async def test_a_request_larger_than_the_queue_is_refused_for_good(fake: FakeModel) -> None:
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_queue=3), metrics=Metrics())
+    batcher.start()
+    try:
+        with pytest.raises(ServiceError) as refused:  # on an idle server: never admissible
+            await batcher.submit([ids(c) for c in "abcd"], GREEDY, deadline=FAR)
+        assert refused.value.type is ErrorType.INVALID_REQUEST  # 422, no Retry-After
+        assert "max_queue_segments" in refused.value.message and "3" in refused.value.message
+        assert len(await batcher.submit([ids(c) for c in "abc"], GREEDY, deadline=FAR)) == 3
+    finally:
+        await batcher.stop(1.0)
+
+
+async def test_a_cancelled_request_leaves_the_queue_at_once(fake: FakeModel) -> None:
+    """While the engine is busy, the worker does not look at the queue: a cancelled request's
+    segments must not keep counting against the limit (a false 429) nor in the gauge."""
+    fake.gate = threading.Event()
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_queue=3), metrics=metrics)
+    batcher.start()
+    try:
+        busy = asyncio.ensure_future(batcher.submit([ids("busy")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)  # the engine holds "busy" until the gate
+        full = asyncio.ensure_future(batcher.submit([ids(c) for c in "abc"], GREEDY, deadline=FAR))
+        await async_wait_for(lambda: batcher.depth == 3)
+        assert sample(metrics, "mt_queue_depth_segments", model="m") == 3
+        full.cancel()
+        await asyncio.wait({full})
+        assert batcher.depth == 0
+        assert sample(metrics, "mt_queue_depth_segments", model="m") == 0
+        assert sample(metrics, "mt_dropped_segments_total", reason="cancelled") == 3
+        again = asyncio.ensure_future(batcher.submit([ids(c) for c in "xyz"], GREEDY, deadline=FAR))
+        await async_wait_for(lambda: batcher.depth == 3)  # accepted, not 429
+        fake.gate.set()
+        assert len(await again) == 3 and len(await busy) == 1
+    finally:
+        fake.gate.set()
+        await batcher.stop(1.0)
+
+
+async def test_expired_segments_do_not_hold_the_queue_while_the_engine_is_busy(
+    fake: FakeModel,
+) -> None:
+    fake.gate = threading.Event()
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_queue=2), metrics=metrics)
+    batcher.start()
+    try:
+        busy = asyncio.ensure_future(batcher.submit([ids("busy")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)
+        late = asyncio.ensure_future(
+            batcher.submit([ids("a"), ids("b")], GREEDY, deadline=time.monotonic() + 0.01)
+        )
+        await async_wait_for(lambda: batcher.depth == 2)
+        await asyncio.sleep(0.05)  # past its deadline, the engine still busy
+        again = asyncio.ensure_future(batcher.submit([ids("c")], GREEDY, deadline=FAR))
+        with pytest.raises(ServiceError) as expired:
+            await late  # told now, not when the engine call ends
+        assert expired.value.type is ErrorType.DEADLINE_EXCEEDED
+        assert batcher.depth == 1
+        fake.gate.set()
+        assert len(await again) == 1 and len(await busy) == 1
+    finally:
+        fake.gate.set()
+        await batcher.stop(1.0)
+    assert sample(metrics, "mt_dropped_segments_total", reason="deadline") == 2
+
+
+async def test_a_dead_worker_refuses_new_work_and_stop_still_cleans_up(
+    fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batcher = Batcher(fake.generate, model="m", limits=limits(max_wait_s=5.0), metrics=Metrics())
+    batcher.start()
+    pending = asyncio.ensure_future(batcher.submit([ids("a")], GREEDY, deadline=FAR))
+    await async_wait_for(lambda: batcher.depth == 1)
+
+    def bug(options: DecodingOptions) -> bool:
+        raise RuntimeError("a bug in the worker (test)")
+
+    monkeypatch.setattr(batcher, "_batch_is_full", bug)
+    batcher._arrived.set()  # wakes the worker, which now crashes
+    with pytest.raises(ServiceError) as failed:
+        await pending  # told, not left waiting
+    assert failed.value.type is ErrorType.INTERNAL
+    await async_wait_for(lambda: not batcher.running)
+    with pytest.raises(ServiceError) as refused:  # not queued for a worker that is gone
+        await asyncio.wait_for(batcher.submit([ids("b")], GREEDY, deadline=FAR), 5)
+    assert refused.value.type is ErrorType.UNAVAILABLE
+    assert batcher.depth == 0
+    assert await batcher.stop(1.0) is False  # does not re-raise the worker's error
+    assert batcher._executor._shutdown  # type: ignore[attr-defined]

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from conftest import fast_settings, running
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +16,7 @@ from schemathesis.python.asgi import shutdown_lifespans
 
 from service.engine import Engine
 from service.main import create_app
+from tests.service.helpers import fast_settings, running
 
 EN_DE = {"source": "en", "target": "de"}
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service import segment
 from service.segment import split
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -58,3 +66,41 @@ def test_split_join_round_trips_sentence_like_text(parts: list[str]) -> None:
     text = "".join(parts)
     layout = split(text)
     assert layout.join(list(layout.segments)) == text
+
+
+# Long runs of sentence marks with no space after them: a search that restarts inside the run
+# is quadratic (200,000 dots took minutes). Each text is split and rejoined in a subprocess so
+# that a regression shows as a timeout (hang detection, not a timing assertion).
+_ADVERSARIAL = {
+    "dots": "'.' * 200_000",
+    "mixed": "('.' * 999 + '\"' * 999 + '!?…。' * 50 + 'x') * 450",
+    "marks and quotes": "('.\"' * 5 + '?' * 40 + ')') * 20_000",
+}
+
+
+@pytest.mark.parametrize("expression", _ADVERSARIAL.values(), ids=list(_ADVERSARIAL))
+def test_long_runs_of_sentence_marks_split_in_linear_time(expression: str) -> None:
+    program = (
+        "from service.segment import split\n"
+        f"text = {expression}\n"
+        "assert len(text) >= 200_000\n"
+        "layout = split(text)\n"
+        "assert layout.join(list(layout.segments)) == text\n"
+        "print(len(layout.segments))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"  # no space anywhere: one sentence
+
+
+_QUADRATIC_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
+
+
+@given(st.text(alphabet=".!?…。” »)aA \t"))
+def test_sentence_ends_are_found_where_the_unanchored_pattern_found_them(text: str) -> None:
+    """The lookbehind only skips starts inside a run of marks, where no match can differ."""
+    old = [(m.start("space"), m.end()) for m in _QUADRATIC_SENTENCE_END.finditer(text)]
+    new = [(m.start("space"), m.end()) for m in segment._SENTENCE_END.finditer(text)]
+    assert new == old

@@ -5,7 +5,10 @@ SIGTERM drain with requests in flight."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -14,8 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerProcess, server_process, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service.helpers import ServerProcess, server_process, wait_for
 
 EN_DE = {"source": "en", "target": "de"}
 
@@ -123,4 +127,29 @@ def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> 
         assert all(len(r.json()["translations"]) == 2 for r in responses)
         assert server.process.wait(20) == 0
         assert time.monotonic() - start < 20
+    assert "finishing accepted requests" in server.output()
+
+
+def test_a_second_sigterm_during_the_drain_stops_at_once(eos_bundle: Path) -> None:
+    # A 60 s batching window keeps a short request open, so the drain would last 60 s. The
+    # warm-up sentence (12 tokens) fills the 8-token budget alone, so it does not wait.
+    args = server_args(
+        eos_bundle, "--max-wait-ms", "60000", "--max-batch-tokens", "8", "--drain-timeout-s", "60"
+    )
+    with server_process(args) as server:
+
+        def post() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the forced stop drops the connection
+                httpx.post(f"{server.url}/translate", json={"text": "A.", **EN_DE}, timeout=90)
+
+        client = threading.Thread(target=post, daemon=True)
+        client.start()
+        wait_for(lambda: metric(server.url, "mt_queue_depth_segments") == 1)
+        server.terminate()
+        wait_for(lambda: httpx.get(f"{server.url}/ready", timeout=5).status_code == 503)
+        assert server.process.poll() is None  # draining: the request is still open
+        server.terminate()
+        # Hang detection, not a timing: without the fix the process waits out the 60 s window.
+        assert server.process.wait(20) == -signal.SIGTERM
+        client.join(20)
     assert "finishing accepted requests" in server.output()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from service.__main__ import main
-from service.bundle import MANIFEST_FILE, BundleError, load_bundle
+from service.bundle import MANIFEST_FILE, BundleError, load_bundle, sha256_file
 from service.main import shipped_bundle
 from service.settings import Settings
 
@@ -93,3 +94,27 @@ def test_python_m_service_exits_2_with_a_message_when_there_is_no_model(
     with caplog.at_level(logging.ERROR):
         assert main(argv) == 2
     assert "no bundle given (--bundle DIR)" in caplog.text
+
+
+def test_the_shipped_bundle_is_exported_again_when_the_checkpoint_changes(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = Path(shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint"))
+    weights = checkpoint / "model.safetensors"
+    bundle = tmp_path / "bundles" / "tiny"
+    shipped_bundle(checkpoint, bundle)
+    first = load_bundle(bundle).manifest.provenance.checkpoint_sha256
+    assert first == sha256_file(weights)
+
+    tensors = load_file(weights)  # a new training run: same shapes, other weights
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(weights))
+    with caplog.at_level(logging.WARNING):
+        assert shipped_bundle(checkpoint, bundle) == bundle
+    assert "is stale" in caplog.text
+    again = load_bundle(bundle).manifest.provenance.checkpoint_sha256  # complete and verified
+    assert again == sha256_file(weights) != first
+    assert sorted(p.name for p in bundle.parent.iterdir()) == ["tiny"]  # no export leftovers

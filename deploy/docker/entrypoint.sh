@@ -1,0 +1,49 @@
+#!/bin/sh
+# Container entrypoint: pick the bundle for the device, then exec `python -m service`.
+#
+#   MT_BUNDLE          set: used as it is (comma-separated bundle dirs); nothing below applies.
+#   MT_PRECISION       auto (default) | fp32 | fp16: which prebuilt bundle to serve.
+#                      auto: fp16 when a GPU is visible (/dev/nvidiaN, as `docker run --gpus`
+#                      and the Kubernetes device plugin provide) and MT_DEVICE is not cpu;
+#                      fp32 otherwise (fp16 on the CPU provider is slow).
+#   MT_BUNDLES_DIR     where the image keeps its bundles (default /app/bundles)
+#   MT_MODEL           bundle name prefix (default multi30k-en-de): $MT_BUNDLES_DIR/$MT_MODEL-fp32
+#
+# Every other MT_* variable and any argument go to the service unchanged. Without a GPU the
+# same image runs on ONNX Runtime's CPU provider; the engine logs the provider it uses.
+set -eu
+
+if [ -z "${MT_BUNDLE:-}" ]; then
+    bundles_dir="${MT_BUNDLES_DIR:-/app/bundles}"
+    model="${MT_MODEL:-multi30k-en-de}"
+    precision="${MT_PRECISION:-auto}"
+    if [ "$precision" = "auto" ]; then
+        precision=fp32
+        if [ "${MT_DEVICE:-auto}" = "cuda" ]; then
+            precision=fp16
+        elif [ "${MT_DEVICE:-auto}" = "auto" ]; then
+            for device in /dev/nvidia[0-9]*; do
+                if [ -e "$device" ]; then
+                    precision=fp16
+                    break
+                fi
+            done
+        fi
+    fi
+    case "$precision" in
+        fp32 | fp16) ;;
+        *)
+            echo "entrypoint: MT_PRECISION must be auto, fp32 or fp16, not '$precision'" >&2
+            exit 2
+            ;;
+    esac
+    MT_BUNDLE="$bundles_dir/$model-$precision"
+    if [ ! -f "$MT_BUNDLE/manifest.json" ]; then
+        echo "entrypoint: no bundle at $MT_BUNDLE (set MT_BUNDLE or MT_BUNDLES_DIR)" >&2
+        exit 2
+    fi
+    export MT_BUNDLE
+    echo "entrypoint: serving $MT_BUNDLE ($precision, MT_DEVICE=${MT_DEVICE:-auto})" >&2
+fi
+
+exec python -m service "$@"

@@ -1,0 +1,175 @@
+"""Service test helpers: a fake engine (the HTTP and batching rooms without ONNX Runtime), app
+builders, an in-process client that runs the lifespan, and a uvicorn server on 127.0.0.1.
+
+Imported by module path (`tests.service.helpers`): a bare `from conftest import` is ambiguous
+once several test folders have a conftest."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from service.decoding import DecodingOptions, Hypothesis
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+EOS = 2
+
+
+class FakeModel:
+    """A 'translation' that upper-cases: ids are code points (+ </s>); hypothesis k appends k
+    tildes and scores -k. Records each generate call; `gate` (when set up) holds the engine
+    thread until released; a source containing "FAIL" makes the whole call raise."""
+
+    def __init__(
+        self, source: str = "en", target: str = "de", *, max_input_tokens: int = 200
+    ) -> None:
+        self.name = f"fake-{source}-{target}"
+        self.source_language = source
+        self.target_language = target
+        self.max_input_tokens = max_input_tokens
+        self.provider = "FakeProvider"
+        self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()  # set when a generate call starts
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return [[ord(c) for c in text] + [EOS] if text.strip() else [] for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids).upper()
+
+    def generate(
+        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+    ) -> list[list[Hypothesis]]:
+        self.calls.append(([list(s) for s in sources], options))
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if any("FAIL" in self.decode(s) for s in sources):
+            raise RuntimeError("engine exploded (test)")
+        return [
+            [
+                Hypothesis([*s[:-1], *[ord("~")] * k], -float(k), "eos")
+                for k in range(options.num_hypotheses)
+            ]
+            for s in sources
+        ]
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return [len(sources) for sources, _ in self.calls]
+
+
+def fast_settings(**overrides: Any) -> Settings:
+    """Settings for tests: greedy by default, a short batching window, no env influence."""
+    values: dict[str, Any] = {
+        "default_beam_size": 1,
+        "max_wait_ms": 2.0,
+        "drain_timeout_s": 5.0,
+        "retry_after_s": 2,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on the app in this event loop, with the app's lifespan around it."""
+    async with app.router.lifespan_context(app):
+        # Server errors come back as responses (500), as a real server sends them.
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """`python -m service` in a subprocess on 127.0.0.1; always stopped by its context."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+        full_env.update(env or {})
+        command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.process = subprocess.Popen(
+            [*command, *args],
+            cwd=REPO,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited {self.process.returncode}: {self.output()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout} s")
+
+    def output(self) -> str:
+        if self.process.poll() is None:
+            return "(running)"
+        assert self.process.stdout is not None
+        return self.process.stdout.read()
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@contextlib.contextmanager
+def server_process(
+    args: Sequence[str], env: dict[str, str] | None = None
+) -> Iterator[ServerProcess]:
+    server = ServerProcess(args, env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.02)
+
+
+async def async_wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.005)
