@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -51,6 +50,7 @@ from model.transformer import (
     Transformer,
     save_model,
 )
+from service.bundle import sha256_file
 
 log = logging.getLogger("model.train")
 
@@ -102,14 +102,6 @@ def learning_rate(update: int, config: TrainConfig) -> float:
     return config.lr * min(step / config.warmup_updates, math.sqrt(config.warmup_updates / step))
 
 
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def language_of(path: str | Path) -> str:
     """'train.en.gz' -> 'en'."""
     name = Path(path).name.removesuffix(".gz")
@@ -133,11 +125,12 @@ def atomic_save_tensors(
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     """Element-wise mean of several state dicts (in fp64, returned in the stored dtype)."""
     total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         for name, tensor in load_file(str(path)).items():
             total[name] = total.get(name, 0) + tensor.double()
-    first = load_file(str(paths[0]))
-    return {name: (t / len(paths)).to(first[name].dtype) for name, t in total.items()}
+            dtypes[name] = tensor.dtype
+    return {name: (t / len(paths)).to(dtypes[name]) for name, t in total.items()}
 
 
 def optimizer_tensors(model: Transformer, optimizer: torch.optim.Adam) -> dict[str, torch.Tensor]:
@@ -542,7 +535,7 @@ def run(args: argparse.Namespace) -> int:
     trainer.record({"update": trainer.state.update, "split": "valid_averaged", **final})
     log.info("averaged %d checkpoints: valid %s", len(paths), final)
     data = {
-        name: {"path": str(path), "sha256": sha256_file(path), "lines": len(lines)}
+        name: {"path": str(path), "sha256": sha256_file(Path(path)), "lines": len(lines)}
         for name, path, lines in (
             ("src_train", args.src_train, src_train),
             ("tgt_train", args.tgt_train, tgt_train),

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import httpx
 import pytest
 
 from tests.deploy.helpers import REPO, Stage, requirement_name, serve_requirements
-from tests.service.helpers import free_port
+from tests.service.helpers import free_port, wait_until_ready
 
 PIP_TIMEOUT_S = 600
 
@@ -163,19 +162,6 @@ def entrypoint(image: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[st
         process.wait(10)
 
 
-def wait_ready(url: str, process: subprocess.Popen[str], timeout: float = 120.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            assert process.stdout is not None
-            raise AssertionError(f"exited {process.returncode}: {process.stdout.read()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"not ready after {timeout} s")
-
-
 def test_entrypoint_serves_the_fp32_bundle(
     image: Path, stages: dict[str, Stage], fp32_bundle: Path
 ) -> None:
@@ -187,7 +173,7 @@ def test_entrypoint_serves_the_fp32_bundle(
     env = image_env(image, stages, port)
     env["MT_DEVICE"] = "cpu"  # this machine may show /dev/nvidia*; the CPU wheel has no CUDA
     with entrypoint(image, env) as process:
-        wait_ready(url, process)
+        wait_until_ready(url, process, timeout=120.0)
         body = {"text": "A man rides a bike.", "source": "en", "target": "de", "beam_size": 1}
         response = httpx.post(f"{url}/translate", json=body, timeout=60)
         assert response.status_code == 200, response.text

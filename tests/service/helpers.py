@@ -103,6 +103,20 @@ def free_port() -> int:
         return port
 
 
+def wait_until_ready(url: str, process: subprocess.Popen[str], timeout: float = 90.0) -> None:
+    """Poll `url`/ready until 200; fail with the server's output if it exits first."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout is not None else ""
+            raise RuntimeError(f"server exited {process.returncode}: {output}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"server not ready after {timeout} s")
+
+
 class ServerProcess:
     """`python -m service` in a subprocess on 127.0.0.1; always stopped by its context."""
 
@@ -122,15 +136,7 @@ class ServerProcess:
         )
 
     def wait_ready(self, timeout: float = 90.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited {self.process.returncode}: {self.output()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/ready", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout} s")
+        wait_until_ready(self.url, self.process, timeout)
 
     def output(self) -> str:
         if self.process.poll() is None:
