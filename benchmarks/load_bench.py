@@ -3,7 +3,7 @@ clients, and compare dynamic batching with batching off (max batch size 1).
 
     python -m benchmarks.load_bench --bundle bundles/multi30k-en-de \\
         [--concurrency 1,8,32,64] [--duration 10] [--max-requests 2000] [--beam-size 1] \\
-        [--max-batch-size 32] [--max-wait-ms 5] [--intra-op-threads N] [--texts FILE] [--json OUT]
+        [--max-batch-size 32] [--max-wait-ms 0] [--intra-op-threads N] [--texts FILE] [--json OUT]
 
 For each server configuration and each concurrency level: requests/s, p50/p95/p99 latency,
 errors by status, and the mean batch size the server formed (from its /metrics). Each level runs
@@ -94,10 +94,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated client counts")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per level (at most)")
     p.add_argument("--max-requests", type=int, default=2000, help="requests per level (at most)")
-    p.add_argument("--warmup-requests", type=int, default=4)
+    p.add_argument("--warmup-requests", type=int, default=2, help="per client, not measured")
     p.add_argument("--beam-size", type=int, default=1)
     p.add_argument("--max-batch-size", type=int, default=32, help="the batching configuration")
-    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-wait-ms", type=float, default=0.0, help="the batching configuration")
     p.add_argument("--intra-op-threads", type=int, default=None)
     p.add_argument("--texts", type=Path, default=None, help="one sentence per line")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -154,24 +154,37 @@ async def _run_level(
     pair: dict[str, str],
     args: argparse.Namespace,
 ) -> LevelResult:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    def body(i: int) -> dict[str, object]:
+        text = texts[i % len(texts)]
+        return {"text": text, "source": pair["source"], "target": pair["target"],
+                "beam_size": args.beam_size}  # fmt: skip
 
-        def body(i: int) -> dict[str, object]:
-            text = texts[i % len(texts)]
-            return {"text": text, "source": pair["source"], "target": pair["target"],
-                    "beam_size": args.beam_size}  # fmt: skip
+    # One client with one connection per simulated user. A single AsyncClient pooling N
+    # connections spends CPU on its pool per request that grows with N: at 64 it took a whole
+    # core and capped the measured rate at a quarter of what the server sustains.
+    one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=120, limits=one)
+            )
+            for _ in range(concurrency)
+        ]
 
-        for i in range(args.warmup_requests):
-            await client.post("/translate", json=body(i))
-        before = _batch_totals((await client.get("/metrics")).text)
+        async def warm_up(client: httpx.AsyncClient) -> None:
+            # Connects, so no measured request pays for a TCP handshake.
+            for i in range(args.warmup_requests):
+                await client.post("/translate", json=body(i))
+
+        await asyncio.gather(*(warm_up(client) for client in clients))
+        before = _batch_totals((await clients[0].get("/metrics")).text)
         latencies: list[float] = []
         statuses: Counter[str] = Counter()
         issued = 0
         start = time.perf_counter()
         end = start + args.duration
 
-        async def worker() -> None:
+        async def worker(client: httpx.AsyncClient) -> None:
             nonlocal issued
             while issued < args.max_requests and time.perf_counter() < end:
                 i = issued
@@ -184,9 +197,9 @@ async def _run_level(
                     statuses[type(e).__name__] += 1
                 latencies.append(time.perf_counter() - sent)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client) for client in clients))
         seconds = time.perf_counter() - start
-        after = _batch_totals((await client.get("/metrics")).text)
+        after = _batch_totals((await clients[0].get("/metrics")).text)
     batches, segments = after[0] - before[0], after[1] - before[1]
     ok = statuses.pop("200", 0)
     return LevelResult(
@@ -234,11 +247,18 @@ def _print_row(r: LevelResult) -> None:
 def _print_ratios(results: list[LevelResult], levels: list[int], configs: list[str]) -> None:
     batched, single = configs
     by_key = {(r.config, r.concurrency): r for r in results}
-    print("\nthroughput ratio, batching / no batching:")
+    # Unloaded latency: one client, no batching, the p50 of a request alone on the server.
+    unloaded = by_key.get((single, 1))
+    print("\nthroughput ratio, batching / no batching; batching p99 / unloaded p50:")
     for c in levels:
         base = by_key[single, c].requests_per_s
         ratio = by_key[batched, c].requests_per_s / base if base else float("nan")
-        print(f"  c={c:<3} {ratio:5.2f}x")
+        tail = (
+            f"{by_key[batched, c].p99_ms / unloaded.p50_ms:6.1f}x"
+            if unloaded and unloaded.p50_ms
+            else "   n/a (no c=1 level)"
+        )
+        print(f"  c={c:<3} {ratio:5.2f}x  {tail}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ the self-attention cache, whose length T (0 on the first step) is the step's pos
 
 The graphs are traced with the TorchScript exporter (`dynamo=False`): on these two graphs it gives
 clean dynamic batch, source and past axes. Tracing records one concrete run, so the dummy inputs
-use a past length of 3 (never 0 or 1) and a padded batch of 2; a constant specialised by the trace
+use a past length of 3 (never 0 or 1), a padded batch of 2 gathered from 4 past rows, and 6
+candidates per row; a constant specialised by the trace
 would then show up as a shape error or a parity failure for other shapes (see export/parity.py).
 """
 
@@ -47,6 +48,7 @@ from model.transformer import (
 from service.bundle import (
     ATTENTION_MASK,
     BATCH_AXIS,
+    CACHE_INDEX,
     DECODER_STEP_FILE,
     ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
@@ -56,9 +58,13 @@ from service.bundle import (
     MANIFEST_FILE,
     MEMORY,
     PAST_AXIS,
+    PAST_BATCH_AXIS,
     PRESENT_AXIS,
     SOURCE_AXIS,
     TOKENIZER_FILE,
+    TOP_IDS,
+    TOP_K_AXIS,
+    TOP_LOG_PROBS,
     BundleError,
     Dtype,
     GraphSpec,
@@ -83,7 +89,8 @@ _REPO = Path(__file__).resolve().parents[1]
 
 # Dummy shapes for tracing: all different and > 1, so no axis can be confused with another or
 # folded into a constant.
-_DUMMY_BATCH, _DUMMY_SOURCE, _DUMMY_PAST = 2, 5, 3
+_DUMMY_BATCH, _DUMMY_SOURCE, _DUMMY_PAST, _DUMMY_PAST_BATCH, _DUMMY_TOP_K = 2, 5, 3, 4, 6
+_DUMMY_CACHE_INDEX = [3, 1]  # two of the four past rows, out of order
 
 
 def _source_mask(attention_mask: Tensor) -> Tensor:
@@ -118,22 +125,33 @@ class DecoderStepGraph(nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids: Tensor, encoder_attention_mask: Tensor, *caches: Tensor
+        self,
+        input_ids: Tensor,
+        encoder_attention_mask: Tensor,
+        cache_index: Tensor,
+        top_k: Tensor,
+        *caches: Tensor,
     ) -> tuple[Tensor, ...]:
         n = self.model.config.n_decoder_layers
-        past, cross = caches[: 2 * n], caches[2 * n :]  # in past_names / cross_names order
-        cache = DecoderCache(
-            list(past[0::2]), list(past[1::2]), list(cross[0::2]), list(cross[1::2])
-        )
+        # In past_names / cross_names order; row b continues past row cache_index[b], which is
+        # how finished rows leave and beams follow their back-pointers without a host copy.
+        past = [t.index_select(0, cache_index) for t in caches[: 2 * n]]
+        cross = caches[2 * n :]
+        cache = DecoderCache(past[0::2], past[1::2], list(cross[0::2]), list(cross[1::2]))
         # decode_step reads the position from the past length, so the graph derives it too.
         log_probs, cache = self.model.decode_step(
             input_ids[:, 0], cache, _source_mask(encoder_attention_mask)
         )  # (B, V)
-        return (log_probs, *_interleave(cache.self_k, cache.self_v))
+        # top_k[0] stays a graph value under tracing: the candidates per row are an input.
+        # ONNX TopK returns ties lower index first, as the search's tie rule wants.
+        # (torch's stubs want an int; the tracer takes the 0-d tensor and keeps it dynamic.)
+        top_log_probs, top_ids = torch.topk(log_probs, top_k[0], dim=-1)  # type: ignore[arg-type]
+        return (log_probs, top_log_probs, top_ids, *_interleave(cache.self_k, cache.self_v))
 
 
 def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """Deterministic ids, a mask with a padded row, and a past of length _DUMMY_PAST."""
+    """Deterministic ids, a mask with a padded row, and a past of length _DUMMY_PAST with
+    _DUMMY_PAST_BATCH rows (the decoder gathers _DUMMY_BATCH of them)."""
     config = model.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
@@ -141,7 +159,7 @@ def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, list[Tensor]]:
     )  # (B, S)
     ids[1, -2:] = PAD_ID
     mask = (ids != PAD_ID).long()  # (B, S)
-    shape = (_DUMMY_BATCH, config.h, _DUMMY_PAST, config.d_k)  # (B, H, T, Dh)
+    shape = (_DUMMY_PAST_BATCH, config.h, _DUMMY_PAST, config.d_k)  # (P, H, T, Dh)
     past = [torch.randn(shape, generator=generator) for _ in range(2 * config.n_decoder_layers)]
     return ids, mask, past
 
@@ -165,9 +183,12 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
     dec_axes: dict[str, dict[int, str]] = {
         INPUT_IDS: {0: BATCH_AXIS},
         ENCODER_ATTENTION_MASK: {0: BATCH_AXIS, 1: SOURCE_AXIS},
-        **{name: {0: BATCH_AXIS, 2: PAST_AXIS} for name in past_names(n)},
+        CACHE_INDEX: {0: BATCH_AXIS},
+        **{name: {0: PAST_BATCH_AXIS, 2: PAST_AXIS} for name in past_names(n)},
         **{name: {0: BATCH_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
         LOG_PROBS: {0: BATCH_AXIS},
+        TOP_LOG_PROBS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
+        TOP_IDS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
         **{name: {0: BATCH_AXIS, 2: PRESENT_AXIS} for name in present_names(n)},
     }
     with warnings.catch_warnings():
@@ -182,7 +203,14 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
             (encoder, (ids, mask), directory / ENCODER_FILE, enc_inputs, enc_outputs, enc_axes),
             (
                 decoder,
-                (ids[:, :1], mask, *past, *encoded[1:]),
+                (
+                    ids[:, :1],
+                    mask,
+                    torch.tensor(_DUMMY_CACHE_INDEX),
+                    torch.tensor([_DUMMY_TOP_K]),
+                    *past,
+                    *encoded[1:],
+                ),
                 directory / DECODER_STEP_FILE,
                 dec_inputs,
                 dec_outputs,

@@ -6,8 +6,9 @@
 Checks, with ONNX Runtime on CPU, and collects every failure before failing once:
 1. the bundle was exported from this checkpoint (weights sha256);
 2. every encoder output (memory, cross keys/values) on a padded batch, within TOLERANCE;
-3. every decoder-step output (log_probs, present keys/values) for several steps, starting from a
-   zero-length past, on the same padded batch, each side feeding back its own cache;
+3. every decoder-step output (log_probs, the top-k candidates, present keys/values) for several
+   steps, starting from a zero-length past, on the same padded batch, each side feeding back its
+   own cache;
 4. greedy and beam search give the same tokens: the search code of model/search.py drives both,
    once with the torch `CachedStepper` and once with `OrtStepper` below.
 
@@ -45,10 +46,14 @@ from model.transformer import (
 )
 from service.bundle import (
     ATTENTION_MASK,
+    CACHE_INDEX,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
     MEMORY,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOG_PROBS,
     Bundle,
     BundleError,
     cross_key,
@@ -66,6 +71,7 @@ from service.bundle import (
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # max abs difference of any fp32 output, log-probs included
+_PROBE_TOP_K = 8  # candidates per row compared in the decoder-step check
 _MAX_EXAMPLES = 5  # token mismatches spelled out in the failures; the rest are counted
 
 Arrays = dict[str, np.ndarray]
@@ -118,41 +124,53 @@ class OrtStepper:
     """model/search.py's Stepper over the decoder-step graph: the same search code that drives
     the torch model drives ONNX Runtime, so any token difference is the graphs' doing."""
 
-    def __init__(self, ort_bundle: OrtBundle, encoded: Arrays, attention_mask: np.ndarray) -> None:
-        """`encoded` holds at least the cross keys/values, one row per row of the mask."""
+    def __init__(
+        self, ort_bundle: OrtBundle, encoded: Arrays, attention_mask: np.ndarray, top_k: int = 1
+    ) -> None:
+        """`encoded` holds at least the cross keys/values, one row per row of the mask.
+        `top_k` candidates per row are kept in `top` after each step (the torch search reads
+        the whole log_probs; the parity checks compare the candidates)."""
         manifest = ort_bundle.bundle.manifest
         self.session = ort_bundle.decoder_step
         self.n_layers = manifest.model.decoder_layers
         self.output_names = manifest.decoder_step.output_names
+        self.top_k = np.array([top_k], dtype=np.int64)
         self.mask = attention_mask  # (R, S)
         self.cross = {name: encoded[name] for name in cross_names(self.n_layers)}
         rows = attention_mask.shape[0]
+        # (top_log_probs, top_ids) of the last step, (R, top_k) each
+        self.top: tuple[np.ndarray, np.ndarray] = (np.empty((rows, 0)), np.empty((rows, 0)))
         dims = manifest.model
         dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)
         empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype=dtype)  # (R, H, 0, Dh)
         self.past = {name: empty for name in past_names(self.n_layers)}
+        # The graph gathers the past by this index: select and reorder only compose it.
+        self.cache_index = np.arange(rows, dtype=np.int64)  # (R,)
 
     def step(self, tokens: Tensor) -> Tensor:
         feeds = {
             INPUT_IDS: tokens.cpu().numpy().astype(np.int64).reshape(-1, 1),  # (R, 1)
             ENCODER_ATTENTION_MASK: self.mask,
+            CACHE_INDEX: self.cache_index,
+            TOP_K: self.top_k,
             **self.past,
             **self.cross,
         }
-        log_probs, *present = self.session.run(self.output_names, feeds)
+        log_probs, top_log_probs, top_ids, *present = self.session.run(self.output_names, feeds)
+        self.top = top_log_probs, top_ids
         # present_names and past_names list layer i's key and value at the same place.
         self.past = dict(zip(past_names(self.n_layers), present, strict=True))
+        self.cache_index = np.arange(len(log_probs), dtype=np.int64)
         return torch.from_numpy(log_probs)  # (R, V)
 
     def select(self, rows: Tensor) -> None:
         index = rows.cpu().numpy()
         self.mask = self.mask[index]
-        self.past = {name: t[index] for name, t in self.past.items()}
         self.cross = {name: t[index] for name, t in self.cross.items()}
+        self.cache_index = self.cache_index[index]
 
     def reorder(self, rows: Tensor) -> None:
-        index = rows.cpu().numpy()
-        self.past = {name: t[index] for name, t in self.past.items()}
+        self.cache_index = self.cache_index[rows.cpu().numpy()]
 
 
 def ort_generate(
@@ -346,12 +364,18 @@ def _check_outputs(
         report.compare(cross_key(i), cache.cross_k[i], encoded[cross_key(i)], where)
         report.compare(cross_value(i), cache.cross_v[i], encoded[cross_value(i)], where)
 
-    stepper = OrtStepper(ort_bundle, encoded, attention_mask)
+    stepper = OrtStepper(ort_bundle, encoded, attention_mask, top_k=_PROBE_TOP_K)
     tokens = torch.full((src.size(0),), BOS_ID, dtype=torch.long)  # (B,)
     for step in range(steps):
         where = f"decoder_step {step} (past length {step})"
         expected, cache = model.decode_step(tokens, cache, src_mask)  # (B, V)
-        report.compare(LOG_PROBS, expected, stepper.step(tokens).numpy(), where)
+        log_probs = stepper.step(tokens).numpy()
+        report.compare(LOG_PROBS, expected, log_probs, where)
+        top_log_probs, top_ids = stepper.top
+        report.compare(TOP_LOG_PROBS, expected.topk(_PROBE_TOP_K).values, top_log_probs, where)
+        # The ids may swap where two candidates are within rounding; the values may not.
+        at_ids = torch.from_numpy(np.take_along_axis(log_probs, top_ids, -1))
+        report.compare(TOP_IDS, at_ids, top_log_probs, where)
         # The stepper keeps each present under the past name it will be fed back as.
         for i in range(n):
             report.compare(present_key(i), cache.self_k[i], stepper.past[past_key(i)], where)

@@ -10,9 +10,9 @@ same sentences, the delta, the fraction of identical outputs, and the graph size
 stdout line is that JSON object.
 
 - fp16: onnxruntime's float16 converter (a copy of onnxconverter-common's, which is not a
-  dependency). log_probs stays a float32 output computed by a float32 LogSoftmax, so scores
-  summed over a beam do not lose precision; the cache and cross keys/values are float16 in and
-  out, halving what a GPU step moves.
+  dependency). log_probs and top_log_probs stay float32 outputs computed by a float32
+  LogSoftmax and TopK, so scores summed over a beam do not lose precision; the cache and cross
+  keys/values are float16 in and out, halving what a GPU step moves.
 - int8: dynamic quantization of every MatMul with a constant weight (weights int8 per tensor,
   activations quantized on the fly); inputs and outputs stay float32.
 
@@ -39,7 +39,7 @@ from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_floa
 from export.parity import decode_texts, open_bundle
 from model.data import DataError, read_parallel
 from model.evaluate import score_translations
-from service.bundle import DECODER_STEP_FILE, ENCODER_FILE, LOG_PROBS, BundleError
+from service.bundle import DECODER_STEP_FILE, ENCODER_FILE, LOG_PROBS, TOP_LOG_PROBS, BundleError
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -52,8 +52,8 @@ def convert_graph(src: Path, dst: Path, dtype: str) -> None:
     if dtype == "fp16":
         converted = convert_float_to_float16(
             onnx.load(str(src)),
-            keep_io_types=[LOG_PROBS],
-            op_block_list=[*DEFAULT_OP_BLOCK_LIST, "LogSoftmax"],
+            keep_io_types=[LOG_PROBS, TOP_LOG_PROBS],
+            op_block_list=[*DEFAULT_OP_BLOCK_LIST, "LogSoftmax", "TopK"],
         )
         _drop_fp16_round_trips(converted.graph)
         onnx.save(converted, str(dst))

@@ -222,9 +222,12 @@ class Runtime:
         deadline: float,
     ) -> list[TextTranslation]:
         model, batcher = self.models[pair], self.batchers[pair]
-        # Off the event loop: splitting and tokenising a large body takes CPU time that would
-        # stall every other request (and /health) meanwhile.
-        layouts, sources = await asyncio.to_thread(self._split_and_encode, model, texts)
+        if sum(len(text) for text in texts) <= _INLINE_CHARACTERS:
+            layouts, sources = self._split_and_encode(model, texts)
+        else:
+            # Off the event loop: splitting and tokenising a large body takes CPU time that
+            # would stall every other request (and /health) meanwhile.
+            layouts, sources = await asyncio.to_thread(self._split_and_encode, model, texts)
         # Where each segment comes from: (text index, sentence index).
         origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
         limit = model.max_input_tokens
@@ -252,6 +255,9 @@ class Runtime:
 
 
 _NOTHING = Hypothesis([], 0.0, "eos")
+# Texts up to this many characters in all are split and tokenised on the event loop: well under
+# a millisecond, less than the hop to a worker thread and back costs under load.
+_INLINE_CHARACTERS = 2000
 
 
 def _assemble(
@@ -274,9 +280,11 @@ def _finite(score: float | None) -> float | None:
 
 
 # --- Dependencies ------------------------------------------------------------------------------
+# All `async def`: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per
+# dependency per request that costs far more than these few lines.
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is None:
         raise ServiceError(ErrorType.UNAVAILABLE, "the service is starting")
@@ -289,7 +297,7 @@ _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
 _bearer = HTTPBearer(auto_error=False)
 
 
-def presented_key(
+async def presented_key(
     header_key: Annotated[str | None, Security(_api_key_header)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> str | None:
@@ -315,7 +323,7 @@ def check_api_key(runtime: Runtime, key: str | None) -> None:
         raise ServiceError(ErrorType.UNAUTHORIZED, "invalid API key")
 
 
-def require_api_key(runtime: RuntimeDep, key: PresentedKey) -> None:
+async def require_api_key(runtime: RuntimeDep, key: PresentedKey) -> None:
     check_api_key(runtime, key)
 
 

@@ -6,18 +6,28 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 1):
+Layout of a bundle directory (format version 2):
 
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file
     encoder.onnx       input_ids, attention_mask (B, S) -> memory (B, S, d_model),
                        cross_key.{i} / cross_value.{i} (B, H, S, Dh) for every decoder layer i
     decoder_step.onnx  input_ids (B, 1), encoder_attention_mask (B, S),
-                       past_key.{i} / past_value.{i} (B, H, T, Dh) with T >= 0,
+                       cache_index (B,) int64: row b continues row cache_index[b] of the past,
+                       top_k (1,) int64,
+                       past_key.{i} / past_value.{i} (P, H, T, Dh) with T >= 0,
                        cross_key.{i} / cross_value.{i} (B, H, S, Dh)
-                       -> log_probs (B, V) float32, present_key.{i} / present_value.{i}
-                          (B, H, T + 1, Dh); the step's position is T, read from the past inside
-                          the graph
+                       -> log_probs (B, V) float32,
+                          top_log_probs (B, k) float32 / top_ids (B, k) int64: the top_k most
+                          probable next tokens, best first, ties by lower id,
+                          present_key.{i} / present_value.{i} (B, H, T + 1, Dh)
+                       The step's position is T, read from the past inside the graph. The
+                       past is gathered by cache_index inside the graph, so finished rows
+                       leaving and beams following their back-pointers never move the cache
+                       through the host; and the search reads k candidates per row instead of
+                       the whole (B, V) table.
+
+Format version 1 (no cache_index, top_k, top_log_probs, top_ids) is refused: re-export.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -48,12 +58,18 @@ ATTENTION_MASK = "attention_mask"  # encoder input, (B, S) int64, 1 on tokens an
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask, fed to every decoder step
 MEMORY = "memory"
 LOG_PROBS = "log_probs"
+CACHE_INDEX = "cache_index"  # decoder input, (B,) int64: the past row each row continues
+TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
+TOP_LOG_PROBS = "top_log_probs"
+TOP_IDS = "top_ids"
 
 # Dynamic axes, named the same in both graphs.
 BATCH_AXIS = "batch"
 SOURCE_AXIS = "source_length"
 PAST_AXIS = "past_length"
 PRESENT_AXIS = "present_length"
+PAST_BATCH_AXIS = "past_batch"  # rows of the previous step's cache, gathered by cache_index
+TOP_K_AXIS = "top_k"
 
 
 def cross_key(layer: int) -> str:
@@ -101,8 +117,15 @@ def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
 
 def decoder_step_io(n_layers: int) -> tuple[list[str], list[str]]:
     """(input names, output names) of decoder_step.onnx, in graph order."""
-    inputs = [INPUT_IDS, ENCODER_ATTENTION_MASK, *past_names(n_layers), *cross_names(n_layers)]
-    return inputs, [LOG_PROBS, *present_names(n_layers)]
+    inputs = [
+        INPUT_IDS,
+        ENCODER_ATTENTION_MASK,
+        CACHE_INDEX,
+        TOP_K,
+        *past_names(n_layers),
+        *cross_names(n_layers),
+    ]
+    return inputs, [LOG_PROBS, TOP_LOG_PROBS, TOP_IDS, *present_names(n_layers)]
 
 
 # --- Manifest schema ---------------------------------------------------------------------------
@@ -261,7 +284,8 @@ def load_bundle(directory: str | Path) -> Bundle:
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise BundleError(
             f"{manifest_path}: format version {version!r} is not supported "
-            f"(supported: {sorted(SUPPORTED_FORMAT_VERSIONS)})"
+            f"(supported: {sorted(SUPPORTED_FORMAT_VERSIONS)}); re-export the checkpoint "
+            "with `python -m export`"
         )
     try:
         manifest = Manifest.model_validate(raw)

@@ -1,8 +1,10 @@
 """Greedy and beam search in numpy over a decoder step: the serving side's search.
 
 The search knows nothing of ONNX Runtime. It drives a `DecoderState`, which turns the last token
-of every live row into log-probs for the next one and can drop or reorder its rows; the engine
-implements it over decoder_step.onnx, the tests over hand-built log-prob tables.
+of every live row into the k most probable next tokens and their log-probs, and can drop or
+reorder its rows; the engine implements it over decoder_step.onnx (whose TopK hands over k
+candidates per row instead of the whole vocabulary), the tests over hand-built log-prob tables
+(`top_k` below).
 
 This is a deliberate mirror of model/search.py, the torch reference: `service/` may not import
 torch or `model/`, yet the service must give the reference's tokens exactly (its scores within
@@ -13,10 +15,11 @@ float rounding), so both follow the same conventions step for step:
   length ** length_penalty, where length counts </s> too. Greedy search sums in float64, beam
   search keeps running scores in float32, as the reference does.
 - Beam search follows CTranslate2/fairseq: the caller expands the encoder output beam_size times
-  once; the 2 * beam_size best candidates per sentence are scanned, a </s> among the top
-  beam_size finishes a hypothesis, the others continue; a sentence is done with beam_size
-  finished hypotheses and leaves the batch. Only the self-attention cache follows the
-  back-pointers (`DecoderState.reorder`).
+  once; the 2 * beam_size best candidates per sentence (found among each beam's own 2 * beam_size
+  best, which must hold them; ties go to the lower beam, then the lower token id) are scanned,
+  a </s> among the top beam_size finishes a hypothesis, the others continue; a sentence is
+  done with beam_size finished hypotheses and leaves the batch. Only the self-attention cache
+  follows the back-pointers (`DecoderState.reorder`).
 - beam_size=1 gives the same tokens as greedy search.
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """
@@ -88,8 +91,10 @@ class Hypothesis:
 class DecoderState(Protocol):
     """The decoder with its cache, over R live rows (sentence-major, beam_size rows each)."""
 
-    def step(self, tokens: IntArray) -> FloatArray:
-        """tokens (R,) -> log-probs (R, V) of the next token. The caller may modify the result."""
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+        """tokens (R,) -> the k most probable next tokens of every row (all V if V < k), best
+        first, equal log-probs lower id first: log-probs (R, k) and ids (R, k). The caller may
+        modify the results."""
         ...
 
     def select(self, rows: IntArray) -> None:
@@ -126,11 +131,12 @@ def greedy_search(
     totals = [0.0] * batch_size  # float64 sums of float32 log-probs, as the reference
     results: list[Hypothesis | None] = [None] * batch_size
     for step in range(options.max_decoding_length):
-        log_probs = state.step(tokens)  # (R, V)
-        if step < options.min_decoding_length:
-            log_probs = _forbid(log_probs, eos_id)
-        best = log_probs.argmax(axis=-1)  # (R,)
-        best_scores = np.take_along_axis(log_probs, best[:, None], axis=-1)[:, 0]  # (R,)
+        too_early = step < options.min_decoding_length
+        # One more candidate when </s> is forbidden: it may be the best one.
+        top_log_probs, top_ids = state.step(tokens, 2 if too_early else 1)  # (R, k)
+        if too_early:
+            top_log_probs, top_ids = _without(top_log_probs, top_ids, eos_id)
+        best, best_scores = top_ids[:, 0], top_log_probs[:, 0]  # (R,)
         keep = []
         for row, (sentence, token, score) in enumerate(
             zip(alive, best.tolist(), best_scores.tolist(), strict=True)
@@ -173,26 +179,36 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
     for step in range(options.max_decoding_length):
-        log_probs = state.step(tokens)  # (N*K, V)
-        if step < options.min_decoding_length:
-            log_probs = _forbid(log_probs, eos_id)
-        n, vocab = len(alive), log_probs.shape[-1]
-        candidates = (scores[:, :, None] + log_probs.reshape(n, k, vocab)).reshape(n, k * vocab)
-        top_scores, top_index = _top(candidates, min(2 * k, k * vocab))  # (N, 2K)
+        too_early = step < options.min_decoding_length
+        # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
+        # more when </s> is forbidden, as it may be one of them).
+        top_log_probs, top_ids = state.step(tokens, 2 * k + int(too_early))  # (N*K, C)
+        if too_early:
+            top_log_probs, top_ids = _without(top_log_probs, top_ids, eos_id)
+        n, c = len(alive), top_log_probs.shape[-1]
+        candidates = (scores[:, :, None] + top_log_probs.reshape(n, k, c)).reshape(n, k * c)
+        beams = np.broadcast_to(np.repeat(np.arange(k), c), (n, k * c))  # (N, K*C)
+        # Best score first; ties to the lower beam, then the lower token id.
+        order = np.lexsort((top_ids.reshape(n, k * c), beams, -candidates), axis=-1)
+        order = order[:, : min(2 * k, k * c)]  # (N, 2K)
+        top_scores = np.take_along_axis(candidates, order, axis=-1)
+        top_beams = np.take_along_axis(beams, order, axis=-1)
+        top_tokens = np.take_along_axis(top_ids.reshape(n, k * c), order, axis=-1)
         next_rows: list[int] = []
         next_tokens: list[int] = []
         next_scores: list[float] = []
         keep_blocks: list[int] = []
-        for i, (sentence, cand_scores, cand_index) in enumerate(
-            zip(alive, top_scores.tolist(), top_index.tolist(), strict=True)
+        for i, (sentence, cand_scores, cand_beams, cand_tokens) in enumerate(
+            zip(alive, top_scores.tolist(), top_beams.tolist(), top_tokens.tolist(), strict=True)
         ):
             rows: list[int] = []
             toks: list[int] = []
             scs: list[float] = []
-            for j, (score, index) in enumerate(zip(cand_scores, cand_index, strict=True)):
+            for j, (score, beam, token) in enumerate(
+                zip(cand_scores, cand_beams, cand_tokens, strict=True)
+            ):
                 if score == -math.inf or len(rows) == k:
                     break
-                beam, token = divmod(index, vocab)
                 if token == eos_id:
                     if j < k:
                         finished[sentence].append(
@@ -253,19 +269,21 @@ def _normalized(score: float, length: int, length_penalty: float) -> float:
     return score / math.pow(length, length_penalty)
 
 
-def _forbid(log_probs: FloatArray, token: int) -> FloatArray:
-    """A copy with `token` impossible: the step's array may be the caller's own table."""
-    log_probs = log_probs.copy()
-    log_probs[:, token] = -np.inf
-    return log_probs
+def top_k(log_probs: FloatArray, k: int) -> tuple[FloatArray, IntArray]:
+    """`DecoderState.step`'s answer computed from a whole (R, V) table: the k largest
+    log-probs of each row and their ids, best first, ties lower id first (as ONNX TopK)."""
+    ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :k]  # (R, k)
+    return np.take_along_axis(log_probs, ids, axis=-1), ids.astype(np.int64)
 
 
-def _top(values: FloatArray, m: int) -> tuple[FloatArray, IntArray]:
-    """The m largest values of each row and their indices, best first; ties by lower index.
-
-    A partition then a sort of the m winners, instead of sorting all K*V candidates.
-    """
-    index = np.argpartition(-values, m - 1, axis=-1)[:, :m]  # (N, m), unordered
-    top = np.take_along_axis(values, index, axis=-1)
-    order = np.lexsort((index, -top), axis=-1)  # by value descending, then index
-    return np.take_along_axis(top, order, axis=-1), np.take_along_axis(index, order, axis=-1)
+def _without(
+    top_log_probs: FloatArray, top_ids: IntArray, token: int
+) -> tuple[FloatArray, IntArray]:
+    """The candidates with `token` left out, one column fewer, the rest in their order. A row
+    whose candidates do not hold `token` loses its last (worst) one instead."""
+    rows, c = top_ids.shape
+    is_token = top_ids == token
+    # Each row drops its `token` column, or else its last column.
+    drop = np.where(is_token.any(axis=-1), is_token.argmax(axis=-1), c - 1)  # (R,)
+    keep = np.arange(c)[None, :] != drop[:, None]  # (R, C), one False per row
+    return top_log_probs[keep].reshape(rows, c - 1), top_ids[keep].reshape(rows, c - 1)

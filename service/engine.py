@@ -8,10 +8,12 @@ hypotheses come back in the input order.
 
 Where the tensors live: with `io_binding` (the default) the cache and the cross keys/values are
 ONNX Runtime values on the provider's device, fed back to the next step as they are, so on CUDA
-they stay on the GPU; only the step's log-probs (B, V) come to the host for the search. Moving
-rows (finished sentences leaving, beam back-pointers) gathers on the host and uploads again:
-ONNX Runtime's Python API has no device-side gather without a graph for it, and the bundle has
-none (see `_Placement.take`). Without io_binding every tensor goes through numpy each step.
+they stay on the GPU; only the step's top-k candidates (B, k) come to the host for the search.
+The decoder graph gathers its own cache by `cache_index`, so beams following their
+back-pointers and finished rows leaving never move the cache through the host; only the cross
+keys/values and the source mask lose rows on the host when a sentence finishes (ONNX Runtime's
+Python API has no device-side gather without a graph for it: `_Placement.take`). Without
+io_binding every tensor goes through numpy each step.
 
 Memory: every decoder step has new shapes (the cache grows, rows leave), so ONNX Runtime's
 memory patterns, planned per shape and all kept, are switched off, and so is the CPU arena,
@@ -38,9 +40,12 @@ from tokenizers import Tokenizer
 
 from service.bundle import (
     ATTENTION_MASK,
+    CACHE_INDEX,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
-    LOG_PROBS,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOG_PROBS,
     Bundle,
     BundleError,
     Manifest,
@@ -48,6 +53,7 @@ from service.bundle import (
     load_bundle,
     past_key,
     past_names,
+    present_names,
 )
 from service.decoding import DecodingOptions, FloatArray, Hypothesis, IntArray, search
 
@@ -288,7 +294,9 @@ class _Placement:
 
 class _OrtDecoderState:
     """`service.decoding.DecoderState` over decoder_step.onnx: the self-attention cache grows
-    one position per step; cross keys/values and the source mask only lose rows."""
+    one position per step and is gathered inside the graph by `cache_index`, so dropping rows
+    and following beam back-pointers only compose an index on the host; cross keys/values and
+    the source mask only lose rows (on the host, once per finished sentence)."""
 
     def __init__(
         self,
@@ -299,37 +307,42 @@ class _OrtDecoderState:
         attention_mask: IntArray,
     ) -> None:
         self.session, self.placement, self.cross = session, placement, cross
-        self.output_names = manifest.decoder_step.output_names
+        self.vocab_size = manifest.model.vocab_size
         self.past_names = past_names(manifest.model.decoder_layers)
+        # present i is fed back as past i: present_names lists them in past_names order.
+        self.output_names = [TOP_LOG_PROBS, TOP_IDS, *present_names(manifest.model.decoder_layers)]
         self.mask = placement.put(attention_mask)  # (R, S)
+        rows = attention_mask.shape[0]
         dims = manifest.model
         dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)  # float16 in fp16
-        empty = np.zeros((attention_mask.shape[0], dims.heads, 0, dims.d_head), dtype)
-        self.past = {name: placement.put(empty) for name in self.past_names}  # (R, H, 0, Dh)
+        empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype)
+        self.past = {name: placement.put(empty) for name in self.past_names}  # (P, H, T, Dh)
+        self.cache_index = np.arange(rows, dtype=np.int64)  # (R,): row r continues past row
 
-    def step(self, tokens: IntArray) -> FloatArray:
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         feeds = {
             INPUT_IDS: tokens.reshape(-1, 1),  # (R, 1)
             ENCODER_ATTENTION_MASK: self.mask,
+            CACHE_INDEX: self.cache_index,
+            TOP_K: np.array([min(k, self.vocab_size)], dtype=np.int64),
             **self.past,
             **self.cross,
         }
-        outputs = self.placement.run(self.session, feeds, self.output_names, to_host={LOG_PROBS})
-        # present i is fed back as past i: output_names lists them in past_names order.
-        self.past = dict(zip(self.past_names, outputs[1:], strict=True))
-        log_probs: FloatArray = outputs[0]  # (R, V)
-        return log_probs
+        top_log_probs, top_ids, *present = self.placement.run(
+            self.session, feeds, self.output_names, to_host={TOP_LOG_PROBS, TOP_IDS}
+        )
+        self.past = dict(zip(self.past_names, present, strict=True))
+        self.cache_index = np.arange(len(tokens), dtype=np.int64)
+        return top_log_probs, top_ids  # (R, k) each
 
     def select(self, rows: IntArray) -> None:
         take = self.placement.take
         self.mask = take(self.mask, rows)
-        self.past = {name: take(v, rows) for name, v in self.past.items()}
         self.cross = {name: take(v, rows) for name, v in self.cross.items()}
+        self.cache_index = self.cache_index[rows]
 
     def reorder(self, rows: IntArray) -> None:
-        if np.array_equal(rows, np.arange(len(rows))):
-            return  # every beam continues itself: nothing to move
-        self.past = {name: self.placement.take(v, rows) for name, v in self.past.items()}
+        self.cache_index = self.cache_index[rows]
 
 
 def _session_options(intra_op_threads: int | None) -> ort.SessionOptions:

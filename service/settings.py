@@ -76,7 +76,10 @@ class Settings(BaseSettings):
         4096, ge=1, description="padded source tokens per engine call (batch size x longest)"
     )
     max_wait_ms: float = Field(
-        5.0, ge=0.0, description="how long the oldest queued segment waits for company"
+        0.0,
+        ge=0.0,
+        description="how long the oldest queued segment waits for company; 0: an idle engine "
+        "starts at once, batches form from what queues while it is busy",
     )
     max_queue_segments: int = Field(1024, ge=1, description="queued segments; beyond: 429")
     request_timeout_s: float = Field(

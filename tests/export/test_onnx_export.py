@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
 import pytest
 
 from export.onnx_export import export_bundle, export_graphs, main
@@ -16,14 +18,23 @@ from model.transformer import (
     load_model,
 )
 from service.bundle import (
+    CACHE_INDEX,
     DECODER_STEP_FILE,
+    ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
+    INPUT_IDS,
     LOG_PROBS,
     MANIFEST_FILE,
     TOKENIZER_FILE,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOG_PROBS,
     Dtype,
+    cross_names,
     load_bundle,
     past_key,
+    past_names,
+    present_key,
     present_value,
     sha256_file,
 )
@@ -65,10 +76,58 @@ def test_batch_source_and_past_axes_are_dynamic(fp32_bundle: Path) -> None:
     assert encoder.inputs[0].shape == ["batch", "source_length"]
     assert encoder.outputs[1].shape == ["batch", h, "source_length", dh]
     assert step.inputs[0].shape == ["batch", 1]
-    assert step.tensor(past_key(0)).shape == ["batch", h, "past_length", dh]
+    # The past has its own row count: the graph gathers the batch's rows from it.
+    assert step.tensor(past_key(0)).shape == ["past_batch", h, "past_length", dh]
+    assert step.tensor(CACHE_INDEX).shape == ["batch"]
     assert step.tensor(present_value(1)).shape == ["batch", h, "present_length", dh]
     assert step.tensor(LOG_PROBS).shape == ["batch", v]
     assert step.tensor(LOG_PROBS).dtype == "float32"
+    assert step.tensor(TOP_LOG_PROBS).shape == ["batch", "top_k"]
+    assert step.tensor(TOP_IDS).dtype == "int64"
+
+
+def test_decoder_step_gathers_its_past_and_returns_the_top_k(fp32_bundle: Path) -> None:
+    """cache_index [2, 0] over a 3-row past gives what the host-side gather past[[2, 0]] gives;
+    top_k candidates are log_probs' best, best first."""
+    manifest = load_bundle(fp32_bundle).manifest
+    dims, n = manifest.model, manifest.model.decoder_layers
+    session = ort.InferenceSession(str(fp32_bundle / DECODER_STEP_FILE))
+    rng = np.random.default_rng(0)
+    past = {
+        name: rng.normal(size=(3, dims.heads, 2, dims.d_head)).astype(np.float32)
+        for name in past_names(n)
+    }
+    cross = {
+        name: rng.normal(size=(2, dims.heads, 4, dims.d_head)).astype(np.float32)
+        for name in cross_names(n)
+    }
+    common = {
+        INPUT_IDS: np.array([[5], [9]], dtype=np.int64),
+        ENCODER_ATTENTION_MASK: np.ones((2, 4), dtype=np.int64),
+        **cross,
+    }
+    rows = np.array([2, 0], dtype=np.int64)
+    names = [o.name for o in session.get_outputs()]
+    gathered = session.run(None, {**common, CACHE_INDEX: rows, TOP_K: np.array([5]), **past})
+    on_host = session.run(
+        None,
+        {
+            **common,
+            CACHE_INDEX: np.arange(2, dtype=np.int64),
+            TOP_K: np.array([5]),
+            **{name: value[rows] for name, value in past.items()},
+        },
+    )
+    for name, a, b in zip(names, gathered, on_host, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    out = dict(zip(names, gathered, strict=True))
+    order = np.argsort(-out[LOG_PROBS], axis=-1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(out[TOP_IDS], order)
+    np.testing.assert_array_equal(
+        out[TOP_LOG_PROBS], np.take_along_axis(out[LOG_PROBS], order, axis=-1)
+    )
+    # The present is the gathered past plus this step's position.
+    np.testing.assert_array_equal(out[present_key(0)][:, :, :2], past[past_key(0)][rows])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8", "fp16"])

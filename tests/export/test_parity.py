@@ -22,9 +22,11 @@ from model.data import pad
 from model.search import generate
 from model.transformer import BOS_ID, DecoderCache, Transformer, load_model, padding_mask
 from service.bundle import (
+    CACHE_INDEX,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
+    TOP_K,
     cross_names,
     past_key,
     past_names,
@@ -110,10 +112,13 @@ def test_decoder_step_for_shapes_other_than_the_traced_ones(
     feeds = {
         INPUT_IDS: tokens[:, None].numpy(),
         ENCODER_ATTENTION_MASK: (src != 0).long().numpy(),
+        CACHE_INDEX: np.arange(batch, dtype=np.int64),
+        TOP_K: np.array([3], dtype=np.int64),
         **dict(zip(past_names(n), _flat(cache.self_k, cache.self_v), strict=True)),
         **dict(zip(cross_names(n), _flat(cache.cross_k, cache.cross_v), strict=True)),
     }
-    log_probs, *present = ort_bundle.decoder_step.run(None, feeds)
+    log_probs, top_log_probs, _, *present = ort_bundle.decoder_step.run(None, feeds)
+    assert top_log_probs.shape == (batch, 3)
     assert log_probs.shape == (batch, model.config.vocab_size)
     np.testing.assert_allclose(log_probs, expected.numpy(), rtol=0, atol=TOLERANCE)
     for actual, wanted in zip(present, _flat(grown.self_k, grown.self_v), strict=True):

@@ -602,9 +602,15 @@ async def test_more_sentences_than_the_queue_holds_is_422_even_when_idle(fake: F
         assert response.status_code == 200
 
 
-async def test_splitting_and_tokenising_run_off_the_event_loop(
-    client: httpx.AsyncClient, fake: FakeModel, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("sentences", "on_the_loop"), [(2, True), (200, False)])
+async def test_large_bodies_are_split_and_tokenised_off_the_event_loop(
+    client: httpx.AsyncClient,
+    fake: FakeModel,
+    monkeypatch: pytest.MonkeyPatch,
+    sentences: int,
+    on_the_loop: bool,
 ) -> None:
+    """A short text costs less than a thread hop; a large one would stall every request."""
     threads: list[threading.Thread] = []
     real_encode = fake.encode
 
@@ -613,9 +619,10 @@ async def test_splitting_and_tokenising_run_off_the_event_loop(
         return real_encode(texts)
 
     monkeypatch.setattr(fake, "encode", encode)
-    response = await client.post("/translate", json={"text": "A dog. A cat.", **EN_DE})
+    text = " ".join(["A dog runs across the green field."] * sentences)  # 2: 69, 200: 7k chars
+    response = await client.post("/translate", json={"text": text, **EN_DE})
     assert response.status_code == 200
-    assert threads and threading.main_thread() not in threads
+    assert threads and (threading.main_thread() in threads) == on_the_loop
 
 
 async def test_libretranslate_detect_is_refused_while_draining(fake: FakeModel) -> None:

@@ -21,6 +21,7 @@ from service.decoding import (
     beam_search,
     greedy_search,
     search,
+    top_k,
 )
 
 BOS, EOS = 1, 2  # the fixed special ids of model/transformer.py
@@ -44,7 +45,7 @@ class TableState:
         self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
         self.rows_stepped: list[int] = []
 
-    def step(self, tokens: IntArray) -> FloatArray:
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         self.rows_stepped.append(len(tokens))
         out = np.tile(1e-6 / (1 + np.arange(V)), (len(self.prefixes), 1))  # (R, V)
         for r, token in enumerate(tokens.tolist()):
@@ -52,7 +53,7 @@ class TableState:
             self.prefixes[r] = prefix
             for t, p in self.tables[r].get(prefix, {EOS: 1.0}).items():
                 out[r, t] = p
-        return np.log(out / out.sum(axis=-1, keepdims=True)).astype(np.float32)
+        return top_k(np.log(out / out.sum(axis=-1, keepdims=True)).astype(np.float32), k)
 
     def select(self, rows: IntArray) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]
@@ -165,21 +166,32 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
     assert state.rows_stepped == rows_stepped
 
 
-def test_the_state_table_is_not_modified_by_the_search() -> None:
-    """min_decoding_length forbids </s> on a copy: a state may hand out its own arrays."""
-    table = np.log(np.full((1, V), 1 / V, dtype=np.float32))
+def test_the_state_arrays_are_not_modified_by_the_search() -> None:
+    """min_decoding_length forbids </s> on copies: a state may hand out its own arrays."""
+    table = np.log(np.full((2, V), 1 / V, dtype=np.float32))  # enough rows for 2 beams
+    top_log_probs, top_ids = top_k(table, V)
+    saved = top_log_probs.copy(), top_ids.copy()
 
     class Constant:
-        def step(self, tokens: IntArray) -> FloatArray:
-            return table
+        def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+            return top_log_probs[: len(tokens), :k], top_ids[: len(tokens), :k]  # views
 
         def select(self, rows: IntArray) -> None: ...
 
         def reorder(self, rows: IntArray) -> None: ...
 
-    opts = DecodingOptions(max_decoding_length=3, min_decoding_length=2)
-    greedy_search(Constant(), 1, opts, bos_id=BOS, eos_id=EOS)
-    assert np.isfinite(table).all()
+    for beam_size in (1, 2):
+        opts = DecodingOptions(beam_size=beam_size, max_decoding_length=3, min_decoding_length=2)
+        search(Constant(), 1, opts, bos_id=BOS, eos_id=EOS)
+        assert np.array_equal(top_log_probs, saved[0]) and np.array_equal(top_ids, saved[1])
+
+
+def test_top_k_is_best_first_with_ties_to_the_lower_id() -> None:
+    table = np.log(np.array([[0.1, 0.3, 0.1, 0.3, 0.2], [0.2] * 5], dtype=np.float32))
+    values, ids = top_k(table, 3)
+    assert ids.tolist() == [[1, 3, 4], [0, 1, 2]]
+    assert np.array_equal(values, np.take_along_axis(table, ids, axis=-1))
+    assert top_k(table, 9)[1].shape == (2, 5)  # never more than the vocabulary
 
 
 @pytest.mark.parametrize(
@@ -242,8 +254,8 @@ class NumpyState:
     def __init__(self, model: RandomModel) -> None:
         self.model = model
 
-    def step(self, tokens: IntArray) -> FloatArray:
-        return self.model.log_probs(tokens.tolist())
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+        return top_k(self.model.log_probs(tokens.tolist()), k)
 
     def select(self, rows: IntArray) -> None:
         self.model.keep(rows.tolist(), everything=True)
