@@ -27,7 +27,7 @@ from service.api import (
     libretranslate_router,
     router,
 )
-from service.bundle import MANIFEST_FILE, BundleError, sha256_file
+from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, sha256_file
 from service.errors import ErrorRenderer, install_error_handlers
 from service.metrics import Metrics
 from service.settings import Settings
@@ -104,7 +104,8 @@ def load_models(settings: Settings) -> list[TranslationModel]:
 
 def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     """The shipped model's bundle, exported from its checkpoint on first start, and again when
-    the checkpoint's weights no longer match the ones the bundle was exported from.
+    the checkpoint's weights no longer match the ones the bundle was exported from, or the
+    bundle is of another format version (left by an older release).
 
     The export runs `python -m export` in a subprocess: it needs torch, which the service never
     imports, so a serving image without it gets a clear error instead of an ImportError.
@@ -138,8 +139,12 @@ def _stale(checkpoint: Path, bundle: Path) -> str | None:
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
         recorded = raw["provenance"]["checkpoint_sha256"]
+        version = raw["format_version"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
+    if version != FORMAT_VERSION:
+        # Left by an older release: this one reads another bundle format.
+        return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
     actual = sha256_file(weights)
     if recorded != actual:
         return f"exported from weights with sha256 {recorded}; {weights} has {actual}"

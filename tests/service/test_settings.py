@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -118,3 +119,16 @@ def test_the_shipped_bundle_is_exported_again_when_the_checkpoint_changes(
     again = load_bundle(bundle).manifest.provenance.checkpoint_sha256  # complete and verified
     assert again == sha256_file(weights) != first
     assert sorted(p.name for p in bundle.parent.iterdir()) == ["tiny"]  # no export leftovers
+
+
+def test_a_bundle_of_an_older_format_is_exported_again(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bundle = tmp_path / "bundles" / "tiny"
+    shipped_bundle(tiny_checkpoint, bundle)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    (bundle / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
+    with caplog.at_level(logging.WARNING):
+        assert shipped_bundle(tiny_checkpoint, bundle) == bundle
+    assert "bundle format version 1, this service reads 2" in caplog.text
+    assert load_bundle(bundle).manifest.format_version == 2
