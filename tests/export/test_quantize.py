@@ -14,7 +14,7 @@ from export.parity import OrtStepper, encode_sources, open_bundle, ort_generate
 from export.quantize import main
 from model.data import pad
 from model.transformer import BOS_ID
-from service.bundle import LOG_PROBS, MEMORY, cross_key, past_key, present_key
+from service.bundle import LOG_PROBS, MEMORY, TOP_LOG_PROBS, cross_key, past_key, present_key
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,7 @@ def test_reduced_bundle_decodes_close_to_fp32(
     assert step.tensor(present_key(0)).dtype == cache_dtype
     assert manifest.encoder.tensor(cross_key(0)).dtype == cache_dtype
     assert step.tensor(LOG_PROBS).dtype == "float32"  # scores keep full precision
+    assert step.tensor(TOP_LOG_PROBS).dtype == "float32"
 
     sources, _ = encode_sources(reduced, val_src)
     src = pad(sources[:6]).numpy()
