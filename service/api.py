@@ -202,7 +202,7 @@ class Runtime:
     def _split_and_encode(
         self, model: TranslationModel, texts: Sequence[str]
     ) -> tuple[list[segment.Layout], list[list[int]]]:
-        layouts = [segment.split(text) for text in texts]
+        layouts = [segment.split(text, model.source_language) for text in texts]
         count = sum(len(layout.segments) for layout in layouts)
         limit = self.settings.max_queue_segments
         if count > limit:

@@ -4,7 +4,9 @@ so that the translation keeps the input's lines, paragraphs and indentation.
 The model was trained on single sentences (image captions), so a paragraph is translated
 sentence by sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK forms), optionally
 followed by closing quotes or brackets, then whitespace, unless the next word starts in lower case
-("e.g. this"). Abbreviations before a capital ("Dr. Smith") are cut: a known limit.
+("e.g. this"), or the mark is the period of an initial ("J. R. R. Tolkien") or of a title or
+abbreviation of the source language that is usually followed by a capital ("Dr. Smith",
+"Hr. Müller", "Mme Curie": `_ABBREVIATIONS`, in the spirit of Moses' non-breaking prefixes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,32 @@ _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 # Tried only where a run of end marks begins (the lookbehind): trying every position inside a
 # long run without space after it made a search quadratic in the run's length.
 _SENTENCE_END = re.compile(r"(?<![.!?…。！？])[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
+
+
+# Words (lower case, without their period) after which a period does not end a sentence, by
+# source language: titles and the like before any word, and words that only abbreviate before a
+# number ("No. 5", but "I said no. Then"). "etc." and the like often end sentences: left out.
+def _words(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+_TITLES: dict[str, frozenset[str]] = {
+    "en": _words(
+        "mr mrs ms messrs dr prof rev hon sr jr st mt capt col gen gov lt maj sgt adm cmdr sen "
+        "rep pres supt insp vs"
+    ),
+    "de": _words("hr hrn fr frl dr prof st bzw ca vgl ggf evtl inkl z.b d.h u.a"),
+    "fr": _words("m mm mme mmes mlle mlles dr pr me st ste"),
+}
+_BEFORE_NUMBERS: dict[str, frozenset[str]] = {
+    "en": _words("no nos fig figs vol vols pp p art ch sec"),
+    "de": _words("nr abs art bd s str"),
+    "fr": _words("no art ch fig vol p pp"),
+}
+# Longest word looked at, plus an opening quote or bracket and the space before it.
+_WINDOW = 2 + max(
+    len(word) for table in (_TITLES, _BEFORE_NUMBERS) for words in table.values() for word in words
+)
 
 
 @dataclass(frozen=True)
@@ -39,12 +67,17 @@ class Layout:
         return "".join(parts)
 
 
-def split(text: str) -> Layout:
+def split(text: str, language: str = "") -> Layout:
+    """`language` (the source's code) picks the abbreviations that do not end a sentence; any
+    other code gets the language-independent rules only."""
+    abbreviations = _Abbreviations(
+        _TITLES.get(language, frozenset()), _BEFORE_NUMBERS.get(language, frozenset())
+    )
     segments: list[str] = []
     separators: list[str] = []
     end_of_last = 0
     for line in _LINE.finditer(text):
-        for start, end in _sentences(text, line.start(), line.end()):
+        for start, end in _sentences(text, line.start(), line.end(), abbreviations):
             separators.append(text[end_of_last:start])
             segments.append(text[start:end])
             end_of_last = end
@@ -52,7 +85,9 @@ def split(text: str) -> Layout:
     return Layout(tuple(segments), tuple(separators))
 
 
-def _sentences(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+def _sentences(
+    text: str, start: int, end: int, abbreviations: _Abbreviations
+) -> Iterator[tuple[int, int]]:
     """(start, end) of each sentence of the line text[start:end], without surrounding space."""
     while start < end and text[start].isspace():
         start += 1
@@ -62,7 +97,35 @@ def _sentences(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         return
     for match in _SENTENCE_END.finditer(text, start, end):
         # The line's trailing space is stripped, so the next character exists and is not a space.
-        if not text[match.end()].islower():
-            yield start, match.start("space")
-            start = match.end()
+        if text[match.end()].islower() or _abbreviated(text, start, match, abbreviations):
+            continue
+        yield start, match.start("space")
+        start = match.end()
     yield start, end
+
+
+@dataclass(frozen=True)
+class _Abbreviations:
+    titles: frozenset[str]
+    before_numbers: frozenset[str]
+
+
+def _abbreviated(
+    text: str, start: int, match: re.Match[str], abbreviations: _Abbreviations
+) -> bool:
+    """Whether the end mark of `match` is a lone period after an initial ("J."), a title, or a
+    number abbreviation before a digit; `start` is where the sentence began."""
+    if match.group().rstrip() != ".":
+        return False
+    # Read back a bounded window, so the whole split stays linear in the text's length.
+    window_start = max(start, match.start() - _WINDOW)
+    window = text[window_start : match.start()]
+    words = window.split()
+    if not words or (len(words) == 1 and window_start > start and not window[0].isspace()):
+        return False  # no word, or one that goes back further than any abbreviation
+    word = words[-1].lstrip("\"'“‘«([").lower()
+    if len(word) == 1 and text[match.start() - 1].isupper():
+        return True  # an initial
+    if word in abbreviations.titles:
+        return True
+    return word in abbreviations.before_numbers and text[match.end()].isdigit()

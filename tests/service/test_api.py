@@ -589,16 +589,16 @@ async def test_more_sentences_than_the_queue_holds_is_422_even_when_idle(fake: F
         encoded: list[str] = []
         real_encode = fake.encode
         fake.encode = lambda texts: encoded.extend(texts) or real_encode(texts)  # type: ignore[method-assign]
-        response = await client.post("/translate", json={"text": "A. B. C. D.", **EN_DE})
+        response = await client.post("/translate", json={"text": "Aa. Bb. Cc. Dd.", **EN_DE})
         assert response.status_code == 422 and "retry-after" not in response.headers
         assert error_of(response) == {
             "type": "invalid_request",
             "message": "4 sentences in one request; the limit is 3 (max_queue_segments)",
         }
-        response = await client.post(f"{LT}/translate", json={"q": ["A.", "B. C. D."], **EN_DE})
+        response = await client.post(f"{LT}/translate", json={"q": ["Aa.", "Bb. Cc. Dd."], **EN_DE})
         assert response.status_code == 400 and "max_queue_segments" in response.json()["error"]
         assert encoded == []  # refused before tokenising
-        response = await client.post("/translate", json={"text": "A. B. C.", **EN_DE})
+        response = await client.post("/translate", json={"text": "Aa. Bb. Cc.", **EN_DE})
         assert response.status_code == 200
 
 
