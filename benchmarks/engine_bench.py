@@ -2,7 +2,7 @@
 
     python -m benchmarks.engine_bench --checkpoint checkpoints/multi30k-en-de \\
         --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--src FILE] [--n 500] [--threads 2] \\
-        [--batch-sizes 1 32] [--beam-sizes 1 4] [--systems NAME ...] [--json FILE]
+        [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--systems NAME ...] [--json FILE]
 
 Systems: torch-uncached (model.search with the decoder re-run on the whole prefix each step),
 torch-cached (decode_step with the key/value cache), engine-fp32 / engine-int8 (this service's
@@ -18,8 +18,10 @@ Method, so the numbers compare like with like:
   state never count against another's. Peak memory is the process's peak RSS (VmHWM), reset
   through /proc/self/clear_refs before each configuration: what the host must provision,
   libraries and weights included. "load RSS" is the RSS after loading and one warm-up batch.
-- Time is wall clock over generation only (no tokenization, no loading), after the warm-up.
-  Target tokens exclude </s>. Ratios are against engine-fp32 in the same configuration.
+- Time is wall clock over generation only (no tokenization, no loading), after the warm-up: the
+  median of --repeat passes over all the sentences (a shared machine drifts by 10-20 % between
+  single passes). Target tokens exclude </s>. Ratios are against engine-fp32 in the same
+  configuration.
 - "same" counts sentences whose output equals engine-fp32's: torch and CTranslate2 fp32 greedy
   must match on every sentence (same model, same search); int8 and CTranslate2 beam search (its
   own beam rules) may differ.
@@ -32,6 +34,7 @@ import argparse
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,11 +164,16 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
             load_rss = _memory_kib("VmRSS")
             peak_reset = _reset_peak()
             outputs: list[list[int]] = [[] for _ in sources]
-            start = time.perf_counter()
-            for batch in batches:
-                for i, ids in zip(batch, decode([sources[i] for i in batch], beam), strict=True):
-                    outputs[i] = ids
-            seconds = time.perf_counter() - start
+            times = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                for batch in batches:
+                    for i, ids in zip(
+                        batch, decode([sources[i] for i in batch], beam), strict=True
+                    ):
+                        outputs[i] = ids
+                times.append(time.perf_counter() - start)
+            seconds = statistics.median(times)
             runs.append(
                 {
                     "batch_size": batch_size,
@@ -218,6 +226,7 @@ def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> di
         "--worker", system, "--sources-file", str(sources_file),
         "--checkpoint", str(args.checkpoint), "--bundle-fp32", str(args.bundle_fp32),
         "--threads", str(args.threads), "--ct2-dir", str(args.ct2_dir),
+        "--repeat", str(args.repeat),
         "--batch-sizes", *map(str, args.batch_sizes), "--beam-sizes", *map(str, args.beam_sizes),
     ]  # fmt: skip
     if args.bundle_int8:
@@ -314,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
     p.add_argument("--n", type=int, default=500, help="first N lines (default 500)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="timed passes per configuration; the median counts"
+    )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
@@ -322,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--sources-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
 
     if args.worker:
         try:
