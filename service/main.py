@@ -95,6 +95,7 @@ def load_models(settings: Settings) -> list[TranslationModel]:
             device=settings.device,
             device_id=settings.device_id,
             intra_op_threads=settings.intra_op_threads,
+            intra_op_spinning=settings.intra_op_spinning,
             io_binding=settings.io_binding,
             max_batch_size=settings.max_batch_size,
         )

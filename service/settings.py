@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     intra_op_threads: int | None = Field(
         None, ge=1, description="ONNX Runtime intra-op threads (none: its default)"
     )
+    intra_op_spinning: bool = Field(
+        False,
+        description="let intra-op threads spin between kernels (off: they would take the cores "
+        "the search needs between decoder steps)",
+    )
     io_binding: bool = Field(True, description="bind inputs and outputs on the device (CUDA)")
 
     # --- HTTP ----------------------------------------------------------------------------------

@@ -120,6 +120,18 @@ def test_auto_picks_the_cpu_without_a_warning(
     assert any(CPU_PROVIDER in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("spinning", [False, True])
+def test_intra_op_threads_sleep_between_kernels_unless_asked_to_spin(
+    fp32_bundle: Path, spinning: bool
+) -> None:
+    engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=2, intra_op_spinning=spinning)
+    for session in (engine._encoder, engine._decoder_step):
+        options = session.get_session_options()
+        assert options.intra_op_num_threads == 2
+        entry = options.get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spinning else "0")
+
+
 def test_engine_describes_its_model(engine: Engine, eos_checkpoint: Path) -> None:
     assert engine.name == eos_checkpoint.name
     assert (engine.source_language, engine.target_language) == ("en", "de")
