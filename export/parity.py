@@ -139,7 +139,10 @@ class OrtStepper:
         self.cross = {name: encoded[name] for name in cross_names(self.n_layers)}
         rows = attention_mask.shape[0]
         # (top_log_probs, top_ids) of the last step, (R, top_k) each
-        self.top: tuple[np.ndarray, np.ndarray] = (np.empty((rows, 0)), np.empty((rows, 0)))
+        self.top: tuple[np.ndarray, np.ndarray] = (
+            np.empty((rows, 0), dtype=np.float32),
+            np.empty((rows, 0), dtype=np.int64),
+        )
         dims = manifest.model
         dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)
         empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype=dtype)  # (R, H, 0, Dh)
@@ -364,7 +367,8 @@ def _check_outputs(
         report.compare(cross_key(i), cache.cross_k[i], encoded[cross_key(i)], where)
         report.compare(cross_value(i), cache.cross_v[i], encoded[cross_value(i)], where)
 
-    stepper = OrtStepper(ort_bundle, encoded, attention_mask, top_k=_PROBE_TOP_K)
+    top_k = min(_PROBE_TOP_K, model.config.vocab_size)
+    stepper = OrtStepper(ort_bundle, encoded, attention_mask, top_k=top_k)
     tokens = torch.full((src.size(0),), BOS_ID, dtype=torch.long)  # (B,)
     for step in range(steps):
         where = f"decoder_step {step} (past length {step})"
@@ -372,7 +376,7 @@ def _check_outputs(
         log_probs = stepper.step(tokens).numpy()
         report.compare(LOG_PROBS, expected, log_probs, where)
         top_log_probs, top_ids = stepper.top
-        report.compare(TOP_LOG_PROBS, expected.topk(_PROBE_TOP_K).values, top_log_probs, where)
+        report.compare(TOP_LOG_PROBS, expected.topk(top_k).values, top_log_probs, where)
         # The ids may swap where two candidates are within rounding; the values may not.
         at_ids = torch.from_numpy(np.take_along_axis(log_probs, top_ids, -1))
         report.compare(TOP_IDS, at_ids, top_log_probs, where)

@@ -15,11 +15,15 @@ float rounding), so both follow the same conventions step for step:
   length ** length_penalty, where length counts </s> too. Greedy search sums in float64, beam
   search keeps running scores in float32, as the reference does.
 - Beam search follows CTranslate2/fairseq: the caller expands the encoder output beam_size times
-  once; the 2 * beam_size best candidates per sentence (found among each beam's own 2 * beam_size
-  best, which must hold them; ties go to the lower beam, then the lower token id) are scanned,
-  a </s> among the top beam_size finishes a hypothesis, the others continue; a sentence is
-  done with beam_size finished hypotheses and leaves the batch. Only the self-attention cache
-  follows the back-pointers (`DecoderState.reorder`).
+  once; the 2 * beam_size best candidates per sentence are scanned, a </s> among the top
+  beam_size finishes a hypothesis, the others continue; a sentence is done with beam_size
+  finished hypotheses and leaves the batch. Only the self-attention cache follows the
+  back-pointers (`DecoderState.reorder`).
+- Those 2 * beam_size are found among each beam's own 2 * beam_size best (at most 2K - 1 of a
+  beam's candidates can rank ahead of one of its own). Ties go to the lower beam, then the lower
+  token id. One exception: two log-probs of one beam that differ by an ulp can give equal float32
+  sums, and the one the step did not return is never seen; the reference's torch.topk breaks
+  exact ties in no fixed order either, so neither side promises an order there.
 - beam_size=1 gives the same tokens as greedy search.
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """

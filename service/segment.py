@@ -6,7 +6,10 @@ sentence by sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK for
 followed by closing quotes or brackets, then whitespace, unless the next word starts in lower case
 ("e.g. this"), or the mark is the period of an initial ("J. R. R. Tolkien") or of a title or
 abbreviation of the source language that is usually followed by a capital ("Dr. Smith",
-"Hr. Müller", "Mme Curie": `_ABBREVIATIONS`, in the spirit of Moses' non-breaking prefixes).
+"Hr. Müller", "M. Dupont": `_TITLES`), or of a number abbreviation before a digit ("No. 5":
+`_BEFORE_NUMBERS`), in the spirit of Moses' non-breaking prefixes. The trade-offs, as in Moses:
+any single capital letter reads as an initial ("Plan B. Then" stays one segment), except the
+English pronoun "I"; a title right after a number is a unit and does end a sentence ("3 m.").
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ _BEFORE_NUMBERS: dict[str, frozenset[str]] = {
     "de": _words("nr abs art bd s str"),
     "fr": _words("no art ch fig vol p pp"),
 }
+# Single letters that, capitalised before a period, are words rather than initials.
+_NOT_INITIALS: dict[str, frozenset[str]] = {"en": _words("i")}
 # Longest word looked at, plus an opening quote or bracket and the space before it.
 _WINDOW = 2 + max(
     len(word) for table in (_TITLES, _BEFORE_NUMBERS) for words in table.values() for word in words
@@ -71,7 +76,9 @@ def split(text: str, language: str = "") -> Layout:
     """`language` (the source's code) picks the abbreviations that do not end a sentence; any
     other code gets the language-independent rules only."""
     abbreviations = _Abbreviations(
-        _TITLES.get(language, frozenset()), _BEFORE_NUMBERS.get(language, frozenset())
+        _TITLES.get(language, frozenset()),
+        _BEFORE_NUMBERS.get(language, frozenset()),
+        _NOT_INITIALS.get(language, frozenset()),
     )
     segments: list[str] = []
     separators: list[str] = []
@@ -108,6 +115,7 @@ def _sentences(
 class _Abbreviations:
     titles: frozenset[str]
     before_numbers: frozenset[str]
+    not_initials: frozenset[str]
 
 
 def _abbreviated(
@@ -125,7 +133,7 @@ def _abbreviated(
         return False  # no word, or one that goes back further than any abbreviation
     word = words[-1].lstrip("\"'“‘«([").lower()
     if len(word) == 1 and text[match.start() - 1].isupper():
-        return True  # an initial
+        return word not in abbreviations.not_initials  # an initial, unless "I" in English
     if word in abbreviations.titles:
-        return True
+        return not (len(words) > 1 and words[-2].isdigit())  # "3 m." is a unit
     return word in abbreviations.before_numbers and text[match.end()].isdigit()

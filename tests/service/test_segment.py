@@ -48,6 +48,9 @@ def test_split_examples(text: str, segments: list[str]) -> None:
         ("en", "I said no. Then I left.", ["I said no.", "Then I left."]),  # no number after
         ("en", "It ended in a draw. Dr. Who won.", ["It ended in a draw.", "Dr. Who won."]),
         ("en", "Plan A. Plan B.", ["Plan A. Plan B."]),  # a capital before "." reads as an initial
+        ("en", "Taller than I. The rest laughed.", ["Taller than I.", "The rest laughed."]),
+        ("fr", "Il mesure 3 m. Ensuite il part.", ["Il mesure 3 m.", "Ensuite il part."]),
+        ("fr", "M. Dupont part.", ["M. Dupont part."]),
         ("en", "Call Dr.\nSmith", ["Call Dr.", "Smith"]),  # never across lines
         ("de", "Hr. Müller kommt. Er sitzt.", ["Hr. Müller kommt.", "Er sitzt."]),
         ("de", "Siehe Nr. 4. Das ist alles.", ["Siehe Nr. 4.", "Das ist alles."]),
