@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -112,11 +113,32 @@ def _read_texts(path: Path | None) -> list[str]:
     return [t for t in texts if t] or DEFAULT_TEXTS
 
 
-@contextlib.contextmanager
-def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind((HOST, 0))
-        port = s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[Any], timeout: float = 300.0) -> None:
+    """Poll `url`/ready until 200; fail with the server's output (when captured) if it exits
+    first. The tests start their servers with it too."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout is not None else ""
+            raise RuntimeError(f"server exited {process.returncode}: {output}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"server not ready after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
+    port = free_port()
     command = [
         sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
         "--port", str(port), "--log-level", "warning", *flags,
@@ -124,7 +146,10 @@ def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
     process = subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
     url = f"http://{HOST}:{port}"
     try:
-        _wait_ready(url, process)
+        try:
+            wait_until_ready(url, process)
+        except (RuntimeError, TimeoutError) as e:
+            raise SystemExit(str(e)) from None
         yield url
     finally:
         process.terminate()
@@ -133,18 +158,6 @@ def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited with status {process.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise SystemExit(f"the server was not ready after {timeout:.0f} s")
 
 
 async def _run_level(

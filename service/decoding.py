@@ -3,8 +3,7 @@
 The search knows nothing of ONNX Runtime. It drives a `DecoderState`, which turns the last token
 of every live row into the k most probable next tokens and their log-probs, and can drop or
 reorder its rows; the engine implements it over decoder_step.onnx (whose TopK hands over k
-candidates per row instead of the whole vocabulary), the tests over hand-built log-prob tables
-(`top_k` below).
+candidates per row instead of the whole vocabulary), the tests over hand-built log-prob tables.
 
 This is a deliberate mirror of model/search.py, the torch reference: `service/` may not import
 torch or `model/`, yet the service must give the reference's tokens exactly (its scores within
@@ -271,13 +270,6 @@ def beam_search(
 
 def _normalized(score: float, length: int, length_penalty: float) -> float:
     return score / math.pow(length, length_penalty)
-
-
-def top_k(log_probs: FloatArray, k: int) -> tuple[FloatArray, IntArray]:
-    """`DecoderState.step`'s answer computed from a whole (R, V) table: the k largest
-    log-probs of each row and their ids, best first, ties lower id first (as ONNX TopK)."""
-    ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :k]  # (R, k)
-    return np.take_along_axis(log_probs, ids, axis=-1), ids.astype(np.int64)
 
 
 def _without(

@@ -6,10 +6,11 @@ sentence by sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK for
 followed by closing quotes or brackets, then whitespace, unless the next word starts in lower case
 ("e.g. this"), or the mark is the period of an initial ("J. R. R. Tolkien") or of a title or
 abbreviation of the source language that is usually followed by a capital ("Dr. Smith",
-"Hr. Müller", "M. Dupont": `_TITLES`), or of a number abbreviation before a digit ("No. 5":
-`_BEFORE_NUMBERS`), in the spirit of Moses' non-breaking prefixes. The trade-offs, as in Moses:
-any single capital letter reads as an initial ("Plan B. Then" stays one segment), except the
-English pronoun "I"; a title right after a number is a unit and does end a sentence ("3 m.").
+"Hr. Müller", "M. Dupont"), or of a number abbreviation before a digit ("No. 5"): the
+`_ABBREVIATIONS` of the source language, in the spirit of Moses' non-breaking prefixes. The
+trade-offs, as in Moses: any single capital letter reads as an initial ("Plan B. Then" stays one
+segment), except the English pronoun "I"; a title right after a number is a unit and does end a
+sentence ("3 m.").
 """
 
 from __future__ import annotations
@@ -25,31 +26,45 @@ _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 _SENTENCE_END = re.compile(r"(?<![.!?…。！？])[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
 
 
-# Words (lower case, without their period) after which a period does not end a sentence, by
-# source language: titles and the like before any word, and words that only abbreviate before a
-# number ("No. 5", but "I said no. Then"). "etc." and the like often end sentences: left out.
+@dataclass(frozen=True)
+class _Abbreviations:
+    """Words (lower case, without their period) after which a period does not end a sentence:
+    titles and the like before any word, words that only abbreviate before a number ("No. 5",
+    but "I said no. Then"), and single letters that are words rather than initials. "etc." and
+    the like often end sentences: left out."""
+
+    titles: frozenset[str] = frozenset()
+    before_numbers: frozenset[str] = frozenset()
+    not_initials: frozenset[str] = frozenset()
+
+
 def _words(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
 
-_TITLES: dict[str, frozenset[str]] = {
-    "en": _words(
-        "mr mrs ms messrs dr prof rev hon sr jr st mt capt col gen gov lt maj sgt adm cmdr sen "
-        "rep pres supt insp vs"
+# By source language; any other language gets the language-independent rules only.
+_ABBREVIATIONS: dict[str, _Abbreviations] = {
+    "en": _Abbreviations(
+        titles=_words(
+            "mr mrs ms messrs dr prof rev hon sr jr st mt capt col gen gov lt maj sgt adm cmdr "
+            "sen rep pres supt insp vs"
+        ),
+        before_numbers=_words("no nos fig figs vol vols pp p art ch sec"),
+        not_initials=_words("i"),
     ),
-    "de": _words("hr hrn fr frl dr prof st bzw ca vgl ggf evtl inkl z.b d.h u.a"),
-    "fr": _words("m mm mme mmes mlle mlles dr pr me st ste"),
+    "de": _Abbreviations(
+        titles=_words("hr hrn fr frl dr prof st bzw ca vgl ggf evtl inkl z.b d.h u.a"),
+        before_numbers=_words("nr abs art bd s str"),
+    ),
+    "fr": _Abbreviations(
+        titles=_words("m mm mme mmes mlle mlles dr pr me st ste"),
+        before_numbers=_words("no art ch fig vol p pp"),
+    ),
 }
-_BEFORE_NUMBERS: dict[str, frozenset[str]] = {
-    "en": _words("no nos fig figs vol vols pp p art ch sec"),
-    "de": _words("nr abs art bd s str"),
-    "fr": _words("no art ch fig vol p pp"),
-}
-# Single letters that, capitalised before a period, are words rather than initials.
-_NOT_INITIALS: dict[str, frozenset[str]] = {"en": _words("i")}
+_NO_ABBREVIATIONS = _Abbreviations()
 # Longest word looked at, plus an opening quote or bracket and the space before it.
 _WINDOW = 2 + max(
-    len(word) for table in (_TITLES, _BEFORE_NUMBERS) for words in table.values() for word in words
+    len(word) for table in _ABBREVIATIONS.values() for word in table.titles | table.before_numbers
 )
 
 
@@ -75,11 +90,7 @@ class Layout:
 def split(text: str, language: str = "") -> Layout:
     """`language` (the source's code) picks the abbreviations that do not end a sentence; any
     other code gets the language-independent rules only."""
-    abbreviations = _Abbreviations(
-        _TITLES.get(language, frozenset()),
-        _BEFORE_NUMBERS.get(language, frozenset()),
-        _NOT_INITIALS.get(language, frozenset()),
-    )
+    abbreviations = _ABBREVIATIONS.get(language, _NO_ABBREVIATIONS)
     segments: list[str] = []
     separators: list[str] = []
     end_of_last = 0
@@ -109,13 +120,6 @@ def _sentences(
         yield start, match.start("space")
         start = match.end()
     yield start, end
-
-
-@dataclass(frozen=True)
-class _Abbreviations:
-    titles: frozenset[str]
-    before_numbers: frozenset[str]
-    not_initials: frozenset[str]
 
 
 def _abbreviated(

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
+from benchmarks.load_bench import free_port, wait_until_ready
 from service.decoding import DecodingOptions, Hypothesis
 from service.settings import Settings
 
@@ -94,27 +94,6 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_until_ready(url: str, process: subprocess.Popen[str], timeout: float = 90.0) -> None:
-    """Poll `url`/ready until 200; fail with the server's output if it exits first."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            output = process.stdout.read() if process.stdout is not None else ""
-            raise RuntimeError(f"server exited {process.returncode}: {output}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"server not ready after {timeout} s")
 
 
 class ServerProcess:

@@ -21,7 +21,6 @@ from service.decoding import (
     beam_search,
     greedy_search,
     search,
-    top_k,
 )
 
 BOS, EOS = 1, 2  # the fixed special ids of model/transformer.py
@@ -29,6 +28,13 @@ V = 8  # pad, bos, eos, unk, then tokens 4..7
 A, B, C, D = 4, 5, 6, 7
 
 Table = dict[tuple[int, ...], dict[int, float]]
+
+
+def top_k(log_probs: FloatArray, k: int) -> tuple[FloatArray, IntArray]:
+    """`DecoderState.step`'s answer computed from a whole (R, V) table: the k largest
+    log-probs of each row and their ids, best first, ties lower id first (as ONNX TopK)."""
+    ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :k]  # (R, k)
+    return np.take_along_axis(log_probs, ids, axis=-1), ids.astype(np.int64)
 
 
 class TableState:
