@@ -189,19 +189,13 @@ def ort_generate(
 ) -> list[list[Hypothesis]]:
     """model.search.generate with ONNX Runtime in place of the model: same sorting, batching and
     search functions, so its n-best lists must equal torch's token for token."""
-    n = ort_bundle.bundle.manifest.model.decoder_layers
     limit = ort_bundle.bundle.manifest.model.max_positions
     max_len = limit if max_decoding_length is None else min(max_decoding_length, limit)
 
     def make_stepper(batch: Tensor) -> OrtStepper:
         src = batch.numpy()  # (B, S)
         mask = (src != ort_bundle.bundle.manifest.special_ids.pad).astype(np.int64)  # (B, S)
-        encoded = ort_bundle.encode(src, mask)
-        if beam_size > 1:
-            # Each sentence's cross keys/values repeated once per beam, never reordered later.
-            encoded = {name: encoded[name].repeat(beam_size, axis=0) for name in cross_names(n)}
-            mask = mask.repeat(beam_size, axis=0)  # (B*K, S)
-        return OrtStepper(ort_bundle, encoded, mask)
+        return OrtStepper(ort_bundle, ort_bundle.encode(src, mask), mask)
 
     return decode_batches(
         make_stepper,

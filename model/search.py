@@ -10,10 +10,12 @@ Conventions (shared with the ONNX engine, which must match this token for token)
   finish_reason "eos" or "length".
 - Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
   length ** length_penalty, where length counts </s> too.
-- Beam search follows CTranslate2/fairseq: encoder output expanded beam_size times once; the
-  2*beam_size best candidates per sentence are scanned, a </s> among the top beam_size finishes a
-  hypothesis, the others continue; a sentence is done with beam_size finished hypotheses, and
-  leaves the batch. Only the self-attention cache is reordered by the back-pointers.
+- Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, whose
+  rows are then expanded beam_size times (CTranslate2's expand_after_first_step: at the start
+  all beams are the same); the 2*beam_size best candidates per sentence are scanned, a </s>
+  among the top beam_size finishes a hypothesis, the others continue; a sentence is done with
+  beam_size finished hypotheses, and leaves the batch. After the expansion only the
+  self-attention cache is reordered by the back-pointers.
 - beam_size=1 gives the same tokens as greedy search.
 """
 
@@ -46,7 +48,8 @@ class Stepper(Protocol):
         ...
 
     def select(self, rows: Tensor) -> None:
-        """Keep only the given rows (sentences that finished leave the batch)."""
+        """Keep only the given rows, in that order (sentences that finished leave the batch); a
+        row may repeat (beam search expands each sentence's row after the first step)."""
         ...
 
     def reorder(self, rows: Tensor) -> None:
@@ -157,25 +160,25 @@ def beam_search(
     length_penalty: float = 1.0,
     device: torch.device | str = "cpu",
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; `stepper` holds batch_size * beam_size rows, sentence-major."""
+    """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
+    sentence (sentence-major) from the second step on: it expands them itself (`select`)."""
     if not 1 <= num_hypotheses <= beam_size:
         raise ValueError(f"num_hypotheses must be in 1..beam_size ({beam_size})")
     k = beam_size
-    alive = list(range(batch_size))  # sentence index of each live block of k rows
-    # Only the first beam of each sentence is live at the start: the others are copies.
-    scores = torch.full((batch_size, k), -math.inf, device=device)  # (N, K)
-    scores[:, 0] = 0.0
-    history = torch.zeros(batch_size * k, 0, dtype=torch.long, device=device)  # (N*K, t)
-    tokens = torch.full((batch_size * k,), BOS_ID, dtype=torch.long, device=device)
+    alive = list(range(batch_size))  # sentence index of each live block of rows
+    # One beam per sentence on the first step (all k would be the same), k from then on.
+    scores = torch.zeros(batch_size, 1, device=device)  # (N, beams)
+    history = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # (N*beams, t)
+    tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
     for step in range(max_decoding_length):
-        log_probs = stepper.step(tokens)  # (N*K, V)
+        log_probs = stepper.step(tokens)  # (N*beams, V)
         if step < min_decoding_length:
             log_probs[:, EOS_ID] = -math.inf
-        n, vocab = len(alive), log_probs.size(-1)
-        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)
-        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (N, 2K)
+        n, beams, vocab = len(alive), scores.size(1), log_probs.size(-1)
+        candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
+        top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
         next_rows: list[int] = []
         next_tokens: list[int] = []
         next_scores: list[float] = []
@@ -192,19 +195,19 @@ def beam_search(
                     if j < k:
                         finished[sentence].append(
                             Hypothesis(
-                                history[i * k + beam].tolist(),
+                                history[i * beams + beam].tolist(),
                                 _normalized(score, step + 1, length_penalty),
                                 "eos",
                             )
                         )
                     continue
-                rows.append(i * k + beam)
+                rows.append(i * beams + beam)
                 toks.append(token)
                 scs.append(score)
             if len(finished[sentence]) >= k:
                 continue
             while len(rows) < k:  # fewer live candidates than beams: dead filler rows
-                rows.append(i * k)
+                rows.append(i * beams)
                 toks.append(EOS_ID)
                 scs.append(-math.inf)
             keep_blocks.append(i)
@@ -215,7 +218,10 @@ def beam_search(
             alive = []
             break
         row_index = torch.tensor(next_rows, device=device)
-        if len(keep_blocks) < n:
+        if beams < k:
+            # After the first step: each kept sentence's row becomes its k beams.
+            stepper.select(row_index)
+        elif len(keep_blocks) < n:
             # Rows of finished sentences leave: select whole blocks, then reorder within them.
             kept_rows = torch.tensor(
                 [b * k + r for b in keep_blocks for r in range(k)], device=device
@@ -264,15 +270,16 @@ def decode_batches(
 ) -> list[list[Hypothesis]]:
     """Sort sources by length, decode them in batches, and return n-best lists in input order.
 
-    `make_stepper(src)` gets a padded (B, S) batch and returns a stepper over B * beam_size rows
-    (the encoder run once, its outputs repeated per beam). Any backend (torch, ONNX Runtime)
-    plugs in here and shares the search. Empty sources give an empty hypothesis unseen.
+    `make_stepper(src)` gets a padded (B, S) batch and returns a stepper over its B rows (the
+    encoder run once; beam search expands the rows per beam after the first step). Any backend
+    (torch, ONNX Runtime) plugs in here and shares the search. Empty sources give an empty
+    hypothesis unseen.
     """
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, "eos")] for _ in sources]
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        stepper = make_stepper(pad([sources[i] for i in chunk]))  # (B, S) -> B*K rows
+        stepper = make_stepper(pad([sources[i] for i in chunk]))  # (B, S) -> B rows
         if beam_size > 1:
             nbest = beam_search(
                 stepper,
@@ -324,9 +331,6 @@ def generate(
         src = src.to(device)  # (B, S)
         src_mask = padding_mask(src)
         memory = model.encode(src, src_mask)  # encoder once per batch
-        if beam_size > 1:
-            memory = memory.repeat_interleave(beam_size, dim=0)  # (B*K, S, d_model)
-            src_mask = src_mask.repeat_interleave(beam_size, dim=0)
         return stepper_cls(model, memory, src_mask)
 
     return decode_batches(

@@ -13,11 +13,13 @@ float rounding), so both follow the same conventions step for step:
 - Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
   length ** length_penalty, where length counts </s> too. Greedy search sums in float64, beam
   search keeps running scores in float32, as the reference does.
-- Beam search follows CTranslate2/fairseq: the caller expands the encoder output beam_size times
-  once; the 2 * beam_size best candidates per sentence are scanned, a </s> among the top
-  beam_size finishes a hypothesis, the others continue; a sentence is done with beam_size
-  finished hypotheses and leaves the batch. Only the self-attention cache follows the
-  back-pointers (`DecoderState.reorder`).
+- Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, then
+  `DecoderState.select` expands each into beam_size rows (CTranslate2's
+  expand_after_first_step: at the start all beams are the same, so the first step costs one
+  row, not beam_size); the 2 * beam_size best candidates per sentence are scanned, a </s> among
+  the top beam_size finishes a hypothesis, the others continue; a sentence is done with
+  beam_size finished hypotheses and leaves the batch. From then on only the self-attention
+  cache follows the back-pointers (`DecoderState.reorder`).
 - Those 2 * beam_size are found among each beam's own 2 * beam_size best (at most 2K - 1 of a
   beam's candidates can rank ahead of one of its own). Ties go to the lower beam, then the lower
   token id. One exception: two log-probs of one beam that differ by an ulp can give equal float32
@@ -92,7 +94,8 @@ class Hypothesis:
 
 
 class DecoderState(Protocol):
-    """The decoder with its cache, over R live rows (sentence-major, beam_size rows each)."""
+    """The decoder with its cache, over R live rows: one per sentence at the start, beam_size
+    per sentence (sentence-major) once beam search has expanded them."""
 
     def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         """tokens (R,) -> the k most probable next tokens of every row (all V if V < k), best
@@ -101,7 +104,8 @@ class DecoderState(Protocol):
         ...
 
     def select(self, rows: IntArray) -> None:
-        """Keep only the given rows, in that order: finished sentences leave the batch."""
+        """Keep only the given rows, in that order: finished sentences leave the batch. A row
+        may repeat: beam search expands each sentence's row after the first step."""
         ...
 
     def reorder(self, rows: IntArray) -> None:
@@ -113,7 +117,7 @@ class DecoderState(Protocol):
 def search(
     state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
 ) -> list[list[Hypothesis]]:
-    """n-best lists for `batch_size` sentences; `state` holds batch_size * beam_size rows."""
+    """n-best lists for `batch_size` sentences; `state` holds one row per sentence."""
     if options.beam_size == 1:
         return [
             [h] for h in greedy_search(state, batch_size, options, bos_id=bos_id, eos_id=eos_id)
@@ -171,32 +175,32 @@ def greedy_search(
 def beam_search(
     state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; `state` holds batch_size * beam_size rows, sentence-major."""
+    """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
+    sentence (sentence-major) after the first step."""
     k = options.beam_size
-    alive = list(range(batch_size))  # sentence index of each live block of k rows
-    # Only the first beam of each sentence is live at the start: the others are copies.
-    scores = np.full((batch_size, k), -np.inf, dtype=np.float32)  # (N, K)
-    scores[:, 0] = 0.0
-    history = np.zeros((batch_size * k, 0), dtype=np.int64)  # (N*K, t)
-    tokens = np.full(batch_size * k, bos_id, dtype=np.int64)  # (N*K,)
+    alive = list(range(batch_size))  # sentence index of each live block of rows
+    # One beam per sentence on the first step (all k would be the same), k from then on.
+    scores = np.zeros((batch_size, 1), dtype=np.float32)  # (N, beams)
+    history = np.zeros((batch_size, 0), dtype=np.int64)  # (N*beams, t)
+    tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (N*beams,)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
     for step in range(options.max_decoding_length):
         too_early = step < options.min_decoding_length
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more when </s> is forbidden, as it may be one of them).
-        top_log_probs, top_ids = state.step(tokens, 2 * k + int(too_early))  # (N*K, C)
+        top_log_probs, top_ids = state.step(tokens, 2 * k + int(too_early))  # (N*beams, C)
         if too_early:
             top_log_probs, top_ids = _without(top_log_probs, top_ids, eos_id)
-        n, c = len(alive), top_log_probs.shape[-1]
-        candidates = (scores[:, :, None] + top_log_probs.reshape(n, k, c)).reshape(n, k * c)
-        beams = np.broadcast_to(np.repeat(np.arange(k), c), (n, k * c))  # (N, K*C)
+        n, beams, c = len(alive), scores.shape[1], top_log_probs.shape[-1]
+        candidates = (scores[:, :, None] + top_log_probs.reshape(n, beams, c)).reshape(n, -1)
+        beam_of = np.broadcast_to(np.repeat(np.arange(beams), c), (n, beams * c))  # (N, B*C)
         # Best score first; ties to the lower beam, then the lower token id.
-        order = np.lexsort((top_ids.reshape(n, k * c), beams, -candidates), axis=-1)
-        order = order[:, : min(2 * k, k * c)]  # (N, 2K)
+        order = np.lexsort((top_ids.reshape(n, beams * c), beam_of, -candidates), axis=-1)
+        order = order[:, : min(2 * k, beams * c)]  # (N, 2K)
         top_scores = np.take_along_axis(candidates, order, axis=-1)
-        top_beams = np.take_along_axis(beams, order, axis=-1)
-        top_tokens = np.take_along_axis(top_ids.reshape(n, k * c), order, axis=-1)
+        top_beams = np.take_along_axis(beam_of, order, axis=-1)
+        top_tokens = np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1)
         next_rows: list[int] = []
         next_tokens: list[int] = []
         next_scores: list[float] = []
@@ -216,19 +220,19 @@ def beam_search(
                     if j < k:
                         finished[sentence].append(
                             Hypothesis(
-                                history[i * k + beam].tolist(),
+                                history[i * beams + beam].tolist(),
                                 _normalized(score, step + 1, options.length_penalty),
                                 "eos",
                             )
                         )
                     continue
-                rows.append(i * k + beam)
+                rows.append(i * beams + beam)
                 toks.append(token)
                 scs.append(score)
             if len(finished[sentence]) >= k:
                 continue
             while len(rows) < k:  # fewer live candidates than beams: dead filler rows
-                rows.append(i * k)
+                rows.append(i * beams)
                 toks.append(eos_id)
                 scs.append(-math.inf)
             keep_blocks.append(i)
@@ -239,7 +243,10 @@ def beam_search(
             alive = []
             break
         row_index = np.array(next_rows, dtype=np.int64)
-        if len(keep_blocks) < n:
+        if beams < k:
+            # After the first step: each kept sentence's row becomes its k beams.
+            state.select(row_index)
+        elif len(keep_blocks) < n:
             # Rows of finished sentences leave: select whole blocks, then reorder within them.
             state.select(np.array([b * k + r for b in keep_blocks for r in range(k)], np.int64))
             position = {b: p for p, b in enumerate(keep_blocks)}

@@ -2,9 +2,10 @@
 
 `Engine.generate` sorts the sources by length, cuts them into batches of at most
 `max_batch_size`, runs the encoder once per batch (memory and every layer's cross keys/values),
-expands the cross keys/values beam_size times once, then lets `service.decoding.search` drive
-the decoder-step graph with a self-attention cache that grows one position per step. The
-hypotheses come back in the input order.
+then lets `service.decoding.search` drive the decoder-step graph with a self-attention cache
+that grows one position per step; beam search runs its first step on one row per sentence and
+then expands the rows (cross keys/values included) beam_size times, once. The hypotheses come
+back in the input order.
 
 Where the tensors live: with `io_binding` (the default) the cache and the cross keys/values are
 ONNX Runtime values on the provider's device, fed back to the next step as they are, so on CUDA
@@ -229,15 +230,9 @@ class Engine:
         for row, source in enumerate(sources):
             input_ids[row, : len(source)] = source
             attention_mask[row, : len(source)] = 1
-        k = options.beam_size
         names = cross_names(manifest.model.decoder_layers)
         feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
-        # Beams need host copies to expand; greedy keeps them where they were computed.
-        cross = placement.run(self._encoder, feeds, names, to_host=names if k > 1 else ())
-        if k > 1:
-            # Each sentence's cross keys/values repeated once per beam, never reordered later.
-            cross = [placement.put(np.repeat(c, k, axis=0)) for c in cross]  # (B*K, H, S, Dh)
-            attention_mask = np.repeat(attention_mask, k, axis=0)  # (B*K, S)
+        cross = placement.run(self._encoder, feeds, names, to_host=())
         state = _OrtDecoderState(
             self._decoder_step,
             manifest,

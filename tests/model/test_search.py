@@ -19,9 +19,9 @@ class TableStepper:
     Unlisted prefixes put all mass on </s>; unlisted tokens get a tiny probability.
     """
 
-    def __init__(self, tables: list[dict[tuple[int, ...], dict[int, float]]], rows_per: int = 1):
-        # One table per sentence; rows are sentence-major (rows_per rows per sentence).
-        self.tables = [t for t in tables for _ in range(rows_per)]
+    def __init__(self, tables: list[dict[tuple[int, ...], dict[int, float]]]):
+        # One table per sentence, one row per sentence until beam search expands them.
+        self.tables = list(tables)
         self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
         self.calls = 0
 
@@ -59,9 +59,7 @@ def test_greedy_picks_the_argmax_each_step() -> None:
 
 
 def test_beam_finds_the_better_sequence_greedy_misses() -> None:
-    [[best]] = beam_search(
-        TableStepper([GARDEN_PATH], rows_per=2), 1, beam_size=2, max_decoding_length=10
-    )
+    [[best]] = beam_search(TableStepper([GARDEN_PATH]), 1, beam_size=2, max_decoding_length=10)
     assert best.tokens == [B]
     assert best.score == pytest.approx(math.log(0.4 * 0.95) / 2, abs=1e-4)
     assert best.score > math.log(0.6 * 0.35) / 2
@@ -82,7 +80,7 @@ def test_length_penalty_changes_the_winner_as_computed() -> None:
     assert short > long and short / 2 < long / 4  # the computed winners differ
     for alpha, expected in ((0.0, [A]), (1.0, [B, C, D])):
         [[best]] = beam_search(
-            TableStepper([table], rows_per=2),
+            TableStepper([table]),
             1,
             beam_size=2,
             length_penalty=alpha,
@@ -96,7 +94,7 @@ def test_finish_reasons_eos_and_length() -> None:
     loop = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {A: 0.9}}
     [hyp] = greedy_search(TableStepper([loop]), 1, max_decoding_length=3)
     assert hyp.tokens == [A, A, A] and hyp.finish_reason == "length"
-    [[hyp]] = beam_search(TableStepper([loop], 2), 1, beam_size=2, max_decoding_length=3)
+    [[hyp]] = beam_search(TableStepper([loop]), 1, beam_size=2, max_decoding_length=3)
     assert hyp.finish_reason == "length" and len(hyp.tokens) == 3
 
 
@@ -109,7 +107,7 @@ def test_min_decoding_length_forbids_early_eos() -> None:
 
 def test_nbest_is_ordered_by_score() -> None:
     nbest = beam_search(
-        TableStepper([GARDEN_PATH], rows_per=4),
+        TableStepper([GARDEN_PATH]),
         1,
         beam_size=4,
         num_hypotheses=4,
@@ -121,7 +119,7 @@ def test_nbest_is_ordered_by_score() -> None:
     assert nbest[0].tokens == [B]
     with pytest.raises(ValueError, match="num_hypotheses"):
         beam_search(
-            TableStepper([GARDEN_PATH], 2), 1, beam_size=2, num_hypotheses=3, max_decoding_length=5
+            TableStepper([GARDEN_PATH]), 1, beam_size=2, num_hypotheses=3, max_decoding_length=5
         )
 
 
@@ -132,7 +130,7 @@ def test_finished_sentences_leave_the_batch() -> None:
     hyps = greedy_search(stepper, 3, max_decoding_length=10)
     assert [h.tokens for h in hyps] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 1  # only the long sentence was still being decoded
-    stepper = TableStepper([short, long, short], rows_per=2)
+    stepper = TableStepper([short, long, short])
     nbest = beam_search(stepper, 3, beam_size=2, max_decoding_length=10)
     assert [n[0].tokens for n in nbest] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 2

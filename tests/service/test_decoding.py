@@ -45,9 +45,9 @@ class TableState:
     step, so tests can see finished sentences leave the batch.
     """
 
-    def __init__(self, tables: list[Table], rows_per: int = 1) -> None:
-        # One table per sentence; rows are sentence-major (rows_per rows per sentence).
-        self.tables = [t for t in tables for _ in range(rows_per)]
+    def __init__(self, tables: list[Table]) -> None:
+        # One table per sentence, one row per sentence until beam search expands them.
+        self.tables = list(tables)
         self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
         self.rows_stepped: list[int] = []
 
@@ -71,7 +71,7 @@ class TableState:
 
 def _search(tables: list[Table], **options: object) -> list[list[Hypothesis]]:
     opts = DecodingOptions(**options)  # type: ignore[arg-type]
-    state = TableState(tables, rows_per=opts.beam_size)
+    state = TableState(tables)
     return search(state, len(tables), opts, bos_id=BOS, eos_id=EOS)
 
 
@@ -153,9 +153,10 @@ def test_nbest_is_ordered_by_score() -> None:
     [
         # Greedy: the short sentences end at step 0, the long one runs 4 steps alone.
         (1, [3, 1, 1, 1]),
-        # Beam 2: a short sentence needs 2 finished hypotheses ([] at step 0, [A] and a
-        # filler's at step 1), then its rows leave; the long one's 2 beams run 4 steps.
-        (2, [6, 6, 2, 2]),
+        # Beam 2: step 0 runs one row per sentence, then each has 2. A short sentence needs 2
+        # finished hypotheses ([] at step 0, [A] and a filler's at step 1), then its rows
+        # leave; the long one's 2 beams run on.
+        (2, [3, 6, 2, 2]),
     ],
 )
 def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[int]) -> None:
@@ -164,7 +165,7 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
     long: Table = {(): {A: 0.5, B: 0.5}}
     for prefix in ((A,), (B,), (A, A), (A, B), (B, A), (B, B)):
         long[prefix] = {A: 0.5, B: 0.5}
-    state = TableState([short, long, short], rows_per=beam_size)
+    state = TableState([short, long, short])
     opts = DecodingOptions(beam_size=beam_size, max_decoding_length=10)
     nbest = search(state, 3, opts, bos_id=BOS, eos_id=EOS)
     assert [n[0].ids for n in nbest[::2]] == [[], []]
@@ -234,9 +235,9 @@ class RandomModel:
     made likelier as the prefix grows so that hypotheses end at varied lengths. The same
     function feeds a numpy state and a torch stepper, so the searches see equal inputs."""
 
-    def __init__(self, seed: int, vocab: int, sentences: int, rows_per: int) -> None:
+    def __init__(self, seed: int, vocab: int, sentences: int) -> None:
         self.seed, self.vocab = seed, vocab
-        self.sentence = [s for s in range(sentences) for _ in range(rows_per)]  # of each row
+        self.sentence = list(range(sentences))  # of each row
         self.prefixes: list[tuple[int, ...]] = [() for _ in self.sentence]
 
     def log_probs(self, tokens: list[int]) -> FloatArray:
@@ -287,7 +288,7 @@ class TorchStepper:
 def _reference(
     seed: int, vocab: int, sentences: int, opts: DecodingOptions
 ) -> list[list[reference.Hypothesis]]:
-    stepper = TorchStepper(RandomModel(seed, vocab, sentences, opts.beam_size))
+    stepper = TorchStepper(RandomModel(seed, vocab, sentences))
     lengths = {
         "max_decoding_length": opts.max_decoding_length,
         "min_decoding_length": opts.min_decoding_length,
@@ -323,7 +324,7 @@ def test_numpy_search_equals_the_torch_reference(
         max_decoding_length=max_length,
         min_decoding_length=data.draw(st.integers(0, max_length), "min_decoding_length"),
     )
-    state = NumpyState(RandomModel(seed, vocab, sentences, beam_size))
+    state = NumpyState(RandomModel(seed, vocab, sentences))
     ours = search(state, sentences, opts, bos_id=BOS, eos_id=EOS)
     expected = _reference(seed, vocab, sentences, opts)
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
@@ -335,7 +336,7 @@ def test_numpy_search_equals_the_torch_reference(
 
 def test_beam_size_one_equals_greedy() -> None:
     opts = DecodingOptions(max_decoding_length=8)
-    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6, 1)), 6, opts, bos_id=BOS, eos_id=EOS)
-    beam = beam_search(NumpyState(RandomModel(7, 10, 6, 1)), 6, opts, bos_id=BOS, eos_id=EOS)
+    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6)), 6, opts, bos_id=BOS, eos_id=EOS)
+    beam = beam_search(NumpyState(RandomModel(7, 10, 6)), 6, opts, bos_id=BOS, eos_id=EOS)
     assert [g.ids for g in greedy] == [b[0].ids for b in beam]
     assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])
