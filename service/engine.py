@@ -12,8 +12,9 @@ ONNX Runtime values on the provider's device, fed back to the next step as they 
 they stay on the GPU; only the step's top-k candidates (B, k) come to the host for the search.
 The decoder graph gathers its own cache by `cache_index`, so beams following their
 back-pointers and finished rows leaving never move the cache through the host; only the cross
-keys/values and the source mask lose rows on the host when a sentence finishes (ONNX Runtime's
-Python API has no device-side gather without a graph for it: `_Placement.take`). Without
+keys/values and the source mask change rows on the host, when beam search expands them after
+its first step and when a sentence finishes (ONNX Runtime's Python API has no device-side
+gather without a graph for it: `_Placement.take`). Without
 io_binding every tensor goes through numpy each step.
 
 Memory: every decoder step has new shapes (the cache grows, rows leave), so ONNX Runtime's
@@ -295,7 +296,8 @@ class _OrtDecoderState:
     """`service.decoding.DecoderState` over decoder_step.onnx: the self-attention cache grows
     one position per step and is gathered inside the graph by `cache_index`, so dropping rows
     and following beam back-pointers only compose an index on the host; cross keys/values and
-    the source mask only lose rows (on the host, once per finished sentence)."""
+    the source mask change rows on the host (`select`: beam search's expansion after its first
+    step, and each finished sentence)."""
 
     def __init__(
         self,
