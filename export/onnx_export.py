@@ -5,13 +5,15 @@
 The bundle layout and every tensor name come from `service/bundle.py` (the serving side owns the
 contract). Two graphs, no merged decoder: the encoder runs once per request and also returns the
 cross-attention keys/values of every decoder layer; the decoder step takes one token per row and
-the self-attention cache, whose length T (0 on the first step) is the step's position.
+the self-attention cache, whose length T (0 on the first step) is the step's position, and
+attends with all the rows (beams) of a sentence over that sentence's one copy of the cross
+keys/values.
 
 The graphs are traced with the TorchScript exporter (`dynamo=False`): on these two graphs it gives
 clean dynamic batch, source and past axes. Tracing records one concrete run, so the dummy inputs
-use a past length of 3 (never 0 or 1), a padded batch of 2 gathered from 4 past rows, and 6
-candidates per row; a constant specialised by the trace
-would then show up as a shape error or a parity failure for other shapes (see export/parity.py).
+use a past length of 3 (never 0 or 1), a padded batch of 2 sentences with 3 rows each (6 rows,
+gathered from 4 past rows), and 7 candidates per row; a constant specialised by the trace would
+then show up as a shape error or a parity failure for other shapes (see export/parity.py).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from service.bundle import (
     PAST_AXIS,
     PAST_BATCH_AXIS,
     PRESENT_AXIS,
+    SENTENCE_AXIS,
     SOURCE_AXIS,
     TOKENIZER_FILE,
     TOP_IDS,
@@ -89,8 +92,9 @@ _REPO = Path(__file__).resolve().parents[1]
 
 # Dummy shapes for tracing: all different and > 1, so no axis can be confused with another or
 # folded into a constant.
-_DUMMY_BATCH, _DUMMY_SOURCE, _DUMMY_PAST, _DUMMY_PAST_BATCH, _DUMMY_TOP_K = 2, 5, 3, 4, 6
-_DUMMY_CACHE_INDEX = [3, 1]  # two of the four past rows, out of order
+_DUMMY_SENTENCES, _DUMMY_SOURCE, _DUMMY_PAST, _DUMMY_PAST_BATCH, _DUMMY_TOP_K = 2, 5, 3, 4, 7
+# Three rows per sentence (6 in all) continue the four past rows, out of order and repeated.
+_DUMMY_CACHE_INDEX = [3, 1, 1, 0, 2, 3]
 
 
 def _source_mask(attention_mask: Tensor) -> Tensor:
@@ -151,11 +155,11 @@ class DecoderStepGraph(nn.Module):
 
 def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, list[Tensor]]:
     """Deterministic ids, a mask with a padded row, and a past of length _DUMMY_PAST with
-    _DUMMY_PAST_BATCH rows (the decoder gathers _DUMMY_BATCH of them)."""
+    _DUMMY_PAST_BATCH rows (the decoder gathers len(_DUMMY_CACHE_INDEX) of them)."""
     config = model.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
-        UNK_ID + 1, config.vocab_size, (_DUMMY_BATCH, _DUMMY_SOURCE), generator=generator
+        UNK_ID + 1, config.vocab_size, (_DUMMY_SENTENCES, _DUMMY_SOURCE), generator=generator
     )  # (B, S)
     ids[1, -2:] = PAD_ID
     mask = (ids != PAD_ID).long()  # (B, S)
@@ -174,18 +178,18 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
         encoded = encoder(ids, mask)
     enc_inputs, enc_outputs = encoder_io(n)
     enc_axes: dict[str, dict[int, str]] = {
-        INPUT_IDS: {0: BATCH_AXIS, 1: SOURCE_AXIS},
-        ATTENTION_MASK: {0: BATCH_AXIS, 1: SOURCE_AXIS},
-        MEMORY: {0: BATCH_AXIS, 1: SOURCE_AXIS},
-        **{name: {0: BATCH_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
+        INPUT_IDS: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
+        ATTENTION_MASK: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
+        MEMORY: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
+        **{name: {0: SENTENCE_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
     }
     dec_inputs, dec_outputs = decoder_step_io(n)
     dec_axes: dict[str, dict[int, str]] = {
         INPUT_IDS: {0: BATCH_AXIS},
-        ENCODER_ATTENTION_MASK: {0: BATCH_AXIS, 1: SOURCE_AXIS},
+        ENCODER_ATTENTION_MASK: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
         CACHE_INDEX: {0: BATCH_AXIS},
         **{name: {0: PAST_BATCH_AXIS, 2: PAST_AXIS} for name in past_names(n)},
-        **{name: {0: BATCH_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
+        **{name: {0: SENTENCE_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
         LOG_PROBS: {0: BATCH_AXIS},
         TOP_LOG_PROBS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
         TOP_IDS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
@@ -204,7 +208,7 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
             (
                 decoder,
                 (
-                    ids[:, :1],
+                    ids.reshape(-1, 1)[: len(_DUMMY_CACHE_INDEX)],  # (6, 1): 3 rows a sentence
                     mask,
                     torch.tensor(_DUMMY_CACHE_INDEX),
                     torch.tensor([_DUMMY_TOP_K]),

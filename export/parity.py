@@ -127,7 +127,8 @@ class OrtStepper:
     def __init__(
         self, ort_bundle: OrtBundle, encoded: Arrays, attention_mask: np.ndarray, top_k: int = 1
     ) -> None:
-        """`encoded` holds at least the cross keys/values, one row per row of the mask.
+        """`encoded` holds at least the cross keys/values, one row per sentence (per row of the
+        mask), shared by the sentence's beams.
         `top_k` candidates per row are kept in `top` after each step (the torch search reads
         the whole log_probs; the parity checks compare the candidates)."""
         manifest = ort_bundle.bundle.manifest
@@ -166,11 +167,11 @@ class OrtStepper:
         self.cache_index = np.arange(len(log_probs), dtype=np.int64)
         return torch.from_numpy(log_probs)  # (R, V)
 
-    def select(self, rows: Tensor) -> None:
-        index = rows.cpu().numpy()
+    def select(self, rows: Tensor, sentences: Tensor) -> None:
+        index = sentences.cpu().numpy()
         self.mask = self.mask[index]
         self.cross = {name: t[index] for name, t in self.cross.items()}
-        self.cache_index = self.cache_index[index]
+        self.cache_index = self.cache_index[rows.cpu().numpy()]
 
     def reorder(self, rows: Tensor) -> None:
         self.cache_index = self.cache_index[rows.cpu().numpy()]

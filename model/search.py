@@ -15,7 +15,8 @@ Conventions (shared with the ONNX engine, which must match this token for token)
   all beams are the same); the 2*beam_size best candidates per sentence are scanned, a </s>
   among the top beam_size finishes a hypothesis, the others continue; a sentence is done with
   beam_size finished hypotheses, and leaves the batch. After the expansion only the
-  self-attention cache is reordered by the back-pointers.
+  self-attention cache is reordered by the back-pointers; the cached stepper keeps one row of
+  cross-attention keys/values per sentence, shared by its beams.
 - beam_size=1 gives the same tokens as greedy search.
 """
 
@@ -47,9 +48,10 @@ class Stepper(Protocol):
         """tokens (R,) -> log-probs (R, V) of the next token."""
         ...
 
-    def select(self, rows: Tensor) -> None:
-        """Keep only the given rows, in that order (sentences that finished leave the batch); a
-        row may repeat (beam search expands each sentence's row after the first step)."""
+    def select(self, rows: Tensor, sentences: Tensor) -> None:
+        """Keep only the sentences `sentences` (those that finished leave the batch) and their
+        rows `rows`, in that order, grouped by sentence; a row may repeat (beam search expands
+        each sentence's row after the first step)."""
         ...
 
     def reorder(self, rows: Tensor) -> None:
@@ -66,9 +68,10 @@ class CachedStepper:
         log_probs, self.cache = self.model.decode_step(tokens, self.cache, self.src_mask)
         return log_probs
 
-    def select(self, rows: Tensor) -> None:
-        self.cache = self.cache.select(rows)
-        self.src_mask = self.src_mask.index_select(0, rows)
+    def select(self, rows: Tensor, sentences: Tensor) -> None:
+        # One cross key/value and mask row per sentence, shared by its beams.
+        self.cache = self.cache.select(rows, sentences)
+        self.src_mask = self.src_mask.index_select(0, sentences)
 
     def reorder(self, rows: Tensor) -> None:
         self.cache = self.cache.reorder_self(rows)
@@ -84,7 +87,8 @@ class UncachedStepper:
         logits = self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # (R, V)
         return logits.float().log_softmax(dim=-1)
 
-    def select(self, rows: Tensor) -> None:
+    def select(self, rows: Tensor, sentences: Tensor) -> None:
+        # The seeds' loop: memory and mask follow the rows, one copy per beam.
         self.prefix = self.prefix.index_select(0, rows)
         self.memory = self.memory.index_select(0, rows)
         self.src_mask = self.src_mask.index_select(0, rows)
@@ -135,7 +139,7 @@ def greedy_search(
             if not keep:
                 break
             rows = torch.tensor(keep, device=device)
-            stepper.select(rows)
+            stepper.select(rows, rows)
             best = best.index_select(0, rows)
             alive = [alive[r] for r in keep]
         tokens = best
@@ -218,15 +222,16 @@ def beam_search(
             alive = []
             break
         row_index = torch.tensor(next_rows, device=device)
+        kept = torch.tensor(keep_blocks, device=device)
         if beams < k:
             # After the first step: each kept sentence's row becomes its k beams.
-            stepper.select(row_index)
+            stepper.select(row_index, kept)
         elif len(keep_blocks) < n:
             # Rows of finished sentences leave: select whole blocks, then reorder within them.
             kept_rows = torch.tensor(
                 [b * k + r for b in keep_blocks for r in range(k)], device=device
             )
-            stepper.select(kept_rows)
+            stepper.select(kept_rows, kept)
             position = {b: p for p, b in enumerate(keep_blocks)}
             row_index_in_kept = torch.tensor(
                 [position[r // k] * k + r % k for r in next_rows], device=device

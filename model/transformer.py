@@ -141,11 +141,18 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
     def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Attention of queries from `x` (B, Tq, d_model) over precomputed k, v (B, H, Tk, Dh)."""
-        q = self.split_heads(self.w_q(x))  # (B, H, Tq, Dh)
+        """Attention of queries from `x` (B, Tq, d_model) over precomputed k, v (N, H, Tk, Dh).
+
+        B = N * G: rows n*G .. n*G + G - 1 of x all attend over k[n], v[n] (the G beams of a
+        sentence share its cross-attention keys/values), and the mask broadcasts to
+        (N, H, G * Tq, Tk). Queries do not interact, so this equals attending row by row over G
+        copies of k and v, without the copies, and with one product of G * Tq query rows per
+        sentence and head instead of G products of Tq rows. G = 1 is ordinary attention.
+        """
+        b, t, d_model = x.shape
+        q = self.split_heads(self.w_q(x).reshape(k.size(0), -1, d_model))  # (N, H, G*Tq, Dh)
         out, _ = scaled_dot_product_attention(q, k, v, mask, self.dropout)
-        b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.h * self.d_k)  # (B, Tq, d_model)
+        out = out.transpose(1, 2).reshape(b, t, d_model)  # (B, Tq, d_model)
         return self.w_o(out)
 
 
@@ -238,8 +245,10 @@ class DecoderLayer(nn.Module):
 class DecoderCache:
     """Per-layer decoder state for incremental decoding.
 
-    self_k/self_v grow by one position per step; cross_k/cross_v are computed once from the
-    encoder output and never change. All tensors are (B, H, L, Dh).
+    self_k/self_v (R, H, T, Dh) hold one row per decoded sequence and grow by one position per
+    step; cross_k/cross_v (N, H, S, Dh) hold one row per sentence, computed once from the
+    encoder output. R = N * G: a sentence's G rows (its beams, sentence-major) share its cross
+    keys/values (see `MultiHeadAttention.attend`).
     """
 
     self_k: list[Tensor]
@@ -251,15 +260,20 @@ class DecoderCache:
     def length(self) -> int:
         return self.self_k[0].size(2)
 
-    def select(self, rows: Tensor) -> DecoderCache:
-        """Keep the batch rows `rows` (e.g. drop finished sentences); all tensors."""
-        return DecoderCache(*([t.index_select(0, rows) for t in ts] for ts in self._fields()))
+    def select(self, rows: Tensor, sentences: Tensor) -> DecoderCache:
+        """Keep the sentences `sentences` and, for them, the self-attention rows `rows`, which
+        must list each kept sentence's new rows together, in the order of `sentences` (a row
+        may repeat: beam search's expansion)."""
+        return dataclasses.replace(
+            self.reorder_self(rows),
+            cross_k=[t.index_select(0, sentences) for t in self.cross_k],
+            cross_v=[t.index_select(0, sentences) for t in self.cross_v],
+        )
 
     def reorder_self(self, rows: Tensor) -> DecoderCache:
         """Reorder beams by back-pointers: only the self-attention cache moves.
 
-        Valid when `rows` maps each row to a row of the same sentence, whose cross-attention
-        keys/values are identical copies.
+        Valid when `rows` maps each row to a row of the same sentence.
         """
         return DecoderCache(
             [t.index_select(0, rows) for t in self.self_k],
@@ -267,9 +281,6 @@ class DecoderCache:
             self.cross_k,
             self.cross_v,
         )
-
-    def _fields(self) -> tuple[list[Tensor], ...]:
-        return (self.self_k, self.self_v, self.cross_k, self.cross_v)
 
 
 class Transformer(nn.Module):
@@ -361,10 +372,11 @@ class Transformer(nn.Module):
     def decode_step(
         self, tokens: Tensor, cache: DecoderCache, src_mask: Tensor
     ) -> tuple[Tensor, DecoderCache]:
-        """One decoding step: tokens (B,) at position cache.length -> log-probs (B, V).
+        """One decoding step: tokens (R,) at position cache.length -> log-probs (R, V).
 
         Every row is at the same position (all sequences advance together); no target mask is
-        needed because the single query may attend to all cached positions.
+        needed because the single query may attend to all cached positions. `src_mask`
+        (N, 1, 1, S) has one row per sentence, like the cache's cross keys/values.
         """
         x = self.embed(tokens[:, None], offset=cache.length)  # (B, 1, d_model)
         self_k, self_v = [], []

@@ -6,17 +6,20 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 2):
+Layout of a bundle directory (format version 3):
 
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file
-    encoder.onnx       input_ids, attention_mask (B, S) -> memory (B, S, d_model),
-                       cross_key.{i} / cross_value.{i} (B, H, S, Dh) for every decoder layer i
-    decoder_step.onnx  input_ids (B, 1), encoder_attention_mask (B, S),
+    encoder.onnx       input_ids, attention_mask (N, S) -> memory (N, S, d_model),
+                       cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
+    decoder_step.onnx  input_ids (B, 1) with B = N * G rows, G per sentence (its beams,
+                       sentence-major: rows n*G .. n*G + G - 1 belong to sentence n),
+                       encoder_attention_mask (N, S),
                        cache_index (B,) int64: row b continues row cache_index[b] of the past,
                        top_k (1,) int64,
                        past_key.{i} / past_value.{i} (P, H, T, Dh) with T >= 0,
-                       cross_key.{i} / cross_value.{i} (B, H, S, Dh)
+                       cross_key.{i} / cross_value.{i} (N, H, S, Dh), one row per sentence,
+                       shared by its G rows (never copied per beam)
                        -> log_probs (B, V) float32,
                           top_log_probs (B, k) float32 / top_ids (B, k) int64: the top_k most
                           probable next tokens, best first, ties by lower id,
@@ -27,7 +30,8 @@ Layout of a bundle directory (format version 2):
                        through the host; and the search reads k candidates per row instead of
                        the whole (B, V) table.
 
-Format version 1 (no cache_index, top_k, top_log_probs, top_ids) is refused: re-export.
+Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
+top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -54,7 +58,7 @@ Dtype = Literal["fp32", "fp16", "int8"]
 # --- Tensor names: the one place they are spelled --------------------------------------------
 
 INPUT_IDS = "input_ids"
-ATTENTION_MASK = "attention_mask"  # encoder input, (B, S) int64, 1 on tokens and 0 on padding
+ATTENTION_MASK = "attention_mask"  # encoder input, (N, S) int64, 1 on tokens and 0 on padding
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask, fed to every decoder step
 MEMORY = "memory"
 LOG_PROBS = "log_probs"
@@ -64,7 +68,8 @@ TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
 
 # Dynamic axes, named the same in both graphs.
-BATCH_AXIS = "batch"
+SENTENCE_AXIS = "sentences"  # N: the encoder's batch, and the decoder's cross keys/values and mask
+BATCH_AXIS = "batch"  # B = N * G: the decoder's rows, G per sentence (its beams)
 SOURCE_AXIS = "source_length"
 PAST_AXIS = "past_length"
 PRESENT_AXIS = "present_length"

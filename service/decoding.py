@@ -19,7 +19,8 @@ float rounding), so both follow the same conventions step for step:
   row, not beam_size); the 2 * beam_size best candidates per sentence are scanned, a </s> among
   the top beam_size finishes a hypothesis, the others continue; a sentence is done with
   beam_size finished hypotheses and leaves the batch. From then on only the self-attention
-  cache follows the back-pointers (`DecoderState.reorder`).
+  cache follows the back-pointers (`DecoderState.reorder`); what is per sentence (the cross
+  keys/values, the source mask) is never copied per beam.
 - Those 2 * beam_size are found among each beam's own 2 * beam_size best (at most 2K - 1 of a
   beam's candidates can rank ahead of one of its own). Ties go to the lower beam, then the lower
   token id. One exception: two log-probs of one beam that differ by an ulp can give equal float32
@@ -103,9 +104,10 @@ class DecoderState(Protocol):
         modify the results."""
         ...
 
-    def select(self, rows: IntArray) -> None:
-        """Keep only the given rows, in that order: finished sentences leave the batch. A row
-        may repeat: beam search expands each sentence's row after the first step."""
+    def select(self, rows: IntArray, sentences: IntArray) -> None:
+        """Keep only the sentences `sentences` (finished ones leave the batch) and their rows
+        `rows`, in that order, grouped by sentence. A row may repeat: beam search expands each
+        sentence's row after the first step."""
         ...
 
     def reorder(self, rows: IntArray) -> None:
@@ -159,7 +161,7 @@ def greedy_search(
             if not keep:
                 break
             rows = np.array(keep, dtype=np.int64)
-            state.select(rows)
+            state.select(rows, rows)
             best = best[rows]
             alive = [alive[r] for r in keep]
         tokens = best.astype(np.int64)
@@ -243,12 +245,14 @@ def beam_search(
             alive = []
             break
         row_index = np.array(next_rows, dtype=np.int64)
+        kept = np.array(keep_blocks, dtype=np.int64)
         if beams < k:
             # After the first step: each kept sentence's row becomes its k beams.
-            state.select(row_index)
+            state.select(row_index, kept)
         elif len(keep_blocks) < n:
             # Rows of finished sentences leave: select whole blocks, then reorder within them.
-            state.select(np.array([b * k + r for b in keep_blocks for r in range(k)], np.int64))
+            kept_rows = np.array([b * k + r for b in keep_blocks for r in range(k)], np.int64)
+            state.select(kept_rows, kept)
             position = {b: p for p, b in enumerate(keep_blocks)}
             state.reorder(np.array([position[r // k] * k + r % k for r in next_rows], np.int64))
         else:

@@ -4,18 +4,18 @@
 `max_batch_size`, runs the encoder once per batch (memory and every layer's cross keys/values),
 then lets `service.decoding.search` drive the decoder-step graph with a self-attention cache
 that grows one position per step; beam search runs its first step on one row per sentence and
-then expands the rows (cross keys/values included) beam_size times, once. The hypotheses come
-back in the input order.
+then expands the rows beam_size times, once. The cross keys/values and the source mask stay one
+row per sentence throughout: the graph attends with a sentence's beams over its one copy. The
+hypotheses come back in the input order.
 
 Where the tensors live: with `io_binding` (the default) the cache and the cross keys/values are
 ONNX Runtime values on the provider's device, fed back to the next step as they are, so on CUDA
 they stay on the GPU; only the step's top-k candidates (B, k) come to the host for the search.
 The decoder graph gathers its own cache by `cache_index`, so beams following their
 back-pointers and finished rows leaving never move the cache through the host; only the cross
-keys/values and the source mask change rows on the host, when beam search expands them after
-its first step and when a sentence finishes (ONNX Runtime's Python API has no device-side
-gather without a graph for it: `_Placement.take`). Without
-io_binding every tensor goes through numpy each step.
+keys/values and the source mask change rows on the host, when a sentence finishes (ONNX
+Runtime's Python API has no device-side gather without a graph for it: `_Placement.take`).
+Without io_binding every tensor goes through numpy each step.
 
 Memory: every decoder step has new shapes (the cache grows, rows leave), so ONNX Runtime's
 memory patterns, planned per shape and all kept, are switched off, and so is the CPU arena,
@@ -296,8 +296,7 @@ class _OrtDecoderState:
     """`service.decoding.DecoderState` over decoder_step.onnx: the self-attention cache grows
     one position per step and is gathered inside the graph by `cache_index`, so dropping rows
     and following beam back-pointers only compose an index on the host; cross keys/values and
-    the source mask change rows on the host (`select`: beam search's expansion after its first
-    step, and each finished sentence)."""
+    the source mask, one row per sentence, change rows on the host when sentences finish."""
 
     def __init__(
         self,
@@ -312,8 +311,8 @@ class _OrtDecoderState:
         self.past_names = past_names(manifest.model.decoder_layers)
         # present i is fed back as past i: present_names lists them in past_names order.
         self.output_names = [TOP_LOG_PROBS, TOP_IDS, *present_names(manifest.model.decoder_layers)]
-        self.mask = placement.put(attention_mask)  # (R, S)
-        rows = attention_mask.shape[0]
+        self.mask = placement.put(attention_mask)  # (N, S), like the cross keys/values
+        rows = self.sentences = attention_mask.shape[0]  # one row per sentence at the start
         dims = manifest.model
         dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)  # float16 in fp16
         empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype)
@@ -336,11 +335,14 @@ class _OrtDecoderState:
         self.cache_index = np.arange(len(tokens), dtype=np.int64)
         return top_log_probs, top_ids  # (R, k) each
 
-    def select(self, rows: IntArray) -> None:
-        take = self.placement.take
-        self.mask = take(self.mask, rows)
-        self.cross = {name: take(v, rows) for name, v in self.cross.items()}
+    def select(self, rows: IntArray, sentences: IntArray) -> None:
         self.cache_index = self.cache_index[rows]
+        if len(sentences) == self.sentences:  # beam search's expansion: all sentences stay
+            return
+        take = self.placement.take
+        self.mask = take(self.mask, sentences)
+        self.cross = {name: take(v, sentences) for name, v in self.cross.items()}
+        self.sentences = len(sentences)
 
     def reorder(self, rows: IntArray) -> None:
         self.cache_index = self.cache_index[rows]

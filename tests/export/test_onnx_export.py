@@ -31,6 +31,7 @@ from service.bundle import (
     TOP_LOG_PROBS,
     Dtype,
     cross_names,
+    cross_value,
     load_bundle,
     past_key,
     past_names,
@@ -73,9 +74,12 @@ def test_batch_source_and_past_axes_are_dynamic(fp32_bundle: Path) -> None:
     manifest = load_bundle(fp32_bundle).manifest
     h, dh, v = manifest.model.heads, manifest.model.d_head, manifest.model.vocab_size
     encoder, step = manifest.encoder, manifest.decoder_step
-    assert encoder.inputs[0].shape == ["batch", "source_length"]
-    assert encoder.outputs[1].shape == ["batch", h, "source_length", dh]
+    assert encoder.inputs[0].shape == ["sentences", "source_length"]
+    assert encoder.outputs[1].shape == ["sentences", h, "source_length", dh]
     assert step.inputs[0].shape == ["batch", 1]
+    # One mask and cross key/value row per sentence, shared by its rows (beams).
+    assert step.tensor(ENCODER_ATTENTION_MASK).shape == ["sentences", "source_length"]
+    assert step.tensor(cross_value(1)).shape == ["sentences", h, "source_length", dh]
     # The past has its own row count: the graph gathers the batch's rows from it.
     assert step.tensor(past_key(0)).shape == ["past_batch", h, "past_length", dh]
     assert step.tensor(CACHE_INDEX).shape == ["batch"]

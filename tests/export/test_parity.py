@@ -74,19 +74,21 @@ def test_eos_bundle_exercises_finished_rows(
 
 
 def _step_inputs(
-    model: Transformer, batch: int, source: int, past: int
+    model: Transformer, sentences: int, group: int, source: int, past: int
 ) -> tuple[torch.Tensor, torch.Tensor, DecoderCache]:
-    """A padded source, one token per row and a random past of the given length."""
+    """A padded source, `group` rows per sentence, each with one token and a random past of
+    the given length."""
     config = model.config
-    generator = torch.Generator().manual_seed(batch * 100 + source * 10 + past)
-    src = torch.randint(4, config.vocab_size, (batch, source), generator=generator)
-    src[-1, (source + 1) // 2 :] = 0  # padding in the last row
+    generator = torch.Generator().manual_seed(sentences * 1000 + group * 100 + source * 10 + past)
+    src = torch.randint(4, config.vocab_size, (sentences, source), generator=generator)
+    src[-1, (source + 1) // 2 :] = 0  # padding in the last sentence
     cross = model.init_cache(model.encode(src, padding_mask(src)))
-    shape = (batch, config.h, past, config.d_k)  # (B, H, T, Dh)
+    rows = sentences * group
+    shape = (rows, config.h, past, config.d_k)  # (B, H, T, Dh)
     n = config.n_decoder_layers
     self_k = [torch.randn(shape, generator=generator) for _ in range(n)]
     self_v = [torch.randn(shape, generator=generator) for _ in range(n)]
-    tokens = torch.randint(4, config.vocab_size, (batch,), generator=generator)
+    tokens = torch.randint(4, config.vocab_size, (rows,), generator=generator)
     return src, tokens, DecoderCache(self_k, self_v, cross.cross_k, cross.cross_v)
 
 
@@ -95,19 +97,25 @@ def _flat(keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[np.ndarr
 
 
 @pytest.mark.parametrize(
-    ("batch", "source", "past"),
-    [(1, 1, 0), (3, 7, 0), (3, 7, 5), (1, 9, 1), (4, 2, 11)],
+    ("sentences", "group", "source", "past"),
+    [(1, 1, 1, 0), (3, 1, 7, 0), (3, 2, 7, 5), (1, 4, 9, 1), (4, 5, 2, 11), (2, 1, 5, 3)],
 )
 @torch.inference_mode()
 def test_decoder_step_for_shapes_other_than_the_traced_ones(
-    fp32_bundle: Path, tiny_checkpoint: Path, batch: int, source: int, past: int
+    fp32_bundle: Path, tiny_checkpoint: Path, sentences: int, group: int, source: int, past: int
 ) -> None:
-    """Traced with batch 2, source 5, past 3: none of these may be baked into the graph."""
+    """Traced with 2 sentences of 3 rows, source 5, past 3: none of these may be baked into
+    the graph, and `group` rows per sentence must read that sentence's cross keys/values."""
     ort_bundle = open_bundle(fp32_bundle)
     model = load_model(tiny_checkpoint)
     n = model.config.n_decoder_layers
-    src, tokens, cache = _step_inputs(model, batch, source, past)
+    src, tokens, cache = _step_inputs(model, sentences, group, source, past)
+    batch = sentences * group
     expected, grown = model.decode_step(tokens, cache, padding_mask(src))
+    # Against attention over one copy of the sentence's keys/values per row (group 1).
+    copies = cache.select(torch.arange(batch), torch.arange(batch) // group)
+    per_row, _ = model.decode_step(tokens, copies, padding_mask(src).repeat_interleave(group, 0))
+    assert (expected - per_row).abs().max().item() < 1e-5
 
     feeds = {
         INPUT_IDS: tokens[:, None].numpy(),

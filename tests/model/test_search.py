@@ -16,7 +16,9 @@ A, B, C, D = 4, 5, 6, 7
 class TableStepper:
     """Log-probs as a function of each row's prefix: {prefix tuple: {token: prob}}.
 
-    Unlisted prefixes put all mass on </s>; unlisted tokens get a tiny probability.
+    Unlisted prefixes put all mass on </s>; unlisted tokens get a tiny probability. One table
+    per live sentence; row r is sentence r // G's, with G rows per sentence, as the model's
+    grouped cross-attention reads them.
     """
 
     def __init__(self, tables: list[dict[tuple[int, ...], dict[int, float]]]):
@@ -28,16 +30,18 @@ class TableStepper:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         out = torch.full((len(self.prefixes), V), math.log(1e-6))
+        group, rest = divmod(len(tokens), len(self.tables))
+        assert rest == 0, f"{len(tokens)} rows over {len(self.tables)} sentences"
         for r, token in enumerate(tokens.tolist()):
             prefix = self.prefixes[r] if token == BOS_ID else (*self.prefixes[r], token)
             self.prefixes[r] = prefix
-            for t, p in self.tables[r].get(prefix, {EOS_ID: 1.0}).items():
+            for t, p in self.tables[r // group].get(prefix, {EOS_ID: 1.0}).items():
                 out[r, t] = math.log(p)
         return out.log_softmax(-1)
 
-    def select(self, rows: torch.Tensor) -> None:
+    def select(self, rows: torch.Tensor, sentences: torch.Tensor) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]
-        self.tables = [self.tables[i] for i in rows.tolist()]
+        self.tables = [self.tables[i] for i in sentences.tolist()]
 
     def reorder(self, rows: torch.Tensor) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]

@@ -95,6 +95,44 @@ def test_cached_steps_equal_full_decode(norm: str) -> None:
             assert (step - full[:, t]).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_beams_share_their_sentence_s_cross_keys_and_values(norm: str) -> None:
+    """decode_step with 3 rows per sentence over one cross key/value row per sentence equals
+    the same rows over 3 copies each (ordinary attention), before and after `select` drops a
+    sentence and repeats a row."""
+    model = make_model(norm, seed=2)
+    src = torch.tensor([[5, 9, 11, 12, 2], [6, 7, 2, PAD_ID, PAD_ID]])  # (N=2, S)
+    tgt = torch.randint(4, 50, (6, 5), generator=torch.Generator().manual_seed(0))  # (N*3, T)
+    mask = padding_mask(src)  # (N, 1, 1, S)
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        # One row per sentence for the first step, then 3 (beam search's expansion).
+        first = torch.tensor([1, 1])
+        a, shared = model.decode_step(first, model.init_cache(memory), mask)
+        expand = torch.tensor([0, 0, 0, 1, 1, 1])
+        shared = shared.select(expand, torch.tensor([0, 1]))
+        copies_mask = mask.repeat_interleave(3, dim=0)
+        b, copies = model.decode_step(
+            first[expand], model.init_cache(memory.repeat_interleave(3, dim=0)), copies_mask
+        )
+        assert (a[expand] - b).abs().max().item() < 1e-5
+        for t in range(tgt.size(1) - 1):
+            a, shared = model.decode_step(tgt[:, t], shared, mask)
+            b, copies = model.decode_step(tgt[:, t], copies, copies_mask)
+            assert (a - b).abs().max().item() < 1e-5
+        assert shared.cross_k[0].size(0) == 2 and copies.cross_k[0].size(0) == 6
+        # Sentence 0 finishes; sentence 1 keeps its rows 5, 3, 3 (rows 3..5 are its beams).
+        rows = torch.tensor([5, 3, 3])
+        shared = shared.select(rows, torch.tensor([1]))
+        copies = copies.select(rows, rows)
+        a, _ = model.decode_step(tgt[rows, -1], shared, mask[1:])
+        b, _ = model.decode_step(tgt[rows, -1], copies, copies_mask[rows])
+    assert shared.cross_k[0].size(0) == 1
+    assert (a - b).abs().max().item() < 1e-5
+    # Each row really continues its own cache: rows 1 and 2 agree, row 0 does not.
+    assert torch.equal(a[1], a[2]) and not torch.allclose(a[0], a[1])
+
+
 def test_output_projection_is_tied_to_the_embedding() -> None:
     model = make_model()
     names = [n for n, _ in model.named_parameters()]

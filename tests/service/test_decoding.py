@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sized
 
 import numpy as np
 import pytest
@@ -37,12 +38,21 @@ def top_k(log_probs: FloatArray, k: int) -> tuple[FloatArray, IntArray]:
     return np.take_along_axis(log_probs, ids, axis=-1), ids.astype(np.int64)
 
 
+def rows_per_sentence(rows: Sized, sentences: Sized) -> int:
+    """G of a state with len(rows) = N * G rows over N sentences: row r is sentence r // G's."""
+    group, rest = divmod(len(rows), len(sentences))
+    assert rest == 0 and group >= 1, f"{len(rows)} rows over {len(sentences)} sentences"
+    return group
+
+
 class TableState:
     """Log-probs as a function of each row's prefix: {prefix tuple: {token: prob}}.
 
     Unlisted prefixes put all mass on </s>; unlisted tokens get tiny probabilities, all
     different so that no test depends on how ties are broken. Counts the rows it is asked to
-    step, so tests can see finished sentences leave the batch.
+    step, so tests can see finished sentences leave the batch. Keeps one table per live
+    sentence and finds a row's sentence as the graph does (rows grouped by sentence, the same
+    number each), so a search that selected the wrong sentences would read the wrong table.
     """
 
     def __init__(self, tables: list[Table]) -> None:
@@ -54,16 +64,17 @@ class TableState:
     def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         self.rows_stepped.append(len(tokens))
         out = np.tile(1e-6 / (1 + np.arange(V)), (len(self.prefixes), 1))  # (R, V)
+        group = rows_per_sentence(tokens, self.tables)
         for r, token in enumerate(tokens.tolist()):
             prefix = self.prefixes[r] if token == BOS else (*self.prefixes[r], token)
             self.prefixes[r] = prefix
-            for t, p in self.tables[r].get(prefix, {EOS: 1.0}).items():
+            for t, p in self.tables[r // group].get(prefix, {EOS: 1.0}).items():
                 out[r, t] = p
         return top_k(np.log(out / out.sum(axis=-1, keepdims=True)).astype(np.float32), k)
 
-    def select(self, rows: IntArray) -> None:
+    def select(self, rows: IntArray, sentences: IntArray) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]
-        self.tables = [self.tables[i] for i in rows.tolist()]
+        self.tables = [self.tables[i] for i in sentences.tolist()]
 
     def reorder(self, rows: IntArray) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]
@@ -183,7 +194,7 @@ def test_the_state_arrays_are_not_modified_by_the_search() -> None:
         def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
             return top_log_probs[: len(tokens), :k], top_ids[: len(tokens), :k]  # views
 
-        def select(self, rows: IntArray) -> None: ...
+        def select(self, rows: IntArray, sentences: IntArray) -> None: ...
 
         def reorder(self, rows: IntArray) -> None: ...
 
@@ -237,24 +248,25 @@ class RandomModel:
 
     def __init__(self, seed: int, vocab: int, sentences: int) -> None:
         self.seed, self.vocab = seed, vocab
-        self.sentence = list(range(sentences))  # of each row
-        self.prefixes: list[tuple[int, ...]] = [() for _ in self.sentence]
+        self.sentence = list(range(sentences))  # of each live sentence
+        self.prefixes: list[tuple[int, ...]] = [() for _ in self.sentence]  # of each row
 
     def log_probs(self, tokens: list[int]) -> FloatArray:
         out = np.empty((len(tokens), self.vocab), dtype=np.float32)
+        group = rows_per_sentence(tokens, self.sentence)
         for r, token in enumerate(tokens):
             prefix = self.prefixes[r] if token == BOS else (*self.prefixes[r], token)
             self.prefixes[r] = prefix
-            rng = np.random.default_rng([self.seed, self.sentence[r], *prefix])
+            rng = np.random.default_rng([self.seed, self.sentence[r // group], *prefix])
             logits = rng.normal(size=self.vocab) * 2
             logits[EOS] += len(prefix) - 2
             out[r] = logits - np.logaddexp.reduce(logits)
         return out
 
-    def keep(self, rows: list[int], everything: bool) -> None:
+    def keep(self, rows: list[int], sentences: list[int] | None = None) -> None:
         self.prefixes = [self.prefixes[i] for i in rows]
-        if everything:
-            self.sentence = [self.sentence[i] for i in rows]
+        if sentences is not None:
+            self.sentence = [self.sentence[i] for i in sentences]
 
 
 class NumpyState:
@@ -264,11 +276,11 @@ class NumpyState:
     def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         return top_k(self.model.log_probs(tokens.tolist()), k)
 
-    def select(self, rows: IntArray) -> None:
-        self.model.keep(rows.tolist(), everything=True)
+    def select(self, rows: IntArray, sentences: IntArray) -> None:
+        self.model.keep(rows.tolist(), sentences.tolist())
 
     def reorder(self, rows: IntArray) -> None:
-        self.model.keep(rows.tolist(), everything=False)
+        self.model.keep(rows.tolist())
 
 
 class TorchStepper:
@@ -278,11 +290,11 @@ class TorchStepper:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.model.log_probs(tokens.tolist()))
 
-    def select(self, rows: torch.Tensor) -> None:
-        self.model.keep(rows.tolist(), everything=True)
+    def select(self, rows: torch.Tensor, sentences: torch.Tensor) -> None:
+        self.model.keep(rows.tolist(), sentences.tolist())
 
     def reorder(self, rows: torch.Tensor) -> None:
-        self.model.keep(rows.tolist(), everything=False)
+        self.model.keep(rows.tolist())
 
 
 def _reference(

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from service.__main__ import main
-from service.bundle import MANIFEST_FILE, BundleError, load_bundle, sha256_file
+from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, load_bundle, sha256_file
 from service.main import shipped_bundle
 from service.settings import Settings
 
@@ -127,8 +127,9 @@ def test_a_bundle_of_an_older_format_is_exported_again(
     bundle = tmp_path / "bundles" / "tiny"
     shipped_bundle(tiny_checkpoint, bundle)
     manifest = json.loads((bundle / MANIFEST_FILE).read_text())
-    (bundle / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
+    old = FORMAT_VERSION - 1
+    (bundle / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": old}))
     with caplog.at_level(logging.WARNING):
         assert shipped_bundle(tiny_checkpoint, bundle) == bundle
-    assert "bundle format version 1, this service reads 2" in caplog.text
-    assert load_bundle(bundle).manifest.format_version == 2
+    assert f"bundle format version {old}, this service reads {FORMAT_VERSION}" in caplog.text
+    assert load_bundle(bundle).manifest.format_version == FORMAT_VERSION
