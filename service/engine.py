@@ -145,7 +145,7 @@ class Engine:
                 f"{bundle.path(manifest.tokenizer)}: {tokenizer.get_vocab_size()} tokens, "
                 f"the model has {manifest.model.vocab_size}"
             )
-        options = _session_options(intra_op_threads, intra_op_spinning)
+        options = session_options(intra_op_threads, intra_op_spinning)
         providers = _providers(device, device_id)
         sessions = [
             _open_graph(bundle, graph.file, options, providers)
@@ -348,7 +348,8 @@ class _OrtDecoderState:
         self.cache_index = self.cache_index[rows]
 
 
-def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
+def session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
+    """The engine's ONNX Runtime session options (see the module docstring and `Engine.load`)."""
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     # Shapes change every step: a memory pattern per shape would be planned, kept, never reused.
