@@ -72,17 +72,16 @@ def _feeds(manifest: Manifest, rows: int, groups: list[int], past: int, source: 
         name: rng.normal(size=(base, dims.heads, source, dims.d_head)).astype(dtype)
         for name in cross_names(n)
     }
-    feeds = []
-    for group in groups:
-        copies = max(groups) // group
-        per_sentence = {ENCODER_ATTENTION_MASK: mask, **cross}
-        feeds.append(
-            {
-                **common,
-                **{name: np.repeat(t, copies, axis=0) for name, t in per_sentence.items()},
-            }
-        )
-    return feeds
+    per_sentence = {ENCODER_ATTENTION_MASK: mask, **cross}
+    return [
+        {
+            **common,
+            **{
+                name: np.repeat(t, max(groups) // group, axis=0) for name, t in per_sentence.items()
+            },
+        }
+        for group in groups
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,14 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     layouts = _feeds(manifest, args.rows, args.groups, args.past, args.source)
 
     results = [session.run(outputs, feeds) for feeds in layouts]
-    max_diff = (
-        max(
+    max_diff = max(
+        (
             float(np.abs(a.astype(np.float64) - b).max())
             for other in results[1:]
             for a, b in zip(results[0], other, strict=True)
-        )
-        if len(results) > 1
-        else 0.0
+        ),
+        default=0.0,
     )
     if not max_diff <= TOLERANCE:
         print(f"error: the layouts' outputs differ by {max_diff:.3g}", file=sys.stderr)
