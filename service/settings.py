@@ -44,7 +44,11 @@ class Settings(BaseSettings):
         description="let intra-op threads spin between kernels (off: they would take the cores "
         "the search needs between decoder steps)",
     )
-    io_binding: bool = Field(True, description="bind inputs and outputs on the device (CUDA)")
+    io_binding: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="bind inputs and outputs on the device so the cache stays there; auto: on "
+        "with CUDA, off on the CPU (where it only adds overhead)",
+    )
 
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address uvicorn binds")

@@ -17,7 +17,7 @@ from model.search import generate
 from model.transformer import load_model
 from service import translate
 from service.decoding import DecodingOptions, Hypothesis
-from service.engine import CPU_PROVIDER, Engine, InputTooLongError
+from service.engine import CPU_PROVIDER, Engine, InputTooLongError, IoBinding
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize(("beam_size", "num_hypotheses"), [(1, 1), (4, 2)])
-@pytest.mark.parametrize("io_binding", [True, False])
+@pytest.mark.parametrize("io_binding", ["on", "off"])  # "on" runs the CUDA path's binding
 @pytest.mark.parametrize(
     ("bundle_name", "checkpoint_name"),
     [("eos_bundle", "eos_checkpoint"), ("fp32_bundle", "tiny_checkpoint")],
@@ -58,7 +58,7 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_engine_equals_the_torch_reference(
     bundle_name: str,
     checkpoint_name: str,
-    io_binding: bool,
+    io_binding: IoBinding,
     beam_size: int,
     num_hypotheses: int,
     sources: list[list[int]],
@@ -118,6 +118,24 @@ def test_auto_picks_the_cpu_without_a_warning(
     assert engine.provider == CPU_PROVIDER
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(CPU_PROVIDER in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("io_binding", "binds"), [("auto", False), ("on", True), ("off", False)])
+def test_io_binding_is_used_on_the_cpu_only_when_forced(
+    fp32_bundle: Path, model_calls: list[str], io_binding: IoBinding, binds: bool
+) -> None:
+    """On the CPU the tensors live on the host either way; binding only adds Python per step."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime has CUDA")
+    engine = Engine.load(fp32_bundle, intra_op_threads=1, io_binding=io_binding)
+    engine.translate(["A dog runs."], DecodingOptions(max_decoding_length=3))
+    assert engine.io_binding is binds
+    assert set(model_calls) == {"run_with_iobinding" if binds else "run"}
+
+
+def test_an_unknown_io_binding_is_refused(fp32_bundle: Path) -> None:
+    with pytest.raises(ValueError, match="io_binding must be 'auto', 'on' or 'off', got True"):
+        Engine.load(fp32_bundle, device="cpu", io_binding=True)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("spinning", [False, True])
