@@ -114,8 +114,6 @@ class Engine:
         self._tokenizer = tokenizer
         self._encoder = encoder
         self._decoder_step = decoder_step
-        if io_binding not in ("auto", "on", "off"):
-            raise ValueError(f"io_binding must be 'auto', 'on' or 'off', got {io_binding!r}")
         device_type = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
         self.io_binding: bool = io_binding == "on" or (
             io_binding == "auto" and device_type == "cuda"
@@ -146,6 +144,8 @@ class Engine:
         inputs and outputs on CUDA (the cache stays on the GPU) and not on the CPU, where it only
         adds overhead; "on" and "off" force it.
         """
+        if io_binding not in ("auto", "on", "off"):  # before any file is read
+            raise ValueError(f"io_binding must be 'auto', 'on' or 'off', got {io_binding!r}")
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest
         tokenizer = Tokenizer.from_file(str(bundle.path(manifest.tokenizer)))

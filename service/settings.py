@@ -9,6 +9,8 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.engine import Device, IoBinding
+
 ENV_PREFIX = "MT_"
 
 
@@ -34,7 +36,7 @@ class Settings(BaseSettings):
     shipped_bundle: Path = Field(
         Path("bundles/multi30k-en-de"), description="where the shipped checkpoint's bundle lives"
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="ONNX Runtime device")
+    device: Device = Field("auto", description="ONNX Runtime device")
     device_id: int = Field(0, ge=0, description="CUDA device index")
     intra_op_threads: int | None = Field(
         None, ge=1, description="ONNX Runtime intra-op threads (none: its default)"
@@ -44,7 +46,7 @@ class Settings(BaseSettings):
         description="let intra-op threads spin between kernels (off: they would take the cores "
         "the search needs between decoder steps)",
     )
-    io_binding: Literal["auto", "on", "off"] = Field(
+    io_binding: IoBinding = Field(
         "auto",
         description="bind inputs and outputs on the device so the cache stays there; auto: on "
         "with CUDA, off on the CPU (where it only adds overhead)",
