@@ -6,32 +6,39 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 3):
+Layout of a bundle directory (format version 4):
 
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file
-    encoder.onnx       input_ids, attention_mask (N, S) -> memory (N, S, d_model),
+    encoder.onnx       input_ids, attention_mask (N, S) int64 -> memory (N, S, d_model),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
-    decoder_step.onnx  input_ids (B, 1) with B = N * G rows, G per sentence (its beams,
-                       sentence-major: rows n*G .. n*G + G - 1 belong to sentence n),
-                       encoder_attention_mask (N, S),
-                       cache_index (B,) int64: row b continues row cache_index[b] of the past,
+    decoder_step.onnx  one token for each of R = N * G rows: G per sentence (its beams), and a
+                       static key/value cache of C positions per row, written in place:
+                       input_ids (N, G) int64: row (n, g) is beam g of sentence n,
+                       position (1,) int64 and past_sequence_length (1,) int32: both the step's
+                       position T, the number of positions already cached (the first is read
+                       on the device, by the positional encoding; the second on the host, by
+                       the attention kernels),
+                       encoder_attention_mask (N, S) int32, 1 on tokens and 0 on padding,
+                       cache_indirection (N, G, C) int32: entry [n, g, t] names the beam of
+                       sentence n whose cache row holds position t of beam g (t < T),
                        top_k (1,) int64,
-                       past_key.{i} / past_value.{i} (P, H, T, Dh) with T >= 0,
+                       past_key.{i} / past_value.{i} (R, H, C, Dh): positions 0 .. T - 1 are
+                       valid, the rest is never read,
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh), one row per sentence,
                        shared by its G rows (never copied per beam)
-                       -> log_probs (B, V) float32,
-                          top_log_probs (B, k) float32 / top_ids (B, k) int64: the top_k most
+                       -> log_probs (R, V) float32,
+                          top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
                           probable next tokens, best first, ties by lower id,
-                          present_key.{i} / present_value.{i} (B, H, T + 1, Dh)
-                       The step's position is T, read from the past inside the graph. The
-                       past is gathered by cache_index inside the graph, so finished rows
-                       leaving and beams following their back-pointers never move the cache
-                       through the host; and the search reads k candidates per row instead of
-                       the whole (B, V) table.
+                          present_key.{i} / present_value.{i} (R, H, C, Dh): the past with
+                          each row's new key/value written at position T. Bound to the same
+                          buffer as the past (ONNX Runtime IO binding), the write is in place:
+                          a step copies no cache, and beams following their back-pointers
+                          only rewrite cache_indirection.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
-top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence.
+top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
+version 3 grew the cache by one position per step and gathered it by a cache_index.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -59,21 +66,22 @@ Dtype = Literal["fp32", "fp16", "int8"]
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"  # encoder input, (N, S) int64, 1 on tokens and 0 on padding
-ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask, fed to every decoder step
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask as int32, for every step
 MEMORY = "memory"
 LOG_PROBS = "log_probs"
-CACHE_INDEX = "cache_index"  # decoder input, (B,) int64: the past row each row continues
+POSITION = "position"  # decoder input, (1,) int64: the step's position, for the encoding
+PAST_SEQUENCE_LENGTH = "past_sequence_length"  # decoder input, (1,) int32: the same position
+CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see the docstring
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
 
 # Dynamic axes, named the same in both graphs.
 SENTENCE_AXIS = "sentences"  # N: the encoder's batch, and the decoder's cross keys/values and mask
-BATCH_AXIS = "batch"  # B = N * G: the decoder's rows, G per sentence (its beams)
+BEAM_AXIS = "beams"  # G: the decoder's rows per sentence
+ROW_AXIS = "rows"  # R = N * G: the decoder's rows, sentence-major
 SOURCE_AXIS = "source_length"
-PAST_AXIS = "past_length"
-PRESENT_AXIS = "present_length"
-PAST_BATCH_AXIS = "past_batch"  # rows of the previous step's cache, gathered by cache_index
+CAPACITY_AXIS = "capacity"  # C: positions of the static cache
 TOP_K_AXIS = "top_k"
 
 
@@ -124,8 +132,10 @@ def decoder_step_io(n_layers: int) -> tuple[list[str], list[str]]:
     """(input names, output names) of decoder_step.onnx, in graph order."""
     inputs = [
         INPUT_IDS,
+        POSITION,
+        PAST_SEQUENCE_LENGTH,
         ENCODER_ATTENTION_MASK,
-        CACHE_INDEX,
+        CACHE_INDIRECTION,
         TOP_K,
         *past_names(n_layers),
         *cross_names(n_layers),
