@@ -126,9 +126,10 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         from service.engine import Engine
 
         dtype = system.split("-")[1]  # engine-DTYPE[-graphs|-cpu]
+        on_cpu = system.endswith("-cpu")
         engine = Engine.load(
-            getattr(args, f"bundle_{dtype}"),
-            device="cpu" if system.endswith("-cpu") else args.device,
+            (args.bundle_cpu or args.bundle_fp32) if on_cpu else getattr(args, f"bundle_{dtype}"),
+            device="cpu" if on_cpu else args.device,
             intra_op_threads=args.threads,
             max_batch_size=max(args.batch_sizes),
             cuda_graphs=system.endswith("-graphs"),
@@ -252,10 +253,10 @@ def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> di
         "--repeat", str(args.repeat),
         "--batch-sizes", *map(str, args.batch_sizes), "--beam-sizes", *map(str, args.beam_sizes),
     ]  # fmt: skip
-    for dtype in ("int8", "fp16"):
-        bundle = getattr(args, f"bundle_{dtype}")
+    for name in ("int8", "fp16", "cpu"):
+        bundle = getattr(args, f"bundle_{name}")
         if bundle:
-            argv += [f"--bundle-{dtype}", str(bundle)]
+            argv += [f"--bundle-{name}", str(bundle)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     print(f"running {system} ...", file=sys.stderr, flush=True)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -358,6 +359,9 @@ def parser(
         p.add_argument("--bundle-fp32", required=True, type=Path)
     p.add_argument("--bundle-int8", type=Path, help="leave out to skip engine-int8")
     p.add_argument("--bundle-fp16", type=Path, help="leave out to skip engine-fp16*")
+    p.add_argument(
+        "--bundle-cpu", type=Path, help="engine-fp32-cpu's bundle (default: --bundle-fp32)"
+    )
     p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
     p.add_argument("--n", type=int, default=500, help="first N lines (default 500)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")

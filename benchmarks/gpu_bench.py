@@ -4,8 +4,9 @@
         [--src ../shared/data/multi30k/test_2016_flickr.en.gz] [--n 1000] \\
         [--batch-sizes 1 8 32 64 128 256] [--beam-sizes 1 4] [--repeat 3] [--json FILE]
 
-It exports the checkpoint's fp32 and fp16 bundles (unless --bundle-fp32 / --bundle-fp16 are
-given), then runs benchmarks/engine_bench.py's systems for a GPU, each in its own process:
+It exports the checkpoint's fp32 and fp16 bundles with the gather cache, the one CUDA runs
+(unless --bundle-fp32 / --bundle-fp16 are given), and the CPU's fp32 bundle (--bundle-cpu),
+then runs benchmarks/engine_bench.py's systems for a GPU, each in its own process:
 engine-fp32 (the reference), engine-fp32-graphs, engine-fp16, engine-fp16-graphs, torch-cached
 and torch-uncached on --device (cuda by default), and engine-fp32-cpu, whose outputs the GPU's
 are held to. It prints engine_bench's table, then the issue's goals beside what was measured,
@@ -113,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
     with tempfile.TemporaryDirectory(prefix="gpu_bench_") as tmp:
-        for dtype in ("fp32", "fp16"):
-            if getattr(args, f"bundle_{dtype}") is None:
+        for name, dtype, cache in (
+            ("fp32", "fp32", "gather"),
+            ("fp16", "fp16", "gather"),
+            ("cpu", "fp32", "indirection"),
+        ):
+            if getattr(args, f"bundle_{name}") is None:
                 from export.onnx_export import export_bundle
 
-                out = Path(tmp) / dtype
-                export_bundle(args.checkpoint, out, dtype=dtype)  # type: ignore[arg-type]
-                setattr(args, f"bundle_{dtype}", out)
+                out = Path(tmp) / name
+                export_bundle(args.checkpoint, out, dtype=dtype, cache=cache)  # type: ignore[arg-type]
+                setattr(args, f"bundle_{name}", out)
         summary = run(args)
     print("\n".join(goals(summary)))
     written = {**without_outputs(summary), "goals": goals(summary)}

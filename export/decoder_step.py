@@ -36,6 +36,7 @@ from torch import nn
 from model.transformer import DecoderLayer, Transformer
 from service.bundle import (
     BEAM_AXIS,
+    BEAM_ROWS,
     CACHE_INDIRECTION,
     CAPACITY_AXIS,
     ENCODER_ATTENTION_MASK,
@@ -50,6 +51,7 @@ from service.bundle import (
     TOP_K,
     TOP_K_AXIS,
     TOP_LOG_PROBS,
+    DecoderCache,
     cross_key,
     cross_value,
     decoder_step_io,
@@ -61,6 +63,7 @@ from service.bundle import (
 
 MS_DOMAIN = "com.microsoft"
 OPSET = 17  # the lowest this graph needs (LayerNormalization as one node)
+GATHER_OPSET = 24  # TensorScatter
 IR_VERSION = 8
 
 _FLOAT_TYPES: dict[str, tuple[type[np.floating[Any]], int]] = {
@@ -122,14 +125,21 @@ class _Graph:
 
 
 def build_decoder_step(
-    model: Transformer, dtype: str = "fp32", *, opset: int = OPSET
+    model: Transformer,
+    dtype: str = "fp32",
+    *,
+    cache: DecoderCache = "indirection",
+    opset: int = OPSET,
 ) -> onnx.ModelProto:
     """The decoder-step graph of `model` in `dtype` ("fp32" or "fp16"; int8 is quantized from
-    fp32 by export/quantize.py). In fp16 the weights, the activations, the cache and the cross
-    keys/values are float16; the logits are cast to float32 before LogSoftmax and TopK, so the
-    scores a beam sums keep their precision."""
+    fp32 by export/quantize.py) with this `cache` (service/bundle.py). In fp16 the weights, the
+    activations, the cache and the cross keys/values are float16; the logits are cast to
+    float32 before LogSoftmax and TopK, so the scores a beam sums keep their precision. The
+    gather cache needs opset 24 (TensorScatter): it is built at max(opset, 24)."""
     if opset < OPSET:
         raise ValueError(f"the decoder step needs opset {OPSET} or later, got {opset}")
+    if cache == "gather":
+        opset = max(opset, GATHER_OPSET)
     if dtype not in _FLOAT_TYPES:
         raise ValueError(f"no decoder step in {dtype!r}; choose one of {sorted(_FLOAT_TYPES)}")
     float_type, onnx_float = _FLOAT_TYPES[dtype]
@@ -152,10 +162,15 @@ def build_decoder_step(
     (x,) = g.op("Transpose", [x], perm=[1, 2, 0])  # (N, G, d_model)
     scale = g.constant("embedding_scale", np.array(math.sqrt(d_model), float_type))
     (x,) = g.op("Mul", [x, scale])
-    encoding = g.weight("positional_encoding", model.get_buffer("positional_encoding"))
-    (position,) = g.op("Gather", [encoding, POSITION])  # (1, d_model)
-    (x,) = g.op("Add", [x, position])  # (N, G, d_model)
     (x,) = g.op("Reshape", [x, rows_by_model])  # (R, d_model)
+    encoding = g.weight("positional_encoding", model.get_buffer("positional_encoding"))
+    (position,) = g.op("Gather", [encoding, POSITION])  # (R, d_model)
+    (x,) = g.op("Add", [x, position])
+
+    if cache == "gather":
+        cache_mask = _cache_mask(g, config.max_positions)
+        d_head = d_model // heads
+        by_heads = g.constant("shape.rows_1_h_dh", np.array([-1, 1, heads, d_head], np.int64))
 
     # Every add & norm in order; with pre-norm, the stack's final norm comes last.
     pre_norm = config.norm == "pre"
@@ -205,26 +220,15 @@ def build_decoder_step(
         w_qkv = torch.cat([attn.w_q.weight, attn.w_k.weight, attn.w_v.weight]).t()  # (d, 3d)
         b_qkv = torch.cat([attn.w_q.bias, attn.w_k.bias, attn.w_v.bias])  # (3d,)
         (qkv,) = g.op("MatMul", [inner, g.weight(f"{prefix}.self.qkv.weight", w_qkv)])
+        bias = g.weight(f"{prefix}.self.qkv.bias", b_qkv)
+        if cache == "gather":  # the indirection's attention kernel adds the bias itself
+            (qkv,) = g.op("Add", [qkv, bias])
         (qkv,) = g.op("Reshape", [qkv, rows_one_qkv])  # (R, 1, 3 d_model)
         q, k, v = g.op("Split", [qkv, split_qkv], 3, axis=2)  # each (R, 1, d_model)
-        (attended, _, _) = g.op(
-            "MultiHeadAttention",
-            [
-                q,
-                k,
-                v,
-                g.weight(f"{prefix}.self.qkv.bias", b_qkv),
-                "",  # key_padding_mask: the target has no padding
-                "",  # attention_bias
-                past_key(i),
-                past_value(i),
-                PAST_SEQUENCE_LENGTH,
-                CACHE_INDIRECTION,
-            ],
-            [f"{prefix}.self.out", present_key(i), present_value(i)],
-            domain=MS_DOMAIN,
-            num_heads=heads,
-        )  # (R, 1, d_model)
+        if cache == "indirection":
+            attended = _attend_through_indirection(g, i, q, k, v, bias, heads)
+        else:
+            attended = _attend_over_gathered(g, i, q, k, v, cache_mask, by_heads, heads)
         (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
         out = g.matmul(attended, f"{prefix}.self.o.weight", attn.w_o.weight)
         add_and_norm(out, g.weight(f"{prefix}.self.o.bias", attn.w_o.bias), 3 * i)
@@ -253,7 +257,69 @@ def build_decoder_step(
     g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
     # ONNX TopK returns ties lower index first, as the search's tie rule wants.
     g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
-    return _model(g, model, onnx_float, opset)
+    return _model(g, model, onnx_float, opset, cache)
+
+
+def _attend_through_indirection(
+    g: _Graph, i: int, q: str, k: str, v: str, bias: str, heads: int
+) -> str:
+    """ONNX Runtime's cache-sharing attention: the new key/value goes into the cache at
+    past_sequence_length, earlier positions are read through the cache indirection (the CPU
+    kernel; CUDA's lays the cache out differently from its first step on)."""
+    (attended, _, _) = g.op(
+        "MultiHeadAttention",
+        [
+            q,
+            k,
+            v,
+            bias,
+            "",  # key_padding_mask: the target has no padding
+            "",  # attention_bias
+            past_key(i),
+            past_value(i),
+            PAST_SEQUENCE_LENGTH,
+            CACHE_INDIRECTION,
+        ],
+        [f"decoder.{i}.self.out", present_key(i), present_value(i)],
+        domain=MS_DOMAIN,
+        num_heads=heads,
+    )  # (R, 1, d_model)
+    return attended
+
+
+def _attend_over_gathered(
+    g: _Graph, i: int, q: str, k: str, v: str, mask: str, by_heads: str, heads: int
+) -> str:
+    """Standard operators only: the cache gathered by beam_rows, the new key/value scattered in
+    at the step's position, attention over all C positions with the later ones masked. Every
+    value the step reads is on the device, so it runs and replays the same on any provider."""
+    presents = []
+    for new, past, present in (
+        (k, past_key(i), present_key(i)),
+        (v, past_value(i), present_value(i)),
+    ):
+        (new,) = g.op("Reshape", [new, by_heads])  # (R, 1, H, Dh)
+        (new,) = g.op("Transpose", [new], perm=[0, 2, 1, 3])  # (R, H, 1, Dh)
+        (gathered,) = g.op("Gather", [past, BEAM_ROWS], axis=0)  # (R, H, C, Dh)
+        g.op("TensorScatter", [gathered, new, POSITION], [present], axis=2)
+        presents.append(present)
+    (attended,) = g.op(
+        "MultiHeadAttention", [q, *presents, "", mask], domain=MS_DOMAIN, num_heads=heads
+    )  # (R, 1, d_model)
+    return attended
+
+
+def _cache_mask(g: _Graph, max_positions: int) -> str:
+    """(R, C) int32: 1 where a cache position is at or before the step's, from `position` on the
+    device (a constant range sliced to the cache's C positions, compared)."""
+    positions = g.constant("cache.positions", np.arange(max_positions, dtype=np.int64)[None, :])
+    zero, one = (g.constant(f"cache.{n}", np.array([n], np.int64)) for n in (0, 1))
+    (capacity,) = g.op("Shape", [past_key(0)], start=2, end=3)  # [C]
+    (positions,) = g.op("Slice", [positions, zero, capacity, one])  # (1, C)
+    (step,) = g.op("Unsqueeze", [POSITION, one])  # (R, 1)
+    (valid,) = g.op("LessOrEqual", [positions, step])  # (R, C)
+    (mask,) = g.op("Cast", [valid], to=TensorProto.INT32)
+    return mask
 
 
 def _decoder_layers(model: Transformer) -> list[DecoderLayer]:
@@ -269,7 +335,9 @@ def _layer_norm(g: _Graph, name: str, norm: object) -> tuple[str, str, float]:
     return g.weight(f"{name}.weight", norm.weight), g.weight(f"{name}.bias", norm.bias), norm.eps
 
 
-def _model(g: _Graph, model: Transformer, onnx_float: int, opset: int) -> onnx.ModelProto:
+def _model(
+    g: _Graph, model: Transformer, onnx_float: int, opset: int, decoder_cache: DecoderCache
+) -> onnx.ModelProto:
     config = model.config
     n = config.n_decoder_layers
     heads, d_head = config.h, config.d_k
@@ -277,8 +345,9 @@ def _model(g: _Graph, model: Transformer, onnx_float: int, opset: int) -> onnx.M
     source: list[int | str] = [SENTENCE_AXIS, heads, SOURCE_AXIS, d_head]
     types: dict[str, tuple[int, list[int | str]]] = {
         INPUT_IDS: (TensorProto.INT64, [SENTENCE_AXIS, BEAM_AXIS]),
-        POSITION: (TensorProto.INT64, [1]),
+        POSITION: (TensorProto.INT64, [ROW_AXIS]),
         PAST_SEQUENCE_LENGTH: (TensorProto.INT32, [1]),
+        BEAM_ROWS: (TensorProto.INT64, [ROW_AXIS]),
         ENCODER_ATTENTION_MASK: (TensorProto.INT32, [SENTENCE_AXIS, SOURCE_AXIS]),
         CACHE_INDIRECTION: (TensorProto.INT32, [SENTENCE_AXIS, BEAM_AXIS, CAPACITY_AXIS]),
         TOP_K: (TensorProto.INT64, [1]),
@@ -291,7 +360,7 @@ def _model(g: _Graph, model: Transformer, onnx_float: int, opset: int) -> onnx.M
             types[name] = (onnx_float, cache)
         for name in (cross_key(i), cross_value(i)):
             types[name] = (onnx_float, source)
-    inputs, outputs = decoder_step_io(n)
+    inputs, outputs = decoder_step_io(n, decoder_cache)
     graph = helper.make_graph(
         g.nodes,
         "decoder_step",
@@ -304,6 +373,6 @@ def _model(g: _Graph, model: Transformer, onnx_float: int, opset: int) -> onnx.M
         opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)],
         producer_name="transformer-mt export.decoder_step",
     )
-    proto.ir_version = IR_VERSION
+    proto.ir_version = IR_VERSION if opset < GATHER_OPSET else 10  # opset 24 needs IR 10
     onnx.checker.check_model(proto)
     return proto

@@ -59,6 +59,7 @@ from service.bundle import (
     SOURCE_AXIS,
     TOKENIZER_FILE,
     BundleError,
+    DecoderCache,
     Dtype,
     GraphSpec,
     Manifest,
@@ -154,7 +155,9 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
     model.eval()
 
 
-def export_graphs(model: Transformer, directory: Path, opset: int, dtype: Dtype) -> None:
+def export_graphs(
+    model: Transformer, directory: Path, opset: int, dtype: Dtype, cache: DecoderCache
+) -> None:
     """encoder.onnx and decoder_step.onnx of `model` in `dtype` into `directory`.
 
     fp16 converts the traced encoder and builds the decoder step in fp16; int8 quantizes both
@@ -162,7 +165,8 @@ def export_graphs(model: Transformer, directory: Path, opset: int, dtype: Dtype)
     with tempfile.TemporaryDirectory() as tmp:
         traced = directory if dtype == "fp32" else Path(tmp)
         export_encoder(model, traced / ENCODER_FILE, opset)
-        step = build_decoder_step(model, "fp16" if dtype == "fp16" else "fp32", opset=opset)
+        float_type = "fp16" if dtype == "fp16" else "fp32"
+        step = build_decoder_step(model, float_type, cache=cache, opset=opset)
         onnx.save(step, str((directory if dtype != "int8" else traced) / DECODER_STEP_FILE))
         if dtype != "fp32":
             convert_graph(traced / ENCODER_FILE, directory / ENCODER_FILE, dtype)
@@ -226,10 +230,21 @@ def _language(meta: dict[str, Any], key: str, path: Path) -> str:
     return value
 
 
+def default_cache(dtype: Dtype) -> DecoderCache:
+    """fp16 is for GPUs, whose attention kernels read the cache without an indirection."""
+    return "gather" if dtype == "fp16" else "indirection"
+
+
 def export_bundle(
-    checkpoint: str | Path, out: str | Path, *, dtype: Dtype = "fp32", opset: int = DEFAULT_OPSET
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    dtype: Dtype = "fp32",
+    cache: DecoderCache | None = None,
+    opset: int = DEFAULT_OPSET,
 ) -> Manifest:
-    """Write a complete bundle for `checkpoint` into `out` and return its manifest.
+    """Write a complete bundle for `checkpoint` into `out` and return its manifest. `cache`
+    None takes `default_cache(dtype)`: "indirection" runs on the CPU only, "gather" anywhere.
 
     The manifest is removed first and written last, so an interrupted export never leaves a
     directory that loads as a bundle.
@@ -251,7 +266,8 @@ def export_bundle(
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
-    export_graphs(model, out, opset, dtype)
+    cache = default_cache(dtype) if cache is None else cache
+    export_graphs(model, out, opset, dtype, cache)
     shutil.copyfile(checkpoint / TOKENIZER_FILE, out / TOKENIZER_FILE)
 
     n = config.n_decoder_layers
@@ -270,10 +286,11 @@ def export_bundle(
         source_language=source_language,
         target_language=target_language,
         dtype=dtype,
+        decoder_cache=cache,
         opset=opset,
         tokenizer=TOKENIZER_FILE,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
-        decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n)),
+        decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n, cache)),
         files={
             name: file_entry(out / name)
             for name in (ENCODER_FILE, DECODER_STEP_FILE, TOKENIZER_FILE)
@@ -306,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", required=True, type=Path, help="bundle directory (created or overwritten)"
     )
     p.add_argument("--dtype", choices=get_args(Dtype), default="fp32")
+    p.add_argument(
+        "--cache",
+        choices=get_args(DecoderCache),
+        help="how the decoder step's cache follows beams: indirection (CPU only, the default "
+        "for fp32 and int8) or gather (any device; the default for fp16, for GPUs)",
+    )
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = p.parse_args(argv)
@@ -313,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     try:
-        manifest = export_bundle(args.checkpoint, args.out, dtype=args.dtype, opset=args.opset)
+        manifest = export_bundle(
+            args.checkpoint, args.out, dtype=args.dtype, cache=args.cache, opset=args.opset
+        )
     except (FileNotFoundError, ValueError, BundleError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -322,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "bundle": str(args.out),
         "dtype": manifest.dtype,
+        "decoder_cache": manifest.decoder_cache,
         "opset": manifest.opset,
         "seconds": round(seconds, 3),
         "bytes": {name: entry.size for name, entry in manifest.files.items()},

@@ -13,28 +13,36 @@ Layout of a bundle directory (format version 4):
     encoder.onnx       input_ids, attention_mask (N, S) int64 -> memory (N, S, d_model),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
     decoder_step.onnx  one token for each of R = N * G rows: G per sentence (its beams), and a
-                       static key/value cache of C positions per row, written in place:
+                       static key/value cache of C positions per row, bound as both the past
+                       input and the present output (ONNX Runtime IO binding), so each step
+                       writes its key/value in place:
                        input_ids (N, G) int64: row (n, g) is beam g of sentence n,
-                       position (1,) int64 and past_sequence_length (1,) int32: both the step's
-                       position T, the number of positions already cached (the first is read
-                       on the device, by the positional encoding; the second on the host, by
-                       the attention kernels),
+                       position (R,) int64: the step's position T in every row (the number of
+                       positions cached so far),
                        encoder_attention_mask (N, S) int32, 1 on tokens and 0 on padding,
-                       cache_indirection (N, G, C) int32: entry [n, g, t] names the beam of
-                       sentence n whose cache row holds position t of beam g (t < T),
                        top_k (1,) int64,
-                       past_key.{i} / past_value.{i} (R, H, C, Dh): positions 0 .. T - 1 are
-                       valid, the rest is never read,
+                       past_key.{i} / past_value.{i} (R, H, C, Dh),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh), one row per sentence,
-                       shared by its G rows (never copied per beam)
+                       shared by its G rows (never copied per beam),
+                       and, by the manifest's `decoder_cache`:
+                       "indirection" (ONNX Runtime's CPU kernels): past_sequence_length (1,)
+                         int32, T again (read on the host by the attention kernel), and
+                         cache_indirection (N, G, C) int32: entry [n, g, t] names the beam of
+                         sentence n whose row holds position t of beam g (t < T). Beams that
+                         follow their back-pointers rewrite only the indirection; the cache
+                         never moves. Positions >= T are never read.
+                       "gather" (portable: the CUDA choice): beam_rows (R,) int64, the row of
+                         the past each row continues; the graph gathers the cache by it,
+                         writes position T (TensorScatter) and attends over every position
+                         with positions > T masked. All of a step's inputs but top_k are read
+                         on the device, so a step can be captured as one CUDA graph per
+                         shape. Positions >= T must hold finite values (the engine zeroes the
+                         buffers it allocates).
                        -> log_probs (R, V) float32,
                           top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
                           probable next tokens, best first, ties by lower id,
-                          present_key.{i} / present_value.{i} (R, H, C, Dh): the past with
-                          each row's new key/value written at position T. Bound to the same
-                          buffer as the past (ONNX Runtime IO binding), the write is in place:
-                          a step copies no cache, and beams following their back-pointers
-                          only rewrite cache_indirection.
+                          present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
+                          row's new key/value at position T.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
 top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
@@ -61,6 +69,8 @@ ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
 
 Dtype = Literal["fp32", "fp16", "int8"]
+# How the decoder step's static cache follows beams (module docstring).
+DecoderCache = Literal["indirection", "gather"]
 
 # --- Tensor names: the one place they are spelled --------------------------------------------
 
@@ -69,9 +79,10 @@ ATTENTION_MASK = "attention_mask"  # encoder input, (N, S) int64, 1 on tokens an
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask as int32, for every step
 MEMORY = "memory"
 LOG_PROBS = "log_probs"
-POSITION = "position"  # decoder input, (1,) int64: the step's position, for the encoding
+POSITION = "position"  # decoder input, (R,) int64: the step's position
 PAST_SEQUENCE_LENGTH = "past_sequence_length"  # decoder input, (1,) int32: the same position
 CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see the docstring
+BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row continues
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
@@ -128,14 +139,14 @@ def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
     return [INPUT_IDS, ATTENTION_MASK], [MEMORY, *cross_names(n_layers)]
 
 
-def decoder_step_io(n_layers: int) -> tuple[list[str], list[str]]:
-    """(input names, output names) of decoder_step.onnx, in graph order."""
+def decoder_step_io(n_layers: int, cache: DecoderCache) -> tuple[list[str], list[str]]:
+    """(input names, output names) of decoder_step.onnx with this cache, in graph order."""
+    follow = [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION] if cache == "indirection" else [BEAM_ROWS]
     inputs = [
         INPUT_IDS,
         POSITION,
-        PAST_SEQUENCE_LENGTH,
+        *follow,
         ENCODER_ATTENTION_MASK,
-        CACHE_INDIRECTION,
         TOP_K,
         *past_names(n_layers),
         *cross_names(n_layers),
@@ -219,7 +230,8 @@ class Manifest(_Frozen):
     source_language: str
     target_language: str
     dtype: Dtype
-    opset: int
+    decoder_cache: DecoderCache
+    opset: int  # the encoder's; the decoder step's is its graph's own (the gather cache needs 24)
     tokenizer: str
     encoder: GraphSpec
     decoder_step: GraphSpec
@@ -316,7 +328,7 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
     n = manifest.model.decoder_layers
     for graph, (inputs, outputs) in (
         (manifest.encoder, encoder_io(n)),
-        (manifest.decoder_step, decoder_step_io(n)),
+        (manifest.decoder_step, decoder_step_io(n, manifest.decoder_cache)),
     ):
         if graph.input_names != inputs or graph.output_names != outputs:
             raise BundleError(

@@ -49,17 +49,18 @@ from service.bundle import (
 )
 from service.decoding import DecodingOptions, Hypothesis, IntArray, search
 from service.step_state import (
-    MIN_CAPACITY,
     BufferPool,
     StaticCacheState,
     bucket,
     cross_inputs,
+    initial_capacity,
     source_bucket,
 )
 
 log = logging.getLogger(__name__)
 
 Device = Literal["auto", "cpu", "cuda"]
+_ORT_ERROR = 3  # ONNX Runtime's log severity levels: 0 verbose .. 4 fatal
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 
@@ -110,7 +111,12 @@ class Engine:
         self.padded: bool = device_type == "cuda" if padded is None else padded
         self._pool = BufferPool(device_type, device_id)
         # CUDA graphs replay on fixed shapes and addresses: padded batches only.
-        self.cuda_graphs: bool = cuda_graphs and device_type == "cuda" and self.padded
+        self.cuda_graphs: bool = (
+            cuda_graphs
+            and device_type == "cuda"
+            and self.padded
+            and self.manifest.decoder_cache == "gather"
+        )
         self._graph_ids: dict[tuple[int, ...], int] | None = {} if self.cuda_graphs else None
         self._lock = threading.Lock()
 
@@ -129,18 +135,31 @@ class Engine:
     ) -> Engine:
         """Verify the bundle (hashes, tensor names) and open its graphs.
 
-        device "auto" takes CUDA when this ONNX Runtime has it, else the CPU; "cuda" logs a
-        warning when it must fall back to the CPU. `intra_op_threads` None lets ONNX Runtime
-        choose (one per physical core). `intra_op_spinning` lets those threads spin between
+        device "auto" takes CUDA when this ONNX Runtime has it and the bundle's decoder step
+        can run there (its cache is "gather", service/bundle.py), else the CPU; "cuda" logs a
+        warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the
+        CPU only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX
+        Runtime choose (one per physical core). `intra_op_spinning` lets those threads spin between
         kernels instead of sleeping: off by default, because between two decoder steps this
         process runs the search in Python, and spinning threads take the cores it needs (on
         2 cores, spinning made greedy decoding 30-45 % slower). `padded` None pads batches
         on CUDA and compacts them on the CPU (step_state.py); True or False forces one policy.
-        `cuda_graphs` captures each decoder-step shape and position as a CUDA graph and replays
-        it (CUDA and padded batches only; ignored, with a warning, elsewhere).
+        `cuda_graphs` captures each decoder-step shape as a CUDA graph and replays it (CUDA,
+        padded batches and a gather cache only; ignored, with a warning, elsewhere).
         """
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest
+        cuda = device != "cpu" and CUDA_PROVIDER in ort.get_available_providers()
+        if cuda and manifest.decoder_cache == "indirection":
+            if device == "cuda":
+                raise BundleError(
+                    f"{bundle.directory}: its decoder step reads the cache through an "
+                    "indirection, which ONNX Runtime's CUDA kernels do not; export it for CUDA "
+                    "with `python -m export ... --cache gather` (or --dtype fp16), or run it "
+                    "with device cpu"
+                )
+            log.info("%s: its decoder step runs on the CPU only; using the CPU", bundle.directory)
+            device = "cpu"
         tokenizer = Tokenizer.from_file(str(bundle.path(manifest.tokenizer)))
         # Not stored in tokenizer.json: without it a user could type "</s>" and end the input.
         tokenizer.encode_special_tokens = True
@@ -150,9 +169,17 @@ class Engine:
                 f"the model has {manifest.model.vocab_size}"
             )
         options = _session_options(intra_op_threads, intra_op_spinning)
+        step_options = _session_options(intra_op_threads, intra_op_spinning)
+        if manifest.decoder_cache == "gather":
+            # TensorScatter warns at every step that it copies the gathered cache into the
+            # bound present (which is the point); errors still reach the log.
+            step_options.log_severity_level = _ORT_ERROR
         sessions = [
-            _open_graph(bundle, graph.file, options, _providers(device, device_id, graphs))
-            for graph, graphs in ((manifest.encoder, False), (manifest.decoder_step, cuda_graphs))
+            _open_graph(bundle, graph.file, graph_options, _providers(device, device_id, graphs))
+            for graph, graph_options, graphs in (
+                (manifest.encoder, options, False),
+                (manifest.decoder_step, step_options, cuda_graphs),
+            )
         ]
         for graph, session in zip((manifest.encoder, manifest.decoder_step), sessions, strict=True):
             bundle.check_graph_io(
@@ -171,7 +198,10 @@ class Engine:
         )
         _log_placement(engine, device, manifest.dtype)
         if cuda_graphs and not engine.cuda_graphs:
-            log.warning("%s: CUDA graphs need CUDA and padded batches; not used", engine.name)
+            log.warning(
+                "%s: CUDA graphs need CUDA, padded batches and a gather cache; not used",
+                engine.name,
+            )
         return engine
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -253,7 +283,7 @@ class Engine:
             attention_mask,
             sentences=n,
             beam_size=options.beam_size,
-            capacity=limit if padded else min(limit, MIN_CAPACITY),
+            capacity=initial_capacity(limit, length),
             padded=padded,
             graph_ids=self._graph_ids,
         )
@@ -273,7 +303,7 @@ class Engine:
         dims = self.manifest.model
         dtype = np.dtype(self.manifest.encoder.tensor(names[0]).dtype)
         shape = (input_ids.shape[0], dims.heads, input_ids.shape[1], dims.d_head)
-        cross = {name: self._pool.device(name, shape, dtype) for name in names}
+        cross = {name: self._pool.buffer(name, shape, dtype) for name in names}
         for name, value in cross.items():
             binding.bind_ortvalue_output(name, value)
         self._encoder.run_with_iobinding(binding)
@@ -332,6 +362,12 @@ def _log_placement(engine: Engine, device: Device, dtype: str) -> None:
         )
     if dtype == "fp16" and engine.provider == CPU_PROVIDER:
         log.warning("%s: an fp16 bundle on the CPU is slow; use the fp32 or int8 one", engine.name)
+    elif engine.manifest.decoder_cache == "gather" and engine.provider == CPU_PROVIDER:
+        log.warning(
+            "%s: a gather cache on the CPU copies the cache at every step; export with "
+            "--cache indirection for the CPU",
+            engine.name,
+        )
     if dtype == "int8" and engine.provider == CUDA_PROVIDER:
         log.warning("%s: int8 bundles are made for the CPU; use fp16 on CUDA", engine.name)
     log.info(

@@ -46,6 +46,11 @@ class Settings(BaseSettings):
         description="let intra-op threads spin between kernels (off: they would take the cores "
         "the search needs between decoder steps)",
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="capture each decoder-step shape and position as a CUDA graph and replay it "
+        "(CUDA only; not yet measured, see the README)",
+    )
 
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address uvicorn binds")

@@ -18,6 +18,7 @@ from model.transformer import (
     load_model,
 )
 from service.bundle import (
+    BEAM_ROWS,
     CACHE_INDIRECTION,
     DECODER_STEP_FILE,
     ENCODER_ATTENTION_MASK,
@@ -87,7 +88,8 @@ def test_sentence_beam_source_and_capacity_axes_are_dynamic(fp32_bundle: Path) -
     assert step.tensor(past_key(0)).shape == ["rows", h, "capacity", dh]
     assert step.tensor(present_value(1)).shape == ["rows", h, "capacity", dh]
     assert step.tensor(CACHE_INDIRECTION).shape == ["sentences", "beams", "capacity"]
-    assert step.tensor(POSITION).shape == step.tensor(PAST_SEQUENCE_LENGTH).shape == [1]
+    assert step.tensor(POSITION).shape == ["rows"]
+    assert step.tensor(PAST_SEQUENCE_LENGTH).shape == [1]  # read on the host
     assert step.tensor(LOG_PROBS).shape == ["rows", v]
     assert step.tensor(LOG_PROBS).dtype == "float32"
     assert step.tensor(TOP_LOG_PROBS).shape == ["rows", "top_k"]
@@ -109,7 +111,7 @@ def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
     cache = {name: rng.normal(size=shape).astype(np.float32) for name in past_names(n)}
     feeds = {
         INPUT_IDS: np.array([[5, 9, 7], [11, 5, 8]], dtype=np.int64),  # (N, G)
-        POSITION: np.array([t], dtype=np.int64),
+        POSITION: np.full(sentences * beams, t, dtype=np.int64),
         PAST_SEQUENCE_LENGTH: np.array([t], dtype=np.int32),
         ENCODER_ATTENTION_MASK: np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=np.int32),
         TOP_K: np.array([5], dtype=np.int64),
@@ -142,6 +144,48 @@ def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
     )
 
 
+def test_the_gather_step_reorders_by_beam_rows_and_masks_later_positions(
+    gather_bundle: Path,
+) -> None:
+    """beam_rows gives what the rows copied on the host would give; the step writes position T
+    of each row (over its gathered past) and nothing else; positions after T, whatever finite
+    values they hold, change nothing."""
+    manifest = load_bundle(gather_bundle).manifest
+    assert manifest.decoder_cache == "gather"
+    dims, n = manifest.model, manifest.model.decoder_layers
+    session = ort.InferenceSession(str(gather_bundle / DECODER_STEP_FILE))
+    rng = np.random.default_rng(1)
+    sentences, beams, capacity, t = 2, 2, 6, 3
+    rows = sentences * beams
+    cache = {
+        name: rng.normal(size=(rows, dims.heads, capacity, dims.d_head)).astype(np.float32)
+        for name in past_names(n)
+    }
+    feeds = {
+        INPUT_IDS: np.array([[5, 9], [11, 5]], dtype=np.int64),
+        POSITION: np.full(rows, t, dtype=np.int64),
+        ENCODER_ATTENTION_MASK: np.array([[1, 1, 1], [1, 1, 0]], dtype=np.int32),
+        TOP_K: np.array([4], dtype=np.int64),
+        **{
+            name: rng.normal(size=(sentences, dims.heads, 3, dims.d_head)).astype(np.float32)
+            for name in cross_names(n)
+        },
+    }
+    beam_rows = np.array([1, 1, 2, 3], dtype=np.int64)  # sentence 0's beams both continue beam 1
+    gathered = {name: value.copy() for name, value in cache.items()}
+    out = run_step(session, {**feeds, BEAM_ROWS: beam_rows}, gathered, n)
+    on_host = {name: value[beam_rows].copy() for name, value in cache.items()}
+    for value in on_host.values():
+        value[:, :, t + 1 :] = 1e3  # masked: never attended
+    expected = run_step(session, {**feeds, BEAM_ROWS: np.arange(rows)}, on_host, n)
+    for name in out:
+        np.testing.assert_allclose(out[name], expected[name], atol=1e-5, err_msg=name)
+    for name, value in gathered.items():
+        np.testing.assert_array_equal(value[:, :, :t], cache[name][beam_rows, :, :t])
+        np.testing.assert_array_equal(value[:, :, t], on_host[name][:, :, t])
+        np.testing.assert_array_equal(value[:, :, t + 1 :], cache[name][beam_rows, :, t + 1 :])
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "int8", "fp16"])
 def test_export_is_deterministic(
     dtype: Dtype, tiny_checkpoint: Path, tmp_path: Path, request: pytest.FixtureRequest
@@ -165,7 +209,7 @@ def test_recorded_bleu_goes_into_provenance(tiny_checkpoint: Path, tmp_path: Pat
 def test_export_leaves_the_model_in_eval_mode(tiny_checkpoint: Path, tmp_path: Path) -> None:
     # torch.onnx.export restores the wrapper's (training) mode, and with it the model's.
     model = load_model(tiny_checkpoint)
-    export_graphs(model, tmp_path, 17, "fp32")
+    export_graphs(model, tmp_path, 17, "fp32", "indirection")
     assert not any(module.training for module in model.modules())
 
 

@@ -44,7 +44,11 @@ def _sources(ort_bundle: OrtBundle, lines: list[str]) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     ("bundle_name", "checkpoint_name"),
-    [("fp32_bundle", "tiny_checkpoint"), ("eos_bundle", "eos_checkpoint")],
+    [
+        ("fp32_bundle", "tiny_checkpoint"),
+        ("eos_bundle", "eos_checkpoint"),
+        ("eos_gather_bundle", "eos_checkpoint"),
+    ],
 )
 def test_parity_on_real_sentences(
     bundle_name: str, checkpoint_name: str, val_src: list[str], request: pytest.FixtureRequest
@@ -129,7 +133,7 @@ def test_decoder_step_for_any_shape(
         buffers[name][:, :, :past] = value
     feeds = {
         INPUT_IDS: tokens.reshape(sentences, group).numpy(),
-        POSITION: np.array([past], dtype=np.int64),
+        POSITION: np.full(batch, past, dtype=np.int64),
         PAST_SEQUENCE_LENGTH: np.array([past], dtype=np.int32),
         ENCODER_ATTENTION_MASK: (src != 0).int().numpy(),
         CACHE_INDIRECTION: np.ascontiguousarray(

@@ -31,15 +31,17 @@ SENTENCES = 300
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 and fp16 for CUDA (the gather cache), and the CPU's own fp32 bundle."""
     out = tmp_path_factory.mktemp("shipped")
-    for dtype in ("fp32", "fp16"):
-        export_bundle(SHIPPED, out / dtype, dtype=dtype)  # type: ignore[arg-type]
-    return {dtype: out / dtype for dtype in ("fp32", "fp16")}
+    export_bundle(SHIPPED, out / "fp32", cache="gather")
+    export_bundle(SHIPPED, out / "fp16", dtype="fp16")
+    export_bundle(SHIPPED, out / "cpu")
+    return {name: out / name for name in ("fp32", "fp16", "cpu")}
 
 
 @pytest.fixture(scope="module")
 def sources(bundles: dict[str, Path], multi30k: Path) -> list[list[int]]:
-    engine = Engine.load(bundles["fp32"], device="cpu", intra_op_threads=2)
+    engine = Engine.load(bundles["cpu"], device="cpu", intra_op_threads=2)
     return engine.encode(read_lines(multi30k / "val.en.gz")[:SENTENCES])
 
 
@@ -55,7 +57,7 @@ def _agreement(a: list[list[Hypothesis]], b: list[list[Hypothesis]]) -> float:
 def test_cuda_gives_the_cpu_tokens(
     bundles: dict[str, Path], sources: list[list[int]], beam: int
 ) -> None:
-    cpu = Engine.load(bundles["fp32"], device="cpu", intra_op_threads=2)
+    cpu = Engine.load(bundles["cpu"], device="cpu", intra_op_threads=2)
     cuda = Engine.load(bundles["fp32"], device="cuda", max_batch_size=32)
     assert cuda.provider == CUDA_PROVIDER and cuda.padded
     assert _agreement(_decode(cuda, sources, beam), _decode(cpu, sources, beam)) >= 0.99
@@ -66,8 +68,8 @@ def test_cuda_gives_the_cpu_tokens(
 def test_cuda_graphs_on_equal_off(
     bundles: dict[str, Path], sources: list[list[int]], dtype: str, beam: int
 ) -> None:
-    """Each batch shape and position is captured after two plain runs of it; three passes
-    make the third replay what the first two ran."""
+    """Each step shape runs plainly first, is captured next and replayed after that: three
+    passes over the same batches capture and replay every shape."""
     off = Engine.load(bundles[dtype], device="cuda", max_batch_size=32)
     on = Engine.load(bundles[dtype], device="cuda", max_batch_size=32, cuda_graphs=True)
     assert on.cuda_graphs and not off.cuda_graphs
@@ -80,6 +82,6 @@ def test_cuda_graphs_on_equal_off(
 def test_fp16_stays_close_to_fp32(
     bundles: dict[str, Path], sources: list[list[int]], beam: int
 ) -> None:
-    fp32 = Engine.load(bundles["fp32"], device="cpu", intra_op_threads=2)
+    fp32 = Engine.load(bundles["cpu"], device="cpu", intra_op_threads=2)
     fp16 = Engine.load(bundles["fp16"], device="cuda", max_batch_size=32)
     assert _agreement(_decode(fp16, sources, beam), _decode(fp32, sources, beam)) >= 0.98

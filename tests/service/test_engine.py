@@ -18,6 +18,7 @@ import pytest
 from model.search import generate
 from model.transformer import load_model
 from service import translate
+from service.bundle import BundleError
 from service.decoding import DecodingOptions, Hypothesis
 from service.engine import CPU_PROVIDER, Engine, InputTooLongError
 
@@ -53,11 +54,18 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize(("beam_size", "num_hypotheses"), [(1, 1), (4, 2)])
 # Compacted batches (the CPU's policy) of 8, and padded ones (CUDA's) of 6: padded to 8 sentences
-# and to a multiple of 8 source positions, with finished rows staying in the batch.
-@pytest.mark.parametrize(("padded", "batch_size"), [(False, 8), (True, 6)])
+# and to a multiple of 8 source positions, with finished rows staying in the batch. The gather
+# bundles are the CUDA graphs (service/bundle.py), here on the CPU.
 @pytest.mark.parametrize(
-    ("bundle_name", "checkpoint_name"),
-    [("eos_bundle", "eos_checkpoint"), ("fp32_bundle", "tiny_checkpoint")],
+    ("bundle_name", "checkpoint_name", "padded", "batch_size"),
+    [
+        ("eos_bundle", "eos_checkpoint", False, 8),
+        ("eos_bundle", "eos_checkpoint", True, 6),
+        ("eos_gather_bundle", "eos_checkpoint", True, 6),
+        ("eos_gather_bundle", "eos_checkpoint", False, 8),
+        ("fp32_bundle", "tiny_checkpoint", False, 8),
+        ("gather_bundle", "tiny_checkpoint", True, 6),
+    ],
 )
 def test_engine_equals_the_torch_reference(
     bundle_name: str,
@@ -70,8 +78,9 @@ def test_engine_equals_the_torch_reference(
     request: pytest.FixtureRequest,
 ) -> None:
     """The eos model stops at varied lengths (rows leave the batch), the plain one at
-    max_positions ("length"); equal batch sizes make the engine and torch sort and split alike.
-    Padding (sentences, source positions, finished rows) never changes an output."""
+    max_positions ("length", past the first cache capacity of short sources); equal batch sizes
+    make the engine and torch sort and split alike. Padding (sentences, source positions,
+    finished rows) never changes an output, nor does the way beams follow the cache."""
     engine = Engine.load(
         request.getfixturevalue(bundle_name),
         device="cpu",
@@ -93,7 +102,7 @@ def test_engine_equals_the_torch_reference(
     for n, m in zip(ours, expected, strict=True):
         assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)
     reasons = {h.finish_reason for n in ours for h in n}
-    if bundle_name == "eos_bundle":
+    if checkpoint_name == "eos_checkpoint":
         assert "eos" in reasons
         assert len({len(n[0].ids) for n in ours}) > 3  # varied lengths
     else:
@@ -112,6 +121,21 @@ def test_cuda_asked_for_without_cuda_falls_back_to_cpu_with_a_warning(
     assert len(warnings) == 1 and "running on the CPU" in warnings[0].getMessage()
     [[(text, hyp)]] = engine.translate(["A dog runs."], DecodingOptions(max_decoding_length=5))
     assert len(hyp.ids) == 5 and isinstance(text, str)
+
+
+def test_a_cpu_only_decoder_step_is_kept_off_cuda(
+    fp32_bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The indirection cache's attention kernel is CPU-only: asked for CUDA explicitly, the
+    engine refuses it with the export that makes one for CUDA; on "auto" it takes the CPU."""
+    available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    with pytest.raises(BundleError, match="--cache gather"):
+        Engine.load(fp32_bundle, device="cuda")
+    with caplog.at_level(logging.INFO, logger="service.engine"):
+        engine = Engine.load(fp32_bundle, intra_op_threads=1)
+    assert engine.provider == CPU_PROVIDER
+    assert any("runs on the CPU only" in r.getMessage() for r in caplog.records)
 
 
 def test_auto_picks_the_cpu_without_a_warning(
