@@ -283,7 +283,7 @@ class Engine:
             attention_mask,
             sentences=n,
             beam_size=options.beam_size,
-            capacity=initial_capacity(limit, length),
+            capacity=initial_capacity(limit, length, padded),
             padded=padded,
             graph_ids=self._graph_ids,
         )
