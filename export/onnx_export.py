@@ -37,13 +37,10 @@ from torch import Tensor, nn
 from export.quantize import convert_graph
 from model.tokenizer import load_tokenizer
 from model.transformer import (
-    BOS_ID,
     CONFIG_FILE,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
     WEIGHTS_FILE,
     DecoderCache,
+    ModelConfig,
     Transformer,
     load_model,
 )
@@ -74,6 +71,7 @@ from service.bundle import (
     Manifest,
     ModelDims,
     Provenance,
+    SentencePieceFiles,
     SpecialIds,
     TensorSpec,
     cross_names,
@@ -83,7 +81,9 @@ from service.bundle import (
     past_names,
     present_names,
     sha256_file,
+    tokenizer_files,
 )
+from service.tokenizer import SentencePieceTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -153,25 +153,31 @@ class DecoderStepGraph(nn.Module):
         return (log_probs, top_log_probs, top_ids, *_interleave(cache.self_k, cache.self_v))
 
 
-def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """Deterministic ids, a mask with a padded row, and a past of length _DUMMY_PAST with
-    _DUMMY_PAST_BATCH rows (the decoder gathers len(_DUMMY_CACHE_INDEX) of them)."""
+def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """Deterministic source ids, a mask with a padded row, target tokens (3 rows a sentence),
+    and a past of length _DUMMY_PAST with _DUMMY_PAST_BATCH rows (the decoder gathers
+    len(_DUMMY_CACHE_INDEX) of them)."""
     config = model.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
-        UNK_ID + 1, config.vocab_size, (_DUMMY_SENTENCES, _DUMMY_SOURCE), generator=generator
-    )  # (B, S)
-    ids[1, -2:] = PAD_ID
-    mask = (ids != PAD_ID).long()  # (B, S)
-    shape = (_DUMMY_PAST_BATCH, config.h, _DUMMY_PAST, config.d_k)  # (P, H, T, Dh)
-    past = [torch.randn(shape, generator=generator) for _ in range(2 * config.n_decoder_layers)]
-    return ids, mask, past
+        0, config.vocab_size, (_DUMMY_SENTENCES, _DUMMY_SOURCE), generator=generator
+    )  # (N, S)
+    mask = torch.ones_like(ids)  # (N, S)
+    ids[1, -2:], mask[1, -2:] = config.pad_id, 0
+    tokens = torch.randint(
+        0, config.decoder_vocab_size, (len(_DUMMY_CACHE_INDEX), 1), generator=generator
+    )  # (B, 1)
+    past_shape = (_DUMMY_PAST_BATCH, config.h, _DUMMY_PAST, config.d_k)  # (P, H, T, Dh)
+    past = [
+        torch.randn(past_shape, generator=generator) for _ in range(2 * config.n_decoder_layers)
+    ]
+    return ids, mask, tokens, past
 
 
 def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
     """Trace the fp32 encoder and decoder-step graphs into `directory`."""
     n = model.config.n_decoder_layers
-    ids, mask, past = _dummy_inputs(model)
+    ids, mask, tokens, past = _dummy_inputs(model)
     encoder = EncoderGraph(model).eval()
     decoder = DecoderStepGraph(model).eval()
     with torch.no_grad():
@@ -208,7 +214,7 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
             (
                 decoder,
                 (
-                    ids.reshape(-1, 1)[: len(_DUMMY_CACHE_INDEX)],  # (6, 1): 3 rows a sentence
+                    tokens,
                     mask,
                     torch.tensor(_DUMMY_CACHE_INDEX),
                     torch.tensor([_DUMMY_TOP_K]),
@@ -284,6 +290,30 @@ def _recorded_bleu(config: dict[str, Any]) -> float | None:
     return None
 
 
+def _special_ids(config: ModelConfig) -> SpecialIds:
+    return SpecialIds(pad=config.pad_id, bos=config.bos_id, eos=config.eos_id, unk=config.unk_id)
+
+
+def _checkpoint_tokenizer(
+    checkpoint: Path, meta: dict[str, Any], config: ModelConfig
+) -> str | SentencePieceFiles:
+    """The checkpoint's tokenizer as the manifest names it, checked against the model: this
+    project's tokenizer.json, or the SentencePiece files config.json lists (an imported Marian
+    model, see model/import_marian.py)."""
+    if "tokenizer" not in meta:
+        tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
+        if tokenizer.get_vocab_size() != config.vocab_size:
+            raise ValueError(
+                f"{checkpoint / TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens, the "
+                f"model {config.vocab_size}"
+            )
+        return TOKENIZER_FILE
+    files = SentencePieceFiles.model_validate(meta["tokenizer"])
+    vocab_sizes = (config.vocab_size, config.decoder_vocab_size)
+    SentencePieceTokenizer(checkpoint, files, _special_ids(config), vocab_sizes)  # loads: checks
+    return files
+
+
 def _language(meta: dict[str, Any], key: str, path: Path) -> str:
     """The service routes requests by these codes, so a bundle without them is useless."""
     value = meta.get(key)
@@ -308,12 +338,8 @@ def export_bundle(
         _language(meta, key, checkpoint / CONFIG_FILE)
         for key in ("source_language", "target_language")
     )
-    tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(
-            f"{checkpoint / TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens, the model "
-            f"{config.vocab_size}"
-        )
+    tokenizer = _checkpoint_tokenizer(checkpoint, meta, config)
+    files = tokenizer_files(tokenizer)
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
@@ -323,7 +349,8 @@ def export_bundle(
         if dtype != "fp32":
             for file in (ENCODER_FILE, DECODER_STEP_FILE):
                 convert_graph(fp32_dir / file, out / file, dtype)
-    shutil.copyfile(checkpoint / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    for name in files:
+        shutil.copyfile(checkpoint / name, out / name)
 
     n = config.n_decoder_layers
     manifest = Manifest(
@@ -336,19 +363,18 @@ def export_bundle(
             d_head=config.d_k,
             vocab_size=config.vocab_size,
             max_positions=config.max_positions,
+            target_vocab_size=config.target_vocab_size,
         ),
-        special_ids=SpecialIds(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, unk=UNK_ID),
+        special_ids=_special_ids(config),
         source_language=source_language,
         target_language=target_language,
+        target_tokens=meta.get("target_tokens", {}),
         dtype=dtype,
         opset=opset,
-        tokenizer=TOKENIZER_FILE,
+        tokenizer=tokenizer,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
         decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n)),
-        files={
-            name: file_entry(out / name)
-            for name in (ENCODER_FILE, DECODER_STEP_FILE, TOKENIZER_FILE)
-        },
+        files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),
             checkpoint_sha256=sha256_file(checkpoint / WEIGHTS_FILE),
@@ -371,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint",
         required=True,
         type=Path,
-        help="config.json + model.safetensors + tokenizer.json",
+        help="config.json + model.safetensors + tokenizer.json (or an imported Marian model's "
+        "SentencePiece files)",
     )
     p.add_argument(
         "--out", required=True, type=Path, help="bundle directory (created or overwritten)"

@@ -41,7 +41,6 @@ from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
 from service.bundle import (
     ATTENTION_MASK,
@@ -61,6 +60,7 @@ from service.bundle import (
     present_names,
 )
 from service.decoding import DecodingOptions, FloatArray, Hypothesis, IntArray, search
+from service.tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Engine:
     def __init__(
         self,
         bundle: Bundle,
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         encoder: ort.InferenceSession,
         decoder_step: ort.InferenceSession,
         *,
@@ -107,7 +107,14 @@ class Engine:
         # The checkpoint's name is shared by its fp32/fp16/int8 bundles.
         self.name: str = checkpoint_name or bundle.directory.resolve().name
         self.source_language: str = self.manifest.source_language
-        self.target_language: str = self.manifest.target_language
+        self.target_languages: tuple[str, ...] = tuple(self.manifest.target_languages)
+        # A multi-target model reads the target's token (">>fra<<") first: the source's prefix.
+        self._prefixes: dict[str, list[int]] = {}
+        for language, token in self.manifest.target_tokens.items():
+            token_id = tokenizer.token_id(token)
+            if token_id is None:
+                raise BundleError(f"{bundle.directory}: the tokenizer has no token {token!r}")
+            self._prefixes[language] = [token_id]
         self.max_input_tokens: int = self.manifest.model.max_positions
         self.provider: str = decoder_step.get_providers()[0]
         self.max_batch_size = max_batch_size
@@ -148,14 +155,7 @@ class Engine:
             raise ValueError(f"io_binding must be 'auto', 'on' or 'off', got {io_binding!r}")
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest
-        tokenizer = Tokenizer.from_file(str(bundle.path(manifest.tokenizer)))
-        # Not stored in tokenizer.json: without it a user could type "</s>" and end the input.
-        tokenizer.encode_special_tokens = True
-        if tokenizer.get_vocab_size() != manifest.model.vocab_size:
-            raise BundleError(
-                f"{bundle.path(manifest.tokenizer)}: {tokenizer.get_vocab_size()} tokens, "
-                f"the model has {manifest.model.vocab_size}"
-            )
+        tokenizer = load_tokenizer(bundle)
         options = session_options(intra_op_threads, intra_op_spinning)
         providers = _providers(device, device_id)
         sessions = [
@@ -179,15 +179,20 @@ class Engine:
         _log_placement(engine, device, manifest.dtype)
         return engine
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids + </s> per text; [] for empty or whitespace-only text (nothing to run)."""
-        eos = self.manifest.special_ids.eos
-        # The engine appends </s> itself, whatever post-processor a tokenizer file may carry.
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        return [[*e.ids, eos] if e.ids else [] for e in encodings]
+    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+        """Token ids + </s> per text, after the target's token for a multi-target model; [] for
+        empty or whitespace-only text (nothing to run). `target` None: the only target."""
+        if target is None and len(self.target_languages) == 1:
+            target = self.target_languages[0]
+        if target not in self.target_languages:
+            raise ValueError(
+                f"{self.name} translates into {', '.join(self.target_languages)}, not {target}"
+            )
+        prefix = self._prefixes.get(target, [])
+        return [[*prefix, *ids] if ids else [] for ids in self._tokenizer.encode(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self._tokenizer.decode(ids)
 
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
@@ -318,7 +323,7 @@ class _OrtDecoderState:
         attention_mask: IntArray,
     ) -> None:
         self.session, self.placement, self.cross = session, placement, cross
-        self.vocab_size = manifest.model.vocab_size
+        self.vocab_size = manifest.model.output_vocab_size
         self.past_names = past_names(manifest.model.decoder_layers)
         # present i is fed back as past i: present_names lists them in past_names order.
         self.output_names = [TOP_LOG_PROBS, TOP_IDS, *present_names(manifest.model.decoder_layers)]
@@ -416,7 +421,7 @@ def _log_placement(engine: Engine, device: Device, dtype: str) -> None:
         engine.name,
         dtype,
         engine.source_language,
-        engine.target_language,
+        ", ".join(engine.target_languages),
         engine.provider,
         "on" if engine.io_binding else "off",
     )
