@@ -19,17 +19,13 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from service.api import (
-    BodyLimitMiddleware,
-    HttpMetricsMiddleware,
-    Runtime,
-    TranslationModel,
-    libretranslate_router,
-    router,
-)
+from service.api import router
 from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, sha256_file
 from service.errors import ErrorRenderer, install_error_handlers
+from service.http import BodyLimitMiddleware, HttpMetricsMiddleware
+from service.libretranslate import libretranslate_router
 from service.metrics import Metrics
+from service.pipeline import Runtime, TranslationModel
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -39,14 +39,15 @@ class FakeModel:
     ) -> None:
         self.name = f"fake-{source}-{target}"
         self.source_language = source
-        self.target_language = target
+        self.target_languages = (target,)
         self.max_input_tokens = max_input_tokens
         self.provider = "FakeProvider"
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()  # set when a generate call starts
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+        assert target in (None, *self.target_languages)
         return [[ord(c) for c in text] + [EOS] if text.strip() else [] for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
