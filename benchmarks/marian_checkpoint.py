@@ -66,7 +66,7 @@ def _randomize(model: MarianMTModel, generator: torch.Generator) -> None:
     transformers' initialisation (std 0.02) leaves the output to the logits' bias: every source
     gets the same tokens, and no search ever ends. Unit-variance products, small embeddings
     (so the positions matter), a </s> embedding four times longer than the rest and a random
-    final_logits_bias give different outputs per source; with some seeds (6 for the tests'
+    final_logits_bias give different outputs per source; with some seeds (0 for the tests'
     model) some end with </s> after a few tokens and others run to the length limit, in greedy
     and beam search alike.
     """
@@ -81,6 +81,9 @@ def _randomize(model: MarianMTModel, generator: torch.Generator) -> None:
             if "embed_tokens" in name or name.endswith("shared.weight"):
                 parameter.copy_(normal(parameter.shape, 0.05))
                 parameter[0] *= 4.0  # </s>
+                # The pad token (the last) starts the decoder; converted OPUS-MT checkpoints
+                # give it a zero embedding, as Marian starts from a zero vector.
+                parameter[-1] = 0.0
             elif "layer_norm" in name and name.endswith("weight"):
                 parameter.copy_(1.0 + normal(parameter.shape, 0.2))
             elif parameter.dim() == 2:

@@ -122,7 +122,7 @@ def val_ref(multi30k: Path) -> list[str]:
 MARIAN_LINES = 3000  # training lines per SentencePiece model
 # With this seed the en-de model's greedy and beam searches end with </s> at varied lengths on
 # the val sentences as well as at the length limit (tests/model/test_import_marian.py checks).
-MARIAN_SEED = 6
+MARIAN_SEED = 0
 
 
 @pytest.fixture(scope="session")
