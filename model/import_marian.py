@@ -16,7 +16,8 @@ sqrt(d_model), tied output projection) with these differences, each a ModelConfi
   PositionalEmbedding), not interleaved;
 - a bias on the output logits (final_logits_bias);
 - special ids from its vocab.json: eos 0, unk 1, and pad = the decoder's start token (the last
-  id); the pad token is never generated (the checkpoint's bad_words_ids);
+  id); the pad token is never generated (the checkpoint's bad_words_ids, with or without its
+  renormalize_logits);
 - a separate target vocabulary and embedding when share_encoder_decoder_embeddings is false;
 - and its own max positions (512) and embedding scale flag.
 Anything else (another architecture, a config field or tensor this mapping does not know, a
@@ -65,7 +66,7 @@ _MAPPED = {
     "num_hidden_layers", "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
     "decoder_ffn_dim", "activation_function", "max_position_embeddings", "scale_embedding",
     "share_encoder_decoder_embeddings", "pad_token_id", "eos_token_id", "decoder_start_token_id",
-    "bad_words_ids", "architectures", "model_type",
+    "bad_words_ids", "renormalize_logits", "architectures", "model_type",
 }  # fmt: skip
 # Fields whose other values describe a model that is not Marian's (several of them are BART
 # flags that transformers' MarianMTModel ignores: a checkpoint setting them would not run as
@@ -89,7 +90,6 @@ _NEUTRAL = {
     "encoder_repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
-    "renormalize_logits": False,
     "forced_bos_token_id": None,
     "suppress_tokens": None,
     "begin_suppress_tokens": None,
@@ -112,6 +112,7 @@ _IGNORED = {
     "output_past", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "num_beams",
     "early_stopping", "length_penalty", "num_return_sequences", "do_sample", "temperature",
     "top_k", "top_p", "typical_p", "forced_eos_token_id", "remove_invalid_values", "max_time",
+    "extra_pos_embeddings", "unk_token_id",
 }  # fmt: skip
 
 # transformers' tensor names, per layer, -> model/transformer.py's.
@@ -191,6 +192,7 @@ def import_marian(
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would stay with the checkpoint
     try:
         save_model(model, tmp, meta)
         for name in tokenizer.files.files:
@@ -279,22 +281,23 @@ def _model_config(
             f"{path}: shared embeddings with vocab_size {vocab_size} but decoder_vocab_size "
             f"{decoder_vocab}"
         )
-    if values.get("num_hidden_layers", values.get("encoder_layers")) != values.get(
-        "encoder_layers"
-    ):
+    layers = values.get("encoder_layers")
+    if values.get("num_hidden_layers", layers) != layers:  # transformers' alias of encoder_layers
         raise UnsupportedCheckpoint(f"{path}: num_hidden_layers differs from encoder_layers")
-    bad_words = generation.get("bad_words_ids", values.get("bad_words_ids")) or []
+    decoding = {**values, **generation}  # transformers reads generation_config.json first
+    bad_words = decoding.get("bad_words_ids") or []
     if not all(isinstance(words, list) and len(words) == 1 for words in bad_words):
         raise UnsupportedCheckpoint(
             f"{path}: bad_words_ids {bad_words} bans sequences of tokens; only single tokens "
             "are supported"
         )
     pad_id = _int(values, "pad_token_id", path)
-    d_model = _int(values, "d_model", path)
+    # transformers starts from the pad token when no start token is given
+    start = {"decoder_start_token_id": pad_id, **values}
     try:
         return ModelConfig(
             vocab_size=vocab_size,
-            d_model=d_model,
+            d_model=_int(values, "d_model", path),
             d_ff=pair("encoder_ffn_dim", "decoder_ffn_dim"),
             h=pair("encoder_attention_heads", "decoder_attention_heads"),
             n_encoder_layers=_int(values, "encoder_layers", path),
@@ -307,10 +310,11 @@ def _model_config(
             target_vocab_size=None if shared else decoder_vocab,
             output_bias=True,
             pad_id=pad_id,
-            bos_id=int(values.get("decoder_start_token_id", pad_id)),
+            bos_id=_int(start, "decoder_start_token_id", path),
             eos_id=_int(values, "eos_token_id", path),
             unk_id=unk_id,
             suppressed_ids=tuple(sorted({words[0] for words in bad_words})),
+            renormalize_suppressed=bool(decoding.get("renormalize_logits", False)),
         )
     except ValueError as e:
         raise UnsupportedCheckpoint(f"{path}: {e}") from e

@@ -68,8 +68,10 @@ class ModelConfig:
     unk_id: int = UNK_ID
     # Target tokens a translation never contains (Marian: the pad token, also its start token):
     # their log-prob is -inf in decode_step, after the log-softmax, as transformers applies a
-    # checkpoint's bad_words_ids.
+    # checkpoint's bad_words_ids; with renormalize_suppressed, before it (transformers'
+    # renormalize_logits), so that the other tokens' probabilities sum to 1.
     suppressed_ids: tuple[int, ...] = ()
+    renormalize_suppressed: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.h != 0:
@@ -439,12 +441,15 @@ class Transformer(nn.Module):
         return logits if self.output_bias is None else logits + self.output_bias
 
     def next_token_log_probs(self, logits: Tensor) -> Tensor:
-        """(..., V) logits -> log-probs for decoding: the suppressed ids get -inf after the
-        log-softmax, so the others keep their values (transformers' bad_words_ids do the same)."""
-        log_probs = logits.float().log_softmax(dim=-1)
+        """(..., V) logits -> log-probs for decoding, the suppressed ids at -inf: set after the
+        log-softmax, the others keep their values (transformers' bad_words_ids); set before it
+        (renormalize_suppressed), the others share the suppressed ids' probability."""
+        logits = logits.float()
         if not self.config.suppressed_ids:
-            return log_probs
-        return log_probs.masked_fill(self.suppressed, -math.inf)
+            return logits.log_softmax(dim=-1)
+        if self.config.renormalize_suppressed:
+            return logits.masked_fill(self.suppressed, -math.inf).log_softmax(dim=-1)
+        return logits.log_softmax(dim=-1).masked_fill(self.suppressed, -math.inf)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder: tgt_in (B, T) -> logits (B, T, V).

@@ -231,10 +231,10 @@ class Engine:
         return results
 
     def translate(
-        self, texts: Sequence[str], options: DecodingOptions
+        self, texts: Sequence[str], options: DecodingOptions, target: str | None = None
     ) -> list[list[tuple[str, Hypothesis]]]:
         """encode -> generate -> decode: (text, hypothesis) n-best lists in the input order."""
-        nbest = self.generate(self.encode(texts), options)
+        nbest = self.generate(self.encode(texts, target), options)
         return [[(self.decode(h.ids), h) for h in hyps] for hyps in nbest]
 
     def _generate_batch(

@@ -164,6 +164,18 @@ def marian_multi_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -
     )
 
 
+@pytest.fixture(scope="session")
+def marian_renormalized_dir(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The en -> de model with renormalize_logits in its generation config, as some OPUS-MT
+    uploads have: the suppressed pad token's probability goes to the other tokens."""
+    out = tmp_path_factory.mktemp("hf") / "opus-mt-en-de-renormalized"
+    shutil.copytree(marian_dir, out)
+    generation = json.loads((out / "generation_config.json").read_text())
+    generation["renormalize_logits"] = True
+    (out / "generation_config.json").write_text(json.dumps(generation))
+    return out
+
+
 def _imported(directory: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("imported") / directory.name
     import_marian(directory, out)
@@ -180,6 +192,13 @@ def marian_separate_checkpoint(
     marian_separate_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     return _imported(marian_separate_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_renormalized_checkpoint(
+    marian_renormalized_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _imported(marian_renormalized_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -212,3 +231,10 @@ def marian_multi_bundle(
     marian_multi_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     return _exported(marian_multi_checkpoint, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_renormalized_bundle(
+    marian_renormalized_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _exported(marian_renormalized_checkpoint, tmp_path_factory)

@@ -22,7 +22,7 @@ from tests.transformers_reference import reference
 
 torch.set_num_threads(1)
 MAX_LENGTH = 40  # decoding steps in the search comparisons
-CHECKPOINTS = ["marian", "marian_separate", "marian_multi"]
+CHECKPOINTS = ["marian", "marian_separate", "marian_multi", "marian_renormalized"]
 
 
 @pytest.fixture(scope="module")

@@ -225,6 +225,18 @@ def test_suppressed_tokens_get_minus_inf_and_keep_their_share_of_the_softmax() -
     assert log_probs[:, :49].exp().sum(-1).max() < 0.01
 
 
+def test_renormalized_suppression_gives_the_others_the_suppressed_share() -> None:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, **SMALL, **MARIAN_LIKE, renormalize_suppressed=True)  # type: ignore[arg-type]
+    model = Transformer(config).eval()
+    logits = torch.randn(3, 50)
+    logits[:, 49] = 20.0
+    log_probs = model.next_token_log_probs(logits)
+    assert torch.all(log_probs[:, 49] == -math.inf)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(3))
+    assert torch.allclose(log_probs[:, :49], logits[:, :49].log_softmax(-1), atol=1e-6)
+
+
 def test_a_separate_target_vocabulary_has_its_own_embedding_and_output() -> None:
     torch.manual_seed(0)
     config = ModelConfig(

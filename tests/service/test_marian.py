@@ -5,6 +5,7 @@ generate's tokens and scores, and several bundles serve their pairs side by side
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from service.decoding import DecodingOptions
 from service.engine import Engine
 from service.main import create_app
 from service.tokenizer import SentencePieceTokenizer, load_tokenizer
+from service.translate import translate_lines
 from tests.service.helpers import fast_settings, running
 from tests.transformers_reference import decode, reference, source_texts
 from tests.transformers_reference import generate as reference_generate
@@ -31,6 +33,7 @@ SPECIAL = ("</s>", "<unk>", "<pad>")
 # What the random models' target-language tokens are, per served target.
 CASES = [
     ("marian", "de", None),
+    ("marian_renormalized", "de", None),
     ("marian_separate", "fr", None),
     ("marian_multi", "en", ">>en<<"),
     ("marian_multi", "fr", ">>fr<<"),
@@ -250,3 +253,17 @@ async def test_several_bundles_serve_their_pairs_with_transformers_text(
         assert labelled == names  # one label value per model, whatever the pairs
         info = (await client.get("/metrics")).text
         assert info.count("mt_model_info{") == 3
+
+
+def test_file_translation_asks_a_multi_target_model_for_its_target(
+    marian_multi_bundle: Path, multi30k: Path
+) -> None:
+    engine = _engine(marian_multi_bundle)
+    lines = _sources(multi30k, "de", 3)
+    options = DecodingOptions(beam_size=1, max_decoding_length=MAX_LENGTH)
+    out = io.StringIO()
+    translate_lines(engine, lines, options, out=out, target="fr")
+    expected = [text for ((text, _),) in engine.translate(lines, options, target="fr")]
+    assert out.getvalue().splitlines() == expected
+    with pytest.raises(ValueError, match="translates into en, fr, not None"):
+        translate_lines(engine, lines, options, out=io.StringIO())
