@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
@@ -48,7 +47,13 @@ import torch
 from torch import Tensor
 
 from model.transformer import ModelConfig, Transformer, save_model
-from service.bundle import BundleError, SentencePieceFiles, SpecialIds, sha256_file
+from service.bundle import (
+    BundleError,
+    SentencePieceFiles,
+    SpecialIds,
+    replace_directory,
+    sha256_file,
+)
 from service.tokenizer import SentencePieceTokenizer
 
 CARD_FILE = "MODEL_CARD.md"
@@ -199,13 +204,7 @@ def import_marian(
             shutil.copyfile(source / name, tmp / name)
         card = _card(out.name, model, meta, tokenizer.files)
         (tmp / CARD_FILE).write_text(card, encoding="utf-8")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_directory(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
     return {"model": config.to_dict(), **meta}

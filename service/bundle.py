@@ -40,6 +40,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,6 +291,19 @@ def sha256_file(path: Path) -> str:
 
 def file_entry(path: Path) -> FileEntry:
     return FileEntry(sha256=sha256_file(path), size=path.stat().st_size)
+
+
+def replace_directory(fresh: Path, target: Path) -> None:
+    """Put the complete directory `fresh` where `target` is (or is not yet), so that `target`
+    is never half-written: the old one is moved aside first, then removed. Both must be on one
+    file system (make `fresh` beside `target`)."""
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(fresh, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(fresh, target)
 
 
 # --- Loading and verification ------------------------------------------------------------------
