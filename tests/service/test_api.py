@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.errors import ERROR_TABLE, ErrorType
 from service.main import create_app
+from service.metrics import Metrics
 from service.pipeline import Runtime
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
@@ -120,6 +121,30 @@ async def test_several_bundles_are_routed_by_language_pair() -> None:
         assert response.json()["model"] == "fake-de-en"
         assert len((await client.get("/languages")).json()) == 2
     assert len(de_en.calls) == 2 and len(en_de.calls) == 1  # warm-ups + the request
+
+
+async def test_a_multi_target_model_serves_each_target_through_one_batcher() -> None:
+    multi = FakeModel("en", "de", more_targets=("fr",))
+    app = create_app(fast_settings(), models=[multi])
+    async with running(app) as client:
+        assert (await client.get("/languages")).json() == [
+            {"source": "en", "target": "de", "model": "fake-en-de"},
+            {"source": "en", "target": "fr", "model": "fake-en-de"},
+        ]
+        for target in ("fr", "de"):
+            response = await client.post(
+                "/translate", json={"text": "x", "source": "en", "target": target}
+            )
+            assert response.status_code == 200
+        assert list(runtime_of(app).batchers) == ["fake-en-de"]
+    assert multi.encoded_for == ["de", "fr", "de"]  # the warm-up, then each request's target
+
+
+def test_two_models_may_not_share_a_name() -> None:
+    a, b = FakeModel("en", "de"), FakeModel("en", "fr")
+    b.name = a.name
+    with pytest.raises(ValueError, match="two models named fake-en-de"):
+        Runtime(fast_settings(), Metrics(), [a, b])
 
 
 async def test_not_ready_without_lifespan() -> None:
