@@ -148,8 +148,9 @@ def build_decoder_step(
     g = _Graph(float_type)
 
     # Embedding: (N, G) ids -> (R, d_model). The output projection reads the same matrix
-    # (weight tying), stored once as (d_model, V) for MatMul and gathered along its axis 1.
-    embedding_t = g.weight("embedding_t", model.embedding.weight.t())  # (d_model, V)
+    # (weight tying), stored once as (d_model, V) for MatMul and gathered along its axis 1: the
+    # joint embedding, or the decoder's own with a separate target vocabulary.
+    embedding_t = g.weight("embedding_t", model.decoder_embedding.weight.t())  # (d_model, V)
     rows_by_model = g.constant("shape.rows_d_model", np.array([-1, d_model], np.int64))
     rows_one_qkv = g.constant("shape.rows_1_qkv", np.array([-1, 1, 3 * d_model], np.int64))
     split_qkv = g.constant("split.qkv", np.array([d_model] * 3, np.int64))
@@ -160,8 +161,9 @@ def build_decoder_step(
 
     (x,) = g.op("Gather", [embedding_t, INPUT_IDS], axis=1)  # (d_model, N, G)
     (x,) = g.op("Transpose", [x], perm=[1, 2, 0])  # (N, G, d_model)
-    scale = g.constant("embedding_scale", np.array(math.sqrt(d_model), float_type))
-    (x,) = g.op("Mul", [x, scale])
+    if config.scale_embedding:
+        scale = g.constant("embedding_scale", np.array(math.sqrt(d_model), float_type))
+        (x,) = g.op("Mul", [x, scale])
     (x,) = g.op("Reshape", [x, rows_by_model])  # (R, d_model)
     encoding = g.weight("positional_encoding", model.get_buffer("positional_encoding"))
     (position,) = g.op("Gather", [encoding, POSITION])  # (R, d_model)
@@ -247,17 +249,51 @@ def build_decoder_step(
         add_and_norm(out, g.weight(f"{prefix}.cross.o.bias", cross.w_o.bias), 3 * i + 1)
 
         # Position-wise feed-forward.
-        (hidden,) = g.op("Relu", [g.linear(inner, f"{prefix}.ff.1", ff.w_1)])  # (R, d_ff)
+        hidden = _activation(g, config.activation, g.linear(inner, f"{prefix}.ff.1", ff.w_1))
         out = g.matmul(hidden, f"{prefix}.ff.2.weight", ff.w_2.weight)
         add_and_norm(out, g.weight(f"{prefix}.ff.2.bias", ff.w_2.bias), 3 * i + 2)
 
     (logits,) = g.op("MatMul", [inner, embedding_t])  # (R, V)
+    if model.output_bias is not None:
+        (logits,) = g.op("Add", [logits, g.weight("output_bias", model.output_bias)])
     if dtype != "fp32":
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
-    g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+    _log_softmax(g, model, logits)
     # ONNX TopK returns ties lower index first, as the search's tie rule wants.
     g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
     return _model(g, model, onnx_float, opset, cache)
+
+
+def _activation(g: _Graph, name: str, x: str) -> str:
+    """The feed-forward's hidden activation (ModelConfig.activation)."""
+    if name == "relu":
+        (y,) = g.op("Relu", [x])
+    elif name == "swish":  # x * sigmoid(x)
+        (gate,) = g.op("Sigmoid", [x])
+        (y,) = g.op("Mul", [x, gate])
+    elif name == "gelu":  # the exact one, with erf, as torch's default
+        (y,) = g.op("Gelu", [x], domain=MS_DOMAIN)
+    else:
+        raise ValueError(f"no ONNX form for the activation {name!r}")
+    return y
+
+
+def _log_softmax(g: _Graph, model: Transformer, logits: str) -> None:
+    """log_probs (R, V) float32 from the logits, with the suppressed ids at -inf: added after the
+    log-softmax, or before it with renormalize_suppressed (Transformer.next_token_log_probs)."""
+    config = model.config
+    if not config.suppressed_ids:
+        g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+        return
+    suppressed = np.zeros(config.decoder_vocab_size, np.float32)
+    suppressed[list(config.suppressed_ids)] = -np.inf
+    minus_inf = g.constant("suppressed", suppressed)  # (V,): -inf where suppressed, else 0
+    if config.renormalize_suppressed:
+        (logits,) = g.op("Add", [logits, minus_inf])
+        g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+    else:
+        (log_probs,) = g.op("LogSoftmax", [logits], axis=-1)
+        g.op("Add", [log_probs, minus_inf], [LOG_PROBS])
 
 
 def _attend_through_indirection(
@@ -351,7 +387,7 @@ def _model(
         ENCODER_ATTENTION_MASK: (TensorProto.INT32, [SENTENCE_AXIS, SOURCE_AXIS]),
         CACHE_INDIRECTION: (TensorProto.INT32, [SENTENCE_AXIS, BEAM_AXIS, CAPACITY_AXIS]),
         TOP_K: (TensorProto.INT64, [1]),
-        LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.vocab_size]),
+        LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.decoder_vocab_size]),
         TOP_LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, TOP_K_AXIS]),
         TOP_IDS: (TensorProto.INT64, [ROW_AXIS, TOP_K_AXIS]),
     }

@@ -38,12 +38,9 @@ from export.decoder_step import build_decoder_step
 from export.quantize import convert_graph
 from model.tokenizer import load_tokenizer
 from model.transformer import (
-    BOS_ID,
     CONFIG_FILE,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
     WEIGHTS_FILE,
+    ModelConfig,
     Transformer,
     load_model,
 )
@@ -65,6 +62,7 @@ from service.bundle import (
     Manifest,
     ModelDims,
     Provenance,
+    SentencePieceFiles,
     SpecialIds,
     TensorSpec,
     cross_names,
@@ -72,7 +70,9 @@ from service.bundle import (
     encoder_io,
     file_entry,
     sha256_file,
+    tokenizer_files,
 )
+from service.tokenizer import SentencePieceTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +110,14 @@ class EncoderGraph(nn.Module):
 
 def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor]:
     """Deterministic ids and a mask with a padded row."""
+    config = model.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
-        UNK_ID + 1,
-        model.config.vocab_size,
-        (_DUMMY_SENTENCES, _DUMMY_SOURCE),
-        generator=generator,
+        0, config.vocab_size, (_DUMMY_SENTENCES, _DUMMY_SOURCE), generator=generator
     )  # (N, S)
-    ids[1, -2:] = PAD_ID
-    return ids, (ids != PAD_ID).long()
+    mask = torch.ones_like(ids)  # (N, S)
+    ids[1, -2:], mask[1, -2:] = config.pad_id, 0
+    return ids, mask
 
 
 def export_encoder(model: Transformer, path: Path, opset: int) -> None:
@@ -222,6 +221,30 @@ def _recorded_bleu(config: dict[str, Any]) -> float | None:
     return None
 
 
+def _special_ids(config: ModelConfig) -> SpecialIds:
+    return SpecialIds(pad=config.pad_id, bos=config.bos_id, eos=config.eos_id, unk=config.unk_id)
+
+
+def _checkpoint_tokenizer(
+    checkpoint: Path, meta: dict[str, Any], config: ModelConfig
+) -> str | SentencePieceFiles:
+    """The checkpoint's tokenizer as the manifest names it, checked against the model: this
+    project's tokenizer.json, or the SentencePiece files config.json lists (an imported Marian
+    model, see model/import_marian.py)."""
+    if "tokenizer" not in meta:
+        tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
+        if tokenizer.get_vocab_size() != config.vocab_size:
+            raise ValueError(
+                f"{checkpoint / TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens, the "
+                f"model {config.vocab_size}"
+            )
+        return TOKENIZER_FILE
+    files = SentencePieceFiles.model_validate(meta["tokenizer"])
+    vocab_sizes = (config.vocab_size, config.decoder_vocab_size)
+    SentencePieceTokenizer(checkpoint, files, _special_ids(config), vocab_sizes)  # loads: checks
+    return files
+
+
 def _language(meta: dict[str, Any], key: str, path: Path) -> str:
     """The service routes requests by these codes, so a bundle without them is useless."""
     value = meta.get(key)
@@ -257,18 +280,15 @@ def export_bundle(
         _language(meta, key, checkpoint / CONFIG_FILE)
         for key in ("source_language", "target_language")
     )
-    tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
-    if tokenizer.get_vocab_size() != config.vocab_size:
-        raise ValueError(
-            f"{checkpoint / TOKENIZER_FILE} has {tokenizer.get_vocab_size()} tokens, the model "
-            f"{config.vocab_size}"
-        )
+    tokenizer = _checkpoint_tokenizer(checkpoint, meta, config)
+    files = tokenizer_files(tokenizer)
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
     cache = default_cache(dtype) if cache is None else cache
     export_graphs(model, out, opset, dtype, cache)
-    shutil.copyfile(checkpoint / TOKENIZER_FILE, out / TOKENIZER_FILE)
+    for name in files:
+        shutil.copyfile(checkpoint / name, out / name)
 
     n = config.n_decoder_layers
     manifest = Manifest(
@@ -281,26 +301,26 @@ def export_bundle(
             d_head=config.d_k,
             vocab_size=config.vocab_size,
             max_positions=config.max_positions,
+            target_vocab_size=config.target_vocab_size,
         ),
-        special_ids=SpecialIds(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, unk=UNK_ID),
+        special_ids=_special_ids(config),
         source_language=source_language,
         target_language=target_language,
+        target_tokens=meta.get("target_tokens", {}),
         dtype=dtype,
         decoder_cache=cache,
         opset=opset,
-        tokenizer=TOKENIZER_FILE,
+        tokenizer=tokenizer,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
         decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n, cache)),
-        files={
-            name: file_entry(out / name)
-            for name in (ENCODER_FILE, DECODER_STEP_FILE, TOKENIZER_FILE)
-        },
+        files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),
             checkpoint_sha256=sha256_file(checkpoint / WEIGHTS_FILE),
             git_commit=_git_commit(),
             bleu=_recorded_bleu(meta),
-            exporter=f"torch {torch.__version__} (TorchScript exporter), onnx {onnx.__version__}",
+            exporter=f"torch {torch.__version__} (TorchScript exporter for the encoder; the "
+            f"decoder step built by export.decoder_step), onnx {onnx.__version__}",
         ),
     )
     tmp_manifest = out / (MANIFEST_FILE + ".tmp")
@@ -317,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint",
         required=True,
         type=Path,
-        help="config.json + model.safetensors + tokenizer.json",
+        help="config.json + model.safetensors + tokenizer.json (or an imported Marian model's "
+        "SentencePiece files)",
     )
     p.add_argument(
         "--out", required=True, type=Path, help="bundle directory (created or overwritten)"

@@ -35,16 +35,7 @@ from torch import Tensor
 
 from model.data import DataError, pad, read_lines
 from model.search import Hypothesis, decode_batches, generate
-from model.tokenizer import load_tokenizer
-from model.transformer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    WEIGHTS_FILE,
-    Transformer,
-    load_model,
-    padding_mask,
-)
+from model.transformer import WEIGHTS_FILE, Transformer, load_model
 from service.bundle import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -65,6 +56,7 @@ from service.bundle import (
     sha256_file,
 )
 from service.step_state import BufferPool, StaticCacheState, cross_inputs
+from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +139,7 @@ class OrtStepper:
             sentences=attention_mask.shape[0],
             beam_size=beam_size,
             capacity=max_decoding_length,
+            limit=max_decoding_length,
             padded=False,
         )
         self.top_k = top_k
@@ -180,9 +173,11 @@ def ort_generate(
     limit = ort_bundle.bundle.manifest.model.max_positions
     max_len = limit if max_decoding_length is None else min(max_decoding_length, limit)
 
+    ids = ort_bundle.bundle.manifest.special_ids
+
     def make_stepper(batch: Tensor) -> OrtStepper:
         src = batch.numpy()  # (B, S)
-        mask = (src != ort_bundle.bundle.manifest.special_ids.pad).astype(np.int64)  # (B, S)
+        mask = (src != ids.pad).astype(np.int64)  # (B, S)
         return OrtStepper(
             ort_bundle,
             ort_bundle.encode(src, mask),
@@ -200,6 +195,9 @@ def ort_generate(
         max_decoding_length=max_len,
         min_decoding_length=min_decoding_length,
         batch_size=batch_size,
+        pad_id=ids.pad,
+        bos_id=ids.bos,
+        eos_id=ids.eos,
     )
 
 
@@ -210,11 +208,9 @@ def encode_sources(
 
     Longer lines are left out rather than truncated: neither side can encode them.
     """
-    tokenizer = load_tokenizer(ort_bundle.bundle.path(ort_bundle.bundle.manifest.tokenizer))
     limit = ort_bundle.bundle.manifest.model.max_positions
     sources, kept = [], []
-    for i, encoding in enumerate(tokenizer.encode_batch(list(lines))):
-        ids = encoding.ids + [EOS_ID] if encoding.ids else []
+    for i, ids in enumerate(load_tokenizer(ort_bundle.bundle).encode(lines)):
         if len(ids) <= limit:
             sources.append(ids)
             kept.append(i)
@@ -235,8 +231,8 @@ def decode_texts(
     sources, kept = encode_sources(ort_bundle, lines)
     nbest = ort_generate(ort_bundle, sources, beam_size=beam_size, batch_size=batch_size)
     tokens = [hyps[0].tokens for hyps in nbest]
-    tokenizer = load_tokenizer(ort_bundle.bundle.path(ort_bundle.bundle.manifest.tokenizer))
-    return tokenizer.decode_batch(tokens), tokens, kept
+    tokenizer = load_tokenizer(ort_bundle.bundle)
+    return [tokenizer.decode(t) for t in tokens], tokens, kept
 
 
 @dataclass
@@ -260,7 +256,9 @@ class ParityReport:
         if tuple(expected.shape) != actual.shape:
             self.fail(f"{where}: {name} has shape {actual.shape}, torch {tuple(expected.shape)}")
             return
-        diff = float(np.abs(expected.float().numpy() - actual.astype(np.float32)).max(initial=0.0))
+        e, a = expected.float().numpy(), actual.astype(np.float32)
+        # Equal values count as no difference, equal infinities included (suppressed tokens).
+        diff = float(np.abs(np.where(e == a, 0.0, e - a)).max(initial=0.0))
         self.max_abs_diff = max(self.max_abs_diff, diff)
         self.max_abs_diff_by_tensor[name] = max(self.max_abs_diff_by_tensor.get(name, 0.0), diff)
         if not diff <= self.tolerance:  # also catches NaN
@@ -342,10 +340,10 @@ def _check_outputs(
 ) -> None:
     if not probe:
         return
-    n = model.config.n_decoder_layers
-    src = pad(probe)  # (B, S)
-    src_mask = padding_mask(src)  # (B, 1, 1, S)
-    attention_mask = (src != PAD_ID).long().numpy()  # (B, S)
+    n, config = model.config.n_decoder_layers, model.config
+    src = pad(probe, pad_id=config.pad_id)  # (B, S)
+    src_mask = model.source_mask(src)  # (B, 1, 1, S)
+    attention_mask = (src != config.pad_id).long().numpy()  # (B, S)
     where = f"encoder (batch {tuple(src.shape)}, padded)"
     memory = model.encode(src, src_mask)  # (B, S, d_model)
     cache = model.init_cache(memory)
@@ -355,11 +353,11 @@ def _check_outputs(
         report.compare(cross_key(i), cache.cross_k[i], encoded[cross_key(i)], where)
         report.compare(cross_value(i), cache.cross_v[i], encoded[cross_value(i)], where)
 
-    top_k = min(_PROBE_TOP_K, model.config.vocab_size)
+    top_k = min(_PROBE_TOP_K, config.decoder_vocab_size)
     stepper = OrtStepper(
         ort_bundle, encoded, attention_mask, max_decoding_length=steps, top_k=top_k
     )
-    tokens = torch.full((src.size(0),), BOS_ID, dtype=torch.long)  # (B,)
+    tokens = torch.full((src.size(0),), config.bos_id, dtype=torch.long)  # (B,)
     for step in range(steps):
         where = f"decoder_step {step} (past length {step})"
         expected, cache = model.decode_step(tokens, cache, src_mask)  # (B, V)

@@ -66,10 +66,12 @@ def encode_pairs(
     return examples
 
 
-def pad(sequences: Sequence[Sequence[int]], prefix: Sequence[int] = ()) -> Tensor:
+def pad(
+    sequences: Sequence[Sequence[int]], prefix: Sequence[int] = (), pad_id: int = PAD_ID
+) -> Tensor:
     """Right-pad int sequences (each optionally prefixed) into a (B, L) int64 tensor."""
     length = max(len(prefix) + len(s) for s in sequences)
-    out = torch.full((len(sequences), length), PAD_ID, dtype=torch.long)
+    out = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         row = [*prefix, *s]
         out[i, : len(row)] = torch.tensor(row, dtype=torch.long)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from model.data import pad
-from model.transformer import BOS_ID, EOS_ID, Transformer, padding_mask
+from model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
 
 DecoderKind = Literal["cached", "uncached"]
 
@@ -85,7 +85,7 @@ class UncachedStepper:
     def step(self, tokens: Tensor) -> Tensor:
         self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)  # (R, t + 1)
         logits = self.model.decode(self.prefix, self.memory, self.src_mask)[:, -1]  # (R, V)
-        return logits.float().log_softmax(dim=-1)
+        return self.model.next_token_log_probs(logits)
 
     def select(self, rows: Tensor, sentences: Tensor) -> None:
         # The seeds' loop: memory and mask follow the rows, one copy per beam.
@@ -108,25 +108,27 @@ def greedy_search(
     max_decoding_length: int,
     min_decoding_length: int = 0,
     length_penalty: float = 1.0,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
 ) -> list[Hypothesis]:
     """Pick the most probable token at each step; finished rows leave the batch."""
     alive = list(range(batch_size))  # sentence index of each live row
-    tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
     scores = [0.0] * batch_size
     results: list[Hypothesis | None] = [None] * batch_size
     for step in range(max_decoding_length):
         log_probs = stepper.step(tokens)  # (R, V)
         if step < min_decoding_length:
-            log_probs[:, EOS_ID] = -math.inf
+            log_probs[:, eos_id] = -math.inf
         best_scores, best = log_probs.max(dim=-1)  # (R,)
         keep = []
         for row, (sentence, token, score) in enumerate(
             zip(alive, best.tolist(), best_scores.tolist(), strict=True)
         ):
             scores[sentence] += score
-            if token == EOS_ID:
+            if token == eos_id:
                 results[sentence] = Hypothesis(
                     outputs[sentence],
                     _normalized(scores[sentence], step + 1, length_penalty),
@@ -162,6 +164,8 @@ def beam_search(
     max_decoding_length: int,
     min_decoding_length: int = 0,
     length_penalty: float = 1.0,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
@@ -173,13 +177,13 @@ def beam_search(
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = torch.zeros(batch_size, 1, device=device)  # (N, beams)
     history = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # (N*beams, t)
-    tokens = torch.full((batch_size,), BOS_ID, dtype=torch.long, device=device)
+    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
     for step in range(max_decoding_length):
         log_probs = stepper.step(tokens)  # (N*beams, V)
         if step < min_decoding_length:
-            log_probs[:, EOS_ID] = -math.inf
+            log_probs[:, eos_id] = -math.inf
         n, beams, vocab = len(alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
@@ -195,7 +199,7 @@ def beam_search(
                 if score == -math.inf or len(rows) == k:
                     break
                 beam, token = divmod(index, vocab)
-                if token == EOS_ID:
+                if token == eos_id:
                     if j < k:
                         finished[sentence].append(
                             Hypothesis(
@@ -212,7 +216,7 @@ def beam_search(
                 continue
             while len(rows) < k:  # fewer live candidates than beams: dead filler rows
                 rows.append(i * beams)
-                toks.append(EOS_ID)
+                toks.append(eos_id)
                 scs.append(-math.inf)
             keep_blocks.append(i)
             next_rows += rows
@@ -271,6 +275,9 @@ def decode_batches(
     max_decoding_length: int,
     min_decoding_length: int = 0,
     batch_size: int = 64,
+    pad_id: int = PAD_ID,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
 ) -> list[list[Hypothesis]]:
     """Sort sources by length, decode them in batches, and return n-best lists in input order.
@@ -284,7 +291,7 @@ def decode_batches(
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        stepper = make_stepper(pad([sources[i] for i in chunk]))  # (B, S) -> B rows
+        stepper = make_stepper(pad([sources[i] for i in chunk], pad_id=pad_id))  # (B, S) -> B rows
         if beam_size > 1:
             nbest = beam_search(
                 stepper,
@@ -294,6 +301,8 @@ def decode_batches(
                 max_decoding_length=max_decoding_length,
                 min_decoding_length=min_decoding_length,
                 length_penalty=length_penalty,
+                bos_id=bos_id,
+                eos_id=eos_id,
                 device=device,
             )
         else:
@@ -305,6 +314,8 @@ def decode_batches(
                     max_decoding_length=max_decoding_length,
                     min_decoding_length=min_decoding_length,
                     length_penalty=length_penalty,
+                    bos_id=bos_id,
+                    eos_id=eos_id,
                     device=device,
                 )
             ]
@@ -334,7 +345,7 @@ def generate(
 
     def make_stepper(src: Tensor) -> Stepper:
         src = src.to(device)  # (B, S)
-        src_mask = padding_mask(src)
+        src_mask = model.source_mask(src)
         memory = model.encode(src, src_mask)  # encoder once per batch
         return stepper_cls(model, memory, src_mask)
 
@@ -347,5 +358,8 @@ def generate(
         max_decoding_length=max_len,
         min_decoding_length=min_decoding_length,
         batch_size=batch_size,
+        pad_id=model.config.pad_id,
+        bos_id=model.config.bos_id,
+        eos_id=model.config.eos_id,
         device=device,
     )

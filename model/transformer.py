@@ -17,19 +17,24 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Fixed special-token ids shared by the tokenizer, the model and the exported bundle.
+# The special-token ids of this project's tokenizer (model/tokenizer.py), and the defaults of
+# ModelConfig's special ids; an imported model (model/import_marian.py) sets its own.
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
 UNK_ID = 3
 
 NormPlacement = Literal["post", "pre"]
+Activation = Literal["relu", "swish", "gelu"]
+# Where the sinusoids go: "interleaved" as in the paper (sin on even features, cos on odd ones),
+# "halves" with every sine first and every cosine second (tensor2tensor, Marian).
+PositionLayout = Literal["interleaved", "halves"]
 
 
 @dataclass(frozen=True)
@@ -47,18 +52,63 @@ class ModelConfig:
     activation_dropout: float = 0.0
     max_positions: int = 256
     norm: NormPlacement = "post"
+    # The fields below default to this project's own models; model/import_marian.py sets them
+    # for Marian (OPUS-MT) checkpoints.
+    activation: Activation = "relu"  # of the feed-forward's hidden layer; swish = x * sigmoid(x)
+    positions: PositionLayout = "interleaved"
+    scale_embedding: bool = True  # embeddings times sqrt(d_model), section 3.4
+    # None: one joint vocabulary, one matrix for the source and target embeddings and the output
+    # projection. Otherwise the decoder has its own embedding of this many tokens, which the
+    # output projection shares.
+    target_vocab_size: int | None = None
+    output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID  # the decoder's start token (Marian starts from its pad token)
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+    # Target tokens a translation never contains (Marian: the pad token, also its start token):
+    # their log-prob is -inf in decode_step, after the log-softmax, as transformers applies a
+    # checkpoint's bad_words_ids; with renormalize_suppressed, before it (transformers'
+    # renormalize_logits), so that the other tokens' probabilities sum to 1.
+    suppressed_ids: tuple[int, ...] = ()
+    renormalize_suppressed: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.h != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by h ({self.h})")
-        if self.norm not in ("post", "pre"):
-            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
-        if self.vocab_size <= UNK_ID:
-            raise ValueError(f"vocab_size must exceed the special ids, got {self.vocab_size}")
+        for name, allowed in (
+            ("norm", NormPlacement),
+            ("activation", Activation),
+            ("positions", PositionLayout),
+        ):
+            if getattr(self, name) not in get_args(allowed):
+                raise ValueError(
+                    f"{name} must be one of {get_args(allowed)}, got {getattr(self, name)!r}"
+                )
+        target_vocab = self.decoder_vocab_size
+        for name, limit in (
+            ("pad_id", min(self.vocab_size, target_vocab)),
+            ("unk_id", self.vocab_size),
+            ("bos_id", target_vocab),
+            ("eos_id", min(self.vocab_size, target_vocab)),
+        ):
+            if not 0 <= getattr(self, name) < limit:
+                raise ValueError(
+                    f"{name} {getattr(self, name)} is outside the vocabulary ({limit} tokens)"
+                )
+        if not all(0 <= i < target_vocab for i in self.suppressed_ids):
+            raise ValueError(f"suppressed_ids {self.suppressed_ids} outside the target vocabulary")
+        if self.eos_id in self.suppressed_ids:
+            raise ValueError("eos_id cannot be suppressed: no translation could end")
 
     @property
     def d_k(self) -> int:
         return self.d_model // self.h
+
+    @property
+    def decoder_vocab_size(self) -> int:
+        """Tokens the decoder reads and writes: the target vocabulary, else the joint one."""
+        return self.vocab_size if self.target_vocab_size is None else self.target_vocab_size
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -69,6 +119,9 @@ class ModelConfig:
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown model config fields: {sorted(unknown)}")
+        values = dict(values)
+        if "suppressed_ids" in values:  # a JSON list; the frozen config holds a tuple
+            values["suppressed_ids"] = tuple(values["suppressed_ids"])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -87,19 +140,26 @@ def preset_config(name: str, vocab_size: int, **overrides: object) -> ModelConfi
     return ModelConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})  # type: ignore[arg-type]
 
 
-def sinusoidal_encoding(max_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same)."""
+def sinusoidal_encoding(
+    max_positions: int, d_model: int, layout: PositionLayout = "interleaved"
+) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same); with layout
+    "halves" the sines fill features 0 .. d_model/2 - 1 and the cosines the rest."""
     position = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
     div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = position / div  # (P, ceil(d_model / 2))
+    sines, cosines = torch.sin(angles), torch.cos(angles[:, : d_model // 2])
+    if layout == "halves":
+        return torch.cat([sines, cosines], dim=1).float()  # (P, d_model)
     pe = torch.zeros(max_positions, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(position / div)
-    pe[:, 1::2] = torch.cos(position / div[: d_model // 2])
+    pe[:, 0::2] = sines
+    pe[:, 1::2] = cosines
     return pe.float()  # (P, d_model)
 
 
-def padding_mask(ids: Tensor) -> Tensor:
+def padding_mask(ids: Tensor, pad_id: int = PAD_ID) -> Tensor:
     """(B, L) token ids -> (B, 1, 1, L) mask, False on padding."""
-    return (ids != PAD_ID)[:, None, None, :]
+    return (ids != pad_id)[:, None, None, :]
 
 
 def causal_mask(length: int, device: torch.device | None = None) -> Tensor:
@@ -156,17 +216,21 @@ class MultiHeadAttention(nn.Module):
         return self.w_o(out)
 
 
+_ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}  # gelu: the exact (erf) one
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, or with swish / gelu in place of max(0, .)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.w_1 = nn.Linear(config.d_model, config.d_ff)
         self.w_2 = nn.Linear(config.d_ff, config.d_model)
+        self.activation = _ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(F.relu(self.w_1(x))))
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))
 
 
 class Residual(nn.Module):
@@ -288,13 +352,26 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         # One joint vocabulary: the source and target embeddings and the output projection share
-        # a single matrix (the paper's weight tying, section 3.4).
-        self.embedding = nn.Embedding(config.vocab_size, config.d_model, padding_idx=PAD_ID)
+        # a single matrix (the paper's weight tying, section 3.4). With a separate target
+        # vocabulary the decoder's embedding and the output projection share theirs.
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_id)
+        self.target_embedding = (
+            None
+            if config.target_vocab_size is None
+            else nn.Embedding(config.target_vocab_size, config.d_model, padding_idx=config.pad_id)
+        )
+        if config.output_bias:
+            self.output_bias = nn.Parameter(torch.zeros(config.decoder_vocab_size))
+        else:
+            self.register_parameter("output_bias", None)
         self.register_buffer(
             "positional_encoding",
-            sinusoidal_encoding(config.max_positions, config.d_model),
+            sinusoidal_encoding(config.max_positions, config.d_model, config.positions),
             persistent=False,
         )
+        suppressed = torch.zeros(config.decoder_vocab_size, dtype=torch.bool)  # (V,)
+        suppressed[list(config.suppressed_ids)] = True
+        self.register_buffer("suppressed", suppressed, persistent=False)
         self.embed_dropout = nn.Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(
             [EncoderLayer(config) for _ in range(config.n_encoder_layers)]
@@ -307,21 +384,32 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.reset_parameters()
 
+    @property
+    def decoder_embedding(self) -> nn.Embedding:
+        """The target side's embedding, also the output projection."""
+        return self.embedding if self.target_embedding is None else self.target_embedding
+
     def reset_parameters(self) -> None:
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
         # Embeddings are multiplied by sqrt(d_model), so start them at scale d_model^-0.5.
-        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.config.d_model**-0.5)
-        with torch.no_grad():
-            self.embedding.weight[PAD_ID].zero_()
+        for embedding in dict.fromkeys([self.embedding, self.decoder_embedding]):
+            nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model**-0.5)
+            with torch.no_grad():
+                embedding.weight[self.config.pad_id].zero_()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def embed(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """(B, L) ids at positions offset..offset+L-1 -> (B, L, d_model)."""
+    def source_mask(self, src: Tensor) -> Tensor:
+        """(B, S) source ids -> (B, 1, 1, S) mask, False on padding."""
+        return padding_mask(src, self.config.pad_id)
+
+    def embed(self, ids: Tensor, offset: int | Tensor = 0, *, target: bool = False) -> Tensor:
+        """(B, L) ids at positions offset..offset+L-1 -> (B, L, d_model), through the source
+        embedding or (`target`) the decoder's."""
         length = ids.size(1)
         if isinstance(offset, int) and offset + length > self.config.max_positions:
             raise ValueError(
@@ -329,8 +417,11 @@ class Transformer(nn.Module):
                 f"{self.config.max_positions}"
             )
         pe = self.positional_encoding.narrow(0, offset, length)  # (L, d_model)
-        x = self.embedding(ids) * math.sqrt(self.config.d_model) + pe
-        return self.embed_dropout(x)
+        embedding = self.decoder_embedding if target else self.embedding
+        x = embedding(ids)  # (B, L, d_model)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
+        return self.embed_dropout(x + pe)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """src (B, S) ids, src_mask (B, 1, 1, S) -> memory (B, S, d_model)."""
@@ -345,20 +436,36 @@ class Transformer(nn.Module):
         return [k for k, _ in pairs], [v for _, v in pairs]
 
     def output_logits(self, x: Tensor) -> Tensor:
-        """(..., d_model) -> (..., V), through the tied embedding matrix."""
-        return x @ self.embedding.weight.t()
+        """(..., d_model) -> (..., V), through the tied (decoder) embedding matrix."""
+        logits = x @ self.decoder_embedding.weight.t()
+        return logits if self.output_bias is None else logits + self.output_bias
+
+    def next_token_log_probs(self, logits: Tensor) -> Tensor:
+        """(..., V) logits -> log-probs for decoding, the suppressed ids at -inf: set after the
+        log-softmax, the others keep their values (transformers' bad_words_ids); set before it
+        (renormalize_suppressed), the others share the suppressed ids' probability."""
+        logits = logits.float()
+        if not self.config.suppressed_ids:
+            return logits.log_softmax(dim=-1)
+        if self.config.renormalize_suppressed:
+            return logits.masked_fill(self.suppressed, -math.inf).log_softmax(dim=-1)
+        return logits.log_softmax(dim=-1).masked_fill(self.suppressed, -math.inf)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Teacher-forced decoder: tgt_in (B, T) -> logits (B, T, V)."""
-        tgt_mask = padding_mask(tgt_in) & causal_mask(tgt_in.size(1), tgt_in.device)
+        """Teacher-forced decoder: tgt_in (B, T) -> logits (B, T, V).
+
+        Targets are right-padded, so the causal mask alone keeps every real position off the
+        padding (and the start token may be the pad id: Marian's is).
+        """
+        tgt_mask = causal_mask(tgt_in.size(1), tgt_in.device)
         cross_k, cross_v = self.cross_kv(memory)
-        x = self.embed(tgt_in)
+        x = self.embed(tgt_in, target=True)
         for layer, ck, cv in zip(self.decoder_layers, cross_k, cross_v, strict=True):
             x, _, _ = layer(x, tgt_mask, ck, cv, src_mask)
         return self.output_logits(self.decoder_norm(x))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        src_mask = padding_mask(src)
+        src_mask = self.source_mask(src)
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
 
     def init_cache(self, memory: Tensor) -> DecoderCache:
@@ -378,7 +485,7 @@ class Transformer(nn.Module):
         needed because the single query may attend to all cached positions. `src_mask`
         (N, 1, 1, S) has one row per sentence, like the cache's cross keys/values.
         """
-        x = self.embed(tokens[:, None], offset=cache.length)  # (B, 1, d_model)
+        x = self.embed(tokens[:, None], offset=cache.length, target=True)  # (B, 1, d_model)
         self_k, self_v = [], []
         for i, layer in enumerate(self.decoder_layers):
             x, k, v = layer(
@@ -393,7 +500,7 @@ class Transformer(nn.Module):
             self_k.append(k)
             self_v.append(v)
         logits = self.output_logits(self.decoder_norm(x[:, 0]))  # (B, V)
-        return logits.log_softmax(dim=-1), DecoderCache(
+        return self.next_token_log_probs(logits), DecoderCache(
             self_k, self_v, cache.cross_k, cache.cross_v
         )
 

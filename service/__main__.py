@@ -22,9 +22,9 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic_settings import CliApp
 
-from service.api import Runtime
 from service.bundle import BundleError
 from service.main import create_app, shipped_bundle
+from service.pipeline import Runtime
 from service.settings import Settings
 
 log = logging.getLogger("service")

@@ -9,7 +9,9 @@ which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 Layout of a bundle directory (format version 4):
 
     manifest.json      this schema, written last by the exporter
-    tokenizer.json     Hugging Face tokenizers file
+    tokenizer.json     Hugging Face tokenizers file (this project's models), or, for Marian
+                       (OPUS-MT) models, source.spm, target.spm and vocab.json (target_vocab.json
+                       with separate vocabularies): see service/tokenizer.py
     encoder.onnx       input_ids, attention_mask (N, S) int64 -> memory (N, S, d_model),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
     decoder_step.onnx  one token for each of R = N * G rows: G per sentence (its beams), and a
@@ -53,6 +55,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,8 +204,14 @@ class ModelDims(_Frozen):
     heads: int
     d_model: int
     d_head: int
-    vocab_size: int
+    vocab_size: int  # of the source (the joint vocabulary when target_vocab_size is None)
     max_positions: int  # source length and decoding steps are each limited to this
+    target_vocab_size: int | None = None  # a separate target vocabulary (some Marian models)
+
+    @property
+    def output_vocab_size(self) -> int:
+        """Tokens the decoder step scores (the width of log_probs)."""
+        return self.vocab_size if self.target_vocab_size is None else self.target_vocab_size
 
 
 class SpecialIds(_Frozen):
@@ -208,6 +219,32 @@ class SpecialIds(_Frozen):
     bos: int
     eos: int
     unk: int
+
+
+class SentencePieceFiles(_Frozen):
+    """Marian's tokenization, as transformers' MarianTokenizer does it: the source text through
+    the source SentencePiece model, the output through the target one, pieces to ids and back
+    through the vocabularies (vocab.json, not the SentencePiece ids). File names in the bundle."""
+
+    source_model: str
+    target_model: str
+    source_vocab: str
+    target_vocab: str  # the same file as source_vocab unless the vocabularies are separate
+    special_tokens: list[str]  # what decoding leaves out (MarianTokenizer's special tokens)
+    clean_up_spaces: bool = False  # transformers' clean_up_tokenization_spaces ("a ." -> "a.")
+
+    @property
+    def files(self) -> list[str]:
+        return list(
+            dict.fromkeys(
+                [self.source_model, self.target_model, self.source_vocab, self.target_vocab]
+            )
+        )
+
+
+def tokenizer_files(tokenizer: str | SentencePieceFiles) -> list[str]:
+    """The files of a manifest's `tokenizer` entry."""
+    return tokenizer.files if isinstance(tokenizer, SentencePieceFiles) else [tokenizer]
 
 
 class FileEntry(_Frozen):
@@ -232,11 +269,23 @@ class Manifest(_Frozen):
     dtype: Dtype
     decoder_cache: DecoderCache
     opset: int  # the encoder's; the decoder step's is its graph's own (the gather cache needs 24)
-    tokenizer: str
+    tokenizer: str | SentencePieceFiles  # a tokenizers file, or Marian's SentencePiece files
     encoder: GraphSpec
     decoder_step: GraphSpec
     files: dict[str, FileEntry]
     provenance: Provenance
+    # Multi-target models (Marian's ">>fra<<" tokens): target language -> the token the source
+    # starts with to ask for it; these languages are served instead of target_language.
+    target_tokens: dict[str, str] = {}
+
+    @property
+    def target_languages(self) -> list[str]:
+        """The target languages a request may ask for."""
+        return list(self.target_tokens) or [self.target_language]
+
+    @property
+    def tokenizer_files(self) -> list[str]:
+        return tokenizer_files(self.tokenizer)
 
     @field_validator("files")
     @classmethod
@@ -248,8 +297,10 @@ class Manifest(_Frozen):
         return files
 
     def to_json(self) -> str:
-        """Stable text (fixed key order, no timestamps) so equal exports give equal manifests."""
-        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
+        """Stable text (fixed key order, no timestamps) so equal exports give equal manifests.
+        Fields left at their defaults are left out: a bundle that uses none of the later
+        additions (separate vocabularies, target tokens) reads as it did before them."""
+        return json.dumps(self.model_dump(mode="json", exclude_defaults=True), indent=2) + "\n"
 
 
 def sha256_file(path: Path) -> str:
@@ -262,6 +313,19 @@ def sha256_file(path: Path) -> str:
 
 def file_entry(path: Path) -> FileEntry:
     return FileEntry(sha256=sha256_file(path), size=path.stat().st_size)
+
+
+def replace_directory(fresh: Path, target: Path) -> None:
+    """Put the complete directory `fresh` where `target` is (or is not yet), so that `target`
+    is never half-written: the old one is moved aside first, then removed. Both must be on one
+    file system (make `fresh` beside `target`)."""
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / target.name)
+        os.replace(fresh, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(fresh, target)
 
 
 # --- Loading and verification ------------------------------------------------------------------
@@ -336,7 +400,7 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
                 f"listed inputs {graph.input_names}, outputs {graph.output_names}; "
                 f"expected inputs {inputs}, outputs {outputs}"
             )
-    for file in (manifest.encoder.file, manifest.decoder_step.file, manifest.tokenizer):
+    for file in (manifest.encoder.file, manifest.decoder_step.file, *manifest.tokenizer_files):
         if file not in manifest.files:
             raise BundleError(f"{manifest_path}: lists no sha256 for {file}")
 

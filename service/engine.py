@@ -36,7 +36,6 @@ from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
 
 from service.bundle import (
     ATTENTION_MASK,
@@ -56,6 +55,7 @@ from service.step_state import (
     initial_capacity,
     source_bucket,
 )
+from service.tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Engine:
     def __init__(
         self,
         bundle: Bundle,
-        tokenizer: Tokenizer,
+        tokenizer: TextTokenizer,
         encoder: ort.InferenceSession,
         decoder_step: ort.InferenceSession,
         *,
@@ -99,7 +99,14 @@ class Engine:
         # The checkpoint's name is shared by its fp32/fp16/int8 bundles.
         self.name: str = checkpoint_name or bundle.directory.resolve().name
         self.source_language: str = self.manifest.source_language
-        self.target_language: str = self.manifest.target_language
+        self.target_languages: tuple[str, ...] = tuple(self.manifest.target_languages)
+        # A multi-target model reads the target's token (">>fra<<") first: the source's prefix.
+        self._prefixes: dict[str, list[int]] = {}
+        for language, token in self.manifest.target_tokens.items():
+            token_id = tokenizer.token_id(token)
+            if token_id is None:
+                raise BundleError(f"{bundle.directory}: the tokenizer has no token {token!r}")
+            self._prefixes[language] = [token_id]
         self.max_input_tokens: int = self.manifest.model.max_positions
         self.provider: str = decoder_step.get_providers()[0]
         self.max_batch_size = max_batch_size
@@ -160,14 +167,7 @@ class Engine:
                 )
             log.info("%s: its decoder step runs on the CPU only; using the CPU", bundle.directory)
             device = "cpu"
-        tokenizer = Tokenizer.from_file(str(bundle.path(manifest.tokenizer)))
-        # Not stored in tokenizer.json: without it a user could type "</s>" and end the input.
-        tokenizer.encode_special_tokens = True
-        if tokenizer.get_vocab_size() != manifest.model.vocab_size:
-            raise BundleError(
-                f"{bundle.path(manifest.tokenizer)}: {tokenizer.get_vocab_size()} tokens, "
-                f"the model has {manifest.model.vocab_size}"
-            )
+        tokenizer = load_tokenizer(bundle)
         options = _session_options(intra_op_threads, intra_op_spinning)
         step_options = _session_options(intra_op_threads, intra_op_spinning)
         if manifest.decoder_cache == "gather":
@@ -204,15 +204,20 @@ class Engine:
             )
         return engine
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids + </s> per text; [] for empty or whitespace-only text (nothing to run)."""
-        eos = self.manifest.special_ids.eos
-        # The engine appends </s> itself, whatever post-processor a tokenizer file may carry.
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        return [[*e.ids, eos] if e.ids else [] for e in encodings]
+    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+        """Token ids + </s> per text, after the target's token for a multi-target model; [] for
+        empty or whitespace-only text (nothing to run). `target` None: the only target."""
+        if target is None and len(self.target_languages) == 1:
+            target = self.target_languages[0]
+        if target not in self.target_languages:
+            raise ValueError(
+                f"{self.name} translates into {', '.join(self.target_languages)}, not {target}"
+            )
+        prefix = self._prefixes.get(target, [])
+        return [[*prefix, *ids] if ids else [] for ids in self._tokenizer.encode(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self._tokenizer.decode(ids)
 
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
@@ -251,10 +256,10 @@ class Engine:
         return results
 
     def translate(
-        self, texts: Sequence[str], options: DecodingOptions
+        self, texts: Sequence[str], options: DecodingOptions, target: str | None = None
     ) -> list[list[tuple[str, Hypothesis]]]:
         """encode -> generate -> decode: (text, hypothesis) n-best lists in the input order."""
-        nbest = self.generate(self.encode(texts), options)
+        nbest = self.generate(self.encode(texts, target), options)
         return [[(self.decode(h.ids), h) for h in hyps] for hyps in nbest]
 
     def _generate_batch(
@@ -284,6 +289,7 @@ class Engine:
             sentences=n,
             beam_size=options.beam_size,
             capacity=initial_capacity(limit, length, padded),
+            limit=limit,
             padded=padded,
             graph_ids=self._graph_ids,
         )
@@ -375,7 +381,7 @@ def _log_placement(engine: Engine, device: Device, dtype: str) -> None:
         engine.name,
         dtype,
         engine.source_language,
-        engine.target_language,
+        ", ".join(engine.target_languages),
         engine.provider,
         "padded" if engine.padded else "compacted",
     )

@@ -7,7 +7,6 @@ import asyncio
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -19,17 +18,19 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from service.api import (
-    BodyLimitMiddleware,
-    HttpMetricsMiddleware,
-    Runtime,
-    TranslationModel,
-    libretranslate_router,
-    router,
+from service.api import router
+from service.bundle import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    BundleError,
+    replace_directory,
+    sha256_file,
 )
-from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, sha256_file
 from service.errors import ErrorRenderer, install_error_handlers
+from service.http import BodyLimitMiddleware, HttpMetricsMiddleware
+from service.libretranslate import libretranslate_router
 from service.metrics import Metrics
+from service.pipeline import Runtime, TranslationModel
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -172,13 +173,7 @@ def _export(checkpoint: Path, bundle: Path) -> None:
             raise BundleError(
                 f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}"
             )
-        if bundle.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{bundle.name}.old-", dir=bundle.parent))
-            os.replace(bundle, old / bundle.name)
-            os.replace(fresh, bundle)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(fresh, bundle)
+        replace_directory(fresh, bundle)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)  # gone already unless the export failed
     log.info("exported %s to %s", checkpoint, bundle)

@@ -158,12 +158,14 @@ class StaticCacheState:
         sentences: int,
         beam_size: int,
         capacity: int,
+        limit: int,
         padded: bool,
         graph_ids: dict[tuple[int, ...], int] | None = None,
     ) -> None:
         """`cross` and `attention_mask` (N, S) have one row per slot, N >= `sentences` (the
         padded policy's extra slots are never live). `capacity` is the cache's positions to
-        start with (`initial_capacity`); a step past them doubles it.
+        start with (`initial_capacity`); a step past them doubles it, up to `limit`, the most
+        steps the batch may take (at most the model's positions).
 
         `graph_ids` (CUDA graphs; padded policy and gather cache only): the CUDA graph of each
         step shape, numbered in this map, which the engine keeps across batches. A shape's
@@ -176,7 +178,7 @@ class StaticCacheState:
             raise ValueError("CUDA graphs replay fixed shapes: a padded batch, a gather cache")
         dims = manifest.model
         self.session, self.pool, self.padded = session, pool, padded
-        self.vocab_size = dims.vocab_size
+        self.vocab_size = dims.output_vocab_size  # the decoder's (a separate target one)
         self.beam_size = beam_size
         self.indirection = manifest.decoder_cache == "indirection"
         self.live = np.arange(sentences)  # slot of each live sentence, in the search's order
@@ -186,6 +188,7 @@ class StaticCacheState:
         self._warm: set[tuple[int, ...]] = set()
         self._slots = attention_mask.shape[0]
         self._capacity = capacity
+        self._limit = limit
         self._layers = dims.decoder_layers
         self._cache_shape = (dims.heads, dims.d_head)
         self._cache_dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)
@@ -211,7 +214,7 @@ class StaticCacheState:
     def step(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         t, g = self.position, self.beam_size
         if t >= self._capacity:
-            self._grow(2 * self._capacity)
+            self._grow(min(2 * self._capacity, self._limit))
         if self.beams == 1 and g > 1:
             # Beam search's first step: each sentence's G rows start alike.
             self._ids[self.live] = tokens.reshape(-1, 1)

@@ -1,6 +1,6 @@
 """Translate a file line by line with the engine: the batch path, no HTTP.
 
-    python -m service.translate --bundle BUNDLE [--beam-size K] [--batch-size N]
+    python -m service.translate --bundle BUNDLE [--target LANG] [--beam-size K] [--batch-size N]
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
         [--max-decoding-length N] < in.txt > out.txt
 
@@ -56,13 +56,14 @@ def translate_lines(
     options: DecodingOptions,
     *,
     out: TextIO,
+    target: str | None = None,
     on_progress: Callable[[int], None] = lambda done: None,
 ) -> int:
     """Write one translation per line to `out`, window by window; returns target tokens.
 
     Raises ValueError, naming the line, before anything is written if a line is too long.
     """
-    sources = engine.encode(lines)
+    sources = engine.encode(lines, target)
     for number, ids in enumerate(sources, start=1):
         if len(ids) > engine.max_input_tokens:
             raise ValueError(
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Translate stdin to stdout, line by line, with an ONNX bundle.",
     )
     p.add_argument("--bundle", required=True, help="bundle directory (python -m export)")
+    p.add_argument("--target", help="target language, for a multi-target model")
     p.add_argument("--beam-size", type=int, default=4, help="1 is greedy (default 4)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             lines,
             options,
             out=sys.stdout,
+            target=args.target,
             on_progress=_Progress(len(lines), sys.stderr).update,
         )
     except (BundleError, ValueError) as e:

@@ -1,5 +1,7 @@
 """Session-wide fixtures: the Multi30k location, a tiny checkpoint built once per session, and
-the ONNX bundles exported from it (fp32, fp16, int8), shared by the export and service tests."""
+the ONNX bundles exported from it (fp32, fp16, int8), shared by the export and service tests;
+and small random Marian checkpoints in transformers' format (benchmarks/marian_checkpoint.py),
+imported and exported once per session."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
+from model.import_marian import import_marian
 from model.tokenizer import TOKENIZER_FILE, train_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
 
@@ -126,3 +130,126 @@ def val_src(multi30k: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def val_ref(multi30k: Path) -> list[str]:
     return read_lines(multi30k / "val.de.gz")[:N_SENTENCES]
+
+
+# --- Marian (OPUS-MT-shaped) checkpoints: random weights, SentencePiece trained on Multi30k ---
+
+MARIAN_LINES = 3000  # training lines per SentencePiece model
+# With this seed the en-de model's greedy and beam searches end with </s> at varied lengths on
+# the val sentences as well as at the length limit (tests/model/test_import_marian.py checks).
+MARIAN_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def marian_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """en -> de, one shared vocabulary, as transformers' save_pretrained writes it."""
+    return write_checkpoint(
+        tmp_path_factory.mktemp("hf") / "opus-mt-en-de",
+        read_lines(multi30k / "train.en.gz")[:MARIAN_LINES],
+        read_lines(multi30k / "train.de.gz")[:MARIAN_LINES],
+        seed=MARIAN_SEED,
+    )
+
+
+@pytest.fixture(scope="session")
+def marian_separate_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """en -> fr with separate source and target vocabularies and embeddings."""
+    return write_checkpoint(
+        tmp_path_factory.mktemp("hf") / "opus-mt-en-fr",
+        read_lines(multi30k / "train.en.gz")[:MARIAN_LINES],
+        read_lines(multi30k / "train.fr.gz")[:MARIAN_LINES],
+        target_language="fr",
+        separate_vocabs=True,
+        seed=MARIAN_SEED,
+    )
+
+
+@pytest.fixture(scope="session")
+def marian_multi_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """de -> en and fr: a multi-target model that reads >>en<< or >>fr<< first."""
+    targets = [*read_lines(multi30k / "train.en.gz"), *read_lines(multi30k / "train.fr.gz")]
+    return write_checkpoint(
+        tmp_path_factory.mktemp("hf") / "opus-mt-de-mul",
+        read_lines(multi30k / "train.de.gz")[:MARIAN_LINES],
+        targets[:: len(targets) // MARIAN_LINES],
+        source_language="de",
+        target_language="mul",
+        target_codes=["en", "fr"],
+        seed=MARIAN_SEED,
+    )
+
+
+@pytest.fixture(scope="session")
+def marian_renormalized_dir(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The en -> de model with renormalize_logits in its generation config, as some OPUS-MT
+    uploads have: the suppressed pad token's probability goes to the other tokens."""
+    out = tmp_path_factory.mktemp("hf") / "opus-mt-en-de-renormalized"
+    shutil.copytree(marian_dir, out)
+    generation = json.loads((out / "generation_config.json").read_text())
+    generation["renormalize_logits"] = True
+    (out / "generation_config.json").write_text(json.dumps(generation))
+    return out
+
+
+def _imported(directory: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / directory.name
+    import_marian(directory, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def marian_checkpoint(marian_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _imported(marian_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_separate_checkpoint(
+    marian_separate_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _imported(marian_separate_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_renormalized_checkpoint(
+    marian_renormalized_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _imported(marian_renormalized_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_multi_checkpoint(
+    marian_multi_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _imported(marian_multi_dir, tmp_path_factory)
+
+
+def _exported(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / checkpoint.name
+    export_bundle(checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def marian_bundle(marian_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _exported(marian_checkpoint, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_separate_bundle(
+    marian_separate_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _exported(marian_separate_checkpoint, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_multi_bundle(
+    marian_multi_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _exported(marian_multi_checkpoint, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def marian_renormalized_bundle(
+    marian_renormalized_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    return _exported(marian_renormalized_checkpoint, tmp_path_factory)

@@ -22,6 +22,7 @@ def test_gpu_bench_runs_on_the_cpu(
     assert main(argv) == 0
     summary = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == summary
+    assert not [r for r in summary["results"] if "error" in r], summary["results"]
     runs = {r["system"]: r["runs"] for r in summary["results"]}
     assert set(runs) == {"engine-fp32", "engine-fp32-graphs", "engine-fp32-cpu"}
     assert all(len(r) == 4 for r in runs.values())  # batch 1 and 2, greedy and beam 2

@@ -71,6 +71,10 @@ def test_manifest_describes_the_checkpoint(fp32_bundle: Path, tiny_checkpoint: P
     assert provenance.bleu is None  # the tiny checkpoint records none
     commit = provenance.git_commit
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+    # Fields added for imported Marian models stay out of this model's manifest, which reads
+    # as it did before them.
+    raw = json.loads((fp32_bundle / MANIFEST_FILE).read_text())
+    assert "target_tokens" not in raw and "target_vocab_size" not in raw["model"]
 
 
 def test_sentence_beam_source_and_capacity_axes_are_dynamic(fp32_bundle: Path) -> None:

@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +186,109 @@ def test_save_then_load_gives_identical_outputs(tmp_path) -> None:
 def test_load_model_names_the_missing_file(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_model(tmp_path)
+
+
+# --- The configurable parts an imported Marian model uses (model/import_marian.py) ------------
+
+MARIAN_LIKE = dict(
+    activation="swish",
+    positions="halves",
+    output_bias=True,
+    pad_id=49,
+    bos_id=49,
+    eos_id=0,
+    unk_id=1,
+    suppressed_ids=(49,),
+)
+
+
+def test_halves_layout_holds_the_interleaved_sines_then_the_cosines() -> None:
+    interleaved, halves = sinusoidal_encoding(12, 8), sinusoidal_encoding(12, 8, "halves")
+    assert torch.equal(halves[:, :4], interleaved[:, 0::2])
+    assert torch.equal(halves[:, 4:], interleaved[:, 1::2])
+
+
+def test_suppressed_tokens_get_minus_inf_and_keep_their_share_of_the_softmax() -> None:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, **SMALL, **MARIAN_LIKE)).eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        model.output_bias[49] = 20.0  # without the suppression, the pad token would always win
+        src = torch.tensor([[5, 9, 11, 0], [6, 0, 49, 49]])
+        mask = model.source_mask(src)
+        log_probs, _ = model.decode_step(
+            torch.tensor([49, 49]), model.init_cache(model.encode(src, mask)), mask
+        )
+        logits = model.decode(torch.tensor([[49], [49]]), model.encode(src, mask), mask)[:, 0]
+    assert torch.all(log_probs[:, 49] == -math.inf)
+    # The other tokens keep the values of the full log-softmax: their mass is far below 1.
+    assert torch.allclose(log_probs[:, :49], logits.log_softmax(-1)[:, :49], atol=1e-6)
+    assert log_probs[:, :49].exp().sum(-1).max() < 0.01
+
+
+def test_renormalized_suppression_gives_the_others_the_suppressed_share() -> None:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, **SMALL, **MARIAN_LIKE, renormalize_suppressed=True)  # type: ignore[arg-type]
+    model = Transformer(config).eval()
+    logits = torch.randn(3, 50)
+    logits[:, 49] = 20.0
+    log_probs = model.next_token_log_probs(logits)
+    assert torch.all(log_probs[:, 49] == -math.inf)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(3))
+    assert torch.allclose(log_probs[:, :49], logits[:, :49].log_softmax(-1), atol=1e-6)
+
+
+def test_a_separate_target_vocabulary_has_its_own_embedding_and_output() -> None:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=50,
+        target_vocab_size=30,
+        **SMALL,
+        **{**MARIAN_LIKE, "pad_id": 29, "bos_id": 29, "suppressed_ids": (29,)},
+    )  # type: ignore[arg-type]
+    model = Transformer(config).eval()
+    assert model.target_embedding is not None and model.target_embedding.num_embeddings == 30
+    src = torch.tensor([[45, 9, 11, 0]])  # source ids beyond the target vocabulary
+    with torch.no_grad():
+        logits = model(src, torch.tensor([[29, 3, 4]]))  # (1, 3, 30)
+    assert logits.shape == (1, 3, 30)
+    x = torch.randn(2, 32)
+    expected = x @ model.target_embedding.weight.t() + model.output_bias
+    assert torch.allclose(model.output_logits(x), expected)
+
+
+def test_decode_does_not_mask_a_start_token_equal_to_the_pad_id() -> None:
+    """Marian starts decoding from its pad token: the teacher-forced decoder must attend to it,
+    as decode_step does."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, **SMALL, **MARIAN_LIKE)).eval()  # type: ignore[arg-type]
+    src = torch.tensor([[5, 9, 11, 0]])
+    tgt = torch.tensor([[49, 7, 8]])
+    mask = model.source_mask(src)
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        full = model.next_token_log_probs(model.decode(tgt, memory, mask))
+        cache = model.init_cache(memory)
+        for t in range(3):
+            step, cache = model.decode_step(tgt[:, t], cache, mask)
+            assert torch.allclose(step, full[:, t], atol=1e-5)
+
+
+def test_the_shipped_checkpoint_loads_with_the_defaults() -> None:
+    """A project checkpoint's config.json predates the Marian fields: it loads unchanged."""
+    checkpoint = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-en-de"
+    model = load_model(checkpoint)
+    assert model.config.activation == "relu" and model.config.positions == "interleaved"
+    assert (model.config.pad_id, model.config.bos_id, model.config.eos_id) == (0, 1, 2)
+    assert model.output_bias is None and model.target_embedding is None
+
+
+def test_marian_fields_are_validated() -> None:
+    with pytest.raises(ValueError, match="activation"):
+        ModelConfig(vocab_size=50, activation="gelu_new")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pad_id 50 is outside"):
+        ModelConfig(vocab_size=50, pad_id=50)
+    with pytest.raises(ValueError, match="eos_id cannot be suppressed"):
+        ModelConfig(vocab_size=50, suppressed_ids=(2,))
+    # JSON gives a list; the frozen config keeps a tuple.
+    config = ModelConfig.from_dict({"vocab_size": 50, "suppressed_ids": [0]})
+    assert config.suppressed_ids == (0,)

@@ -35,18 +35,26 @@ class FakeModel:
     thread until released; a source containing "FAIL" makes the whole call raise."""
 
     def __init__(
-        self, source: str = "en", target: str = "de", *, max_input_tokens: int = 200
+        self,
+        source: str = "en",
+        target: str = "de",
+        *,
+        more_targets: tuple[str, ...] = (),
+        max_input_tokens: int = 200,
     ) -> None:
         self.name = f"fake-{source}-{target}"
         self.source_language = source
-        self.target_language = target
+        self.target_languages = (target, *more_targets)
+        self.encoded_for: list[str | None] = []  # the target of each encode call
         self.max_input_tokens = max_input_tokens
         self.provider = "FakeProvider"
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()  # set when a generate call starts
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+        assert target in (None, *self.target_languages)
+        self.encoded_for.append(target)
         return [[ord(c) for c in text] + [EOS] if text.strip() else [] for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:

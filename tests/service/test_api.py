@@ -15,9 +15,10 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api import Runtime
 from service.errors import ERROR_TABLE, ErrorType
 from service.main import create_app
+from service.metrics import Metrics
+from service.pipeline import Runtime
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -122,6 +123,30 @@ async def test_several_bundles_are_routed_by_language_pair() -> None:
     assert len(de_en.calls) == 2 and len(en_de.calls) == 1  # warm-ups + the request
 
 
+async def test_a_multi_target_model_serves_each_target_through_one_batcher() -> None:
+    multi = FakeModel("en", "de", more_targets=("fr",))
+    app = create_app(fast_settings(), models=[multi])
+    async with running(app) as client:
+        assert (await client.get("/languages")).json() == [
+            {"source": "en", "target": "de", "model": "fake-en-de"},
+            {"source": "en", "target": "fr", "model": "fake-en-de"},
+        ]
+        for target in ("fr", "de"):
+            response = await client.post(
+                "/translate", json={"text": "x", "source": "en", "target": target}
+            )
+            assert response.status_code == 200
+        assert list(runtime_of(app).batchers) == ["fake-en-de"]
+    assert multi.encoded_for == ["de", "fr", "de"]  # the warm-up, then each request's target
+
+
+def test_two_models_may_not_share_a_name() -> None:
+    a, b = FakeModel("en", "de"), FakeModel("en", "fr")
+    b.name = a.name
+    with pytest.raises(ValueError, match="two models named fake-en-de"):
+        Runtime(fast_settings(), Metrics(), [a, b])
+
+
 async def test_not_ready_without_lifespan() -> None:
     app = create_app(fast_settings(), models=[FakeModel()])
     transport = httpx.ASGITransport(app=app)
@@ -224,7 +249,7 @@ async def test_a_full_queue_is_429_with_retry_after(fake: FakeModel) -> None:
             queued = asyncio.ensure_future(
                 client.post("/translate", json={"text": "b\nc", **EN_DE})
             )
-            await async_wait_for(lambda: runtime_of(app).batchers["en", "de"].depth == 2)
+            await async_wait_for(lambda: runtime_of(app).batchers[fake.name].depth == 2)
             response = await client.post("/translate", json={"text": "d", **EN_DE})
             assert response.status_code == 429
             assert response.headers["retry-after"] == "2"
@@ -349,7 +374,7 @@ async def test_a_disconnected_client_is_dropped_before_decoding(fake: FakeModel)
             call = asyncio.ensure_future(
                 app(_scope("/translate", body), _receive(body, gone), _collect(sent))
             )
-            await async_wait_for(lambda: runtime_of(app).batchers["en", "de"].depth == 1)
+            await async_wait_for(lambda: runtime_of(app).batchers[fake.name].depth == 1)
             gone.set()  # the client hangs up while its sentence waits in the queue
             await call
         finally:
@@ -588,7 +613,7 @@ async def test_more_sentences_than_the_queue_holds_is_422_even_when_idle(fake: F
     async with running(app) as client:
         encoded: list[str] = []
         real_encode = fake.encode
-        fake.encode = lambda texts: encoded.extend(texts) or real_encode(texts)  # type: ignore[method-assign]
+        fake.encode = lambda texts, target=None: encoded.extend(texts) or real_encode(texts, target)  # type: ignore[method-assign]
         response = await client.post("/translate", json={"text": "Aa. Bb. Cc. Dd.", **EN_DE})
         assert response.status_code == 422 and "retry-after" not in response.headers
         assert error_of(response) == {
@@ -614,9 +639,9 @@ async def test_large_bodies_are_split_and_tokenised_off_the_event_loop(
     threads: list[threading.Thread] = []
     real_encode = fake.encode
 
-    def encode(texts: Any) -> list[list[int]]:
+    def encode(texts: Any, target: str | None = None) -> list[list[int]]:
         threads.append(threading.current_thread())
-        return real_encode(texts)
+        return real_encode(texts, target)
 
     monkeypatch.setattr(fake, "encode", encode)
     text = " ".join(["A dog runs across the green field."] * sentences)  # 2: 69, 200: 7k chars

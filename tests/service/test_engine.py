@@ -188,7 +188,7 @@ def test_intra_op_threads_sleep_between_kernels_unless_asked_to_spin(
 
 def test_engine_describes_its_model(engine: Engine, eos_checkpoint: Path) -> None:
     assert engine.name == eos_checkpoint.name
-    assert (engine.source_language, engine.target_language) == ("en", "de")
+    assert (engine.source_language, engine.target_languages) == ("en", ("de",))
     assert engine.max_input_tokens == engine.manifest.model.max_positions == 48
 
 

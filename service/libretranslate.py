@@ -1,0 +1,237 @@
+"""The LibreTranslate-compatible surface (mounted under `libretranslate_prefix`): its
+/translate, /detect and /languages with LibreTranslate's fields, form bodies and error shape, over
+the same pipeline as the native routes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, ValidationError
+
+from service.errors import ErrorType, ServiceError, describe_validation_errors
+from service.http import PresentedKey, RuntimeDep, check_api_key, unless_disconnected
+from service.pipeline import Runtime
+
+# English names for the codes LibreTranslate clients display; others show their code.
+_LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
+    "en": "English", "es": "Spanish", "fi": "Finnish", "fr": "French", "hi": "Hindi",
+    "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
+    "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish",
+    "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}  # fmt: skip
+
+
+class LibreTranslateRequest(BaseModel):
+    """LibreTranslate's fields; others (e.g. `secret`) are ignored as LibreTranslate does."""
+
+    q: str | list[str] | None = Field(None, description="text or list of texts")
+    source: str | None = Field(None, description="language code, or auto")
+    target: str | None = None
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, description="number of alternative translations")
+    api_key: str | None = None
+
+
+class DetectedLanguage(BaseModel):
+    confidence: float
+    language: str
+
+
+class LibreTranslateResponse(BaseModel):
+    translatedText: str | list[str]  # LibreTranslate's names
+    detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
+    alternatives: list[str] | list[list[str]] | None = None
+
+
+class LibreTranslateLanguage(BaseModel):
+    code: str
+    name: str
+    targets: list[str]
+
+
+class LibreTranslateError(BaseModel):
+    error: str
+
+
+_FORM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "q": {"type": "string"},
+        "source": {"type": "string"},
+        "target": {"type": "string"},
+        "format": {"type": "string", "enum": ["text", "html"]},
+        "alternatives": {"type": "integer", "minimum": 0},
+        "api_key": {"type": "string"},
+    },
+    "required": ["q", "source", "target"],
+}
+_DETECT_SCHEMA = {
+    "type": "object",
+    "properties": {"q": {"type": "string"}, "api_key": {"type": "string"}},
+    "required": ["q"],
+}
+
+
+def _openapi_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> dict[str, Any]:
+    """The request body LibreTranslate documents: JSON or form fields (parsed by hand)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": json_schema},
+                "application/x-www-form-urlencoded": {"schema": form_schema},
+                "multipart/form-data": {"schema": form_schema},
+            },
+        }
+    }
+
+
+_LIBRETRANSLATE_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": LibreTranslateError} for status in (400, 403, 413, 429, 500, 503)
+}
+
+libretranslate_router = APIRouter(tags=["LibreTranslate"])
+
+
+@libretranslate_router.post(
+    "/translate",
+    response_model=LibreTranslateResponse,
+    response_model_exclude_none=True,
+    responses=_LIBRETRANSLATE_ERRORS,
+    openapi_extra=_openapi_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
+)
+async def libretranslate_translate(
+    request: Request, runtime: RuntimeDep, header_key: PresentedKey
+) -> LibreTranslateResponse:
+    """LibreTranslate's /translate: JSON or form body; `q` a string or a list."""
+    deadline = time.monotonic() + runtime.settings.request_timeout_s
+    with runtime.accept():
+        try:
+            body = LibreTranslateRequest.model_validate(await _libretranslate_fields(request))
+        except ValidationError as e:
+            message = describe_validation_errors(e.errors())
+            raise ServiceError(ErrorType.INVALID_REQUEST, message) from e
+        check_api_key(runtime, body.api_key if body.api_key is not None else header_key)
+        q, source, target = body.q, body.source, body.target
+        if not q:
+            raise _missing("q")
+        if not source:
+            raise _missing("source")
+        if not target:
+            raise _missing("target")
+        if body.format != "text":
+            raise ServiceError(ErrorType.INVALID_REQUEST, f"{body.format} format is not supported")
+        texts = q if isinstance(q, list) else [q]
+        if len(texts) > runtime.settings.max_texts:
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"Invalid request: request ({len(texts)}) exceeds text limit "
+                f"({runtime.settings.max_texts})",
+            )
+        source = _libretranslate_source(runtime, source)
+        pair = (source, target)
+        runtime.model(*pair)  # an unknown pair is refused before anything else is checked
+        if body.alternatives + 1 > runtime.settings.max_beam_size:
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"Invalid request: alternatives parameter must be <= "
+                f"{runtime.settings.max_beam_size - 1}",
+            )
+        n = body.alternatives + 1
+        options = runtime.decoding_options(
+            pair, beam_size=max(runtime.settings.default_beam_size, n), num_hypotheses=n
+        )
+        work = runtime.translate(texts, pair, options, deadline=deadline)
+        results = await unless_disconnected(request, work)
+    translated = [r.texts[0] for r in results]
+    # As LibreTranslate: alternatives differ from the translation and from each other.
+    alternatives = [
+        list(dict.fromkeys(t for t in r.texts[1:] if t and t != r.texts[0])) for r in results
+    ]
+    detected = DetectedLanguage(confidence=100.0, language=source)
+    single = isinstance(body.q, str)
+    return LibreTranslateResponse(
+        translatedText=translated[0] if single else translated,
+        detectedLanguage=(detected if single else [detected] * len(texts))
+        if body.source == "auto"
+        else None,
+        alternatives=(alternatives[0] if single else alternatives) if body.alternatives else None,
+    )
+
+
+def _missing(name: str) -> ServiceError:
+    return ServiceError(ErrorType.INVALID_REQUEST, f"Invalid request: missing {name} parameter")
+
+
+async def _libretranslate_fields(request: Request) -> dict[str, Any]:
+    """JSON when the client says so, else query parameters and form fields as Flask's
+    `request.values` in LibreTranslate: the query string first, then the form, and the first
+    value of a repeated name wins (line endings made \\n)."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        try:
+            data = await request.json()
+        except ValueError:
+            raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid JSON format") from None
+        if not isinstance(data, dict):
+            raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid JSON format")
+        return data
+    form = await request.form()
+    fields: dict[str, Any] = {}
+    for key, value in [*request.query_params.multi_items(), *form.multi_items()]:
+        if isinstance(value, str):  # uploaded files are not fields
+            fields.setdefault(key, value)
+    if "q" in fields:
+        fields["q"] = "\n".join(fields["q"].splitlines())
+    return fields
+
+
+def _libretranslate_source(runtime: Runtime, source: str) -> str:
+    if source != "auto":
+        return source
+    sources = {s for s, _ in runtime.models}
+    if len(sources) != 1:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST,
+            "this server detects no language: 'auto' needs a single source language, and it "
+            "serves " + ", ".join(sorted(sources)),
+        )
+    return sources.pop()
+
+
+@libretranslate_router.post(
+    "/detect",
+    response_model=list[DetectedLanguage],
+    responses=_LIBRETRANSLATE_ERRORS,
+    openapi_extra=_openapi_body(_DETECT_SCHEMA, _DETECT_SCHEMA),
+)
+async def libretranslate_detect(
+    request: Request, runtime: RuntimeDep, header_key: PresentedKey
+) -> list[DetectedLanguage]:
+    """LibreTranslate's /detect, for clients that call it: no detector, the server's only
+    source language with confidence 100 (400 when it serves several)."""
+    with runtime.accept():  # refused while draining, like every request that carries text
+        fields = await _libretranslate_fields(request)
+        api_key = fields.get("api_key")
+        check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+        if not fields.get("q"):
+            raise _missing("q")
+        language = _libretranslate_source(runtime, "auto")
+    return [DetectedLanguage(confidence=100.0, language=language)]
+
+
+@libretranslate_router.get("/languages", response_model=list[LibreTranslateLanguage])
+async def libretranslate_languages(runtime: RuntimeDep) -> list[LibreTranslateLanguage]:
+    """Every language served, as a source (with its targets) or only as a target."""
+    codes = sorted({code for pair in runtime.models for code in pair})
+    return [
+        LibreTranslateLanguage(
+            code=code,
+            name=_LANGUAGE_NAMES.get(code, code),
+            targets=sorted(t for s, t in runtime.models if s == code),
+        )
+        for code in codes
+    ]

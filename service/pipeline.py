@@ -1,0 +1,285 @@
+"""The serving pipeline: split, route, batch, reassemble.
+
+`Runtime` holds the loaded models by language pair (a multi-target model serves several pairs),
+one batcher per model, readiness and draining. A translation goes: split each text into
+sentences (segment.py) -> encode (with the target's token for a multi-target model) -> length
+check -> the model's batcher (all segments of the request, batched with everyone else's, whatever
+their target) -> decode -> reassemble each text around its original separators. The HTTP routes
+(api.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+from service import segment
+from service.batcher import Batcher, BatchLimits
+from service.decoding import DecodingOptions, Hypothesis
+from service.errors import ErrorType, ServiceError
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WARM_UP_TEXT = "A man is riding a bike."
+
+
+class TranslationModel(Protocol):
+    """What the service needs of an engine (service.engine.Engine, or a test's fake)."""
+
+    name: str  # unique among the served models: the metrics' model label
+    source_language: str
+    target_languages: tuple[str, ...]  # several for a multi-target model
+    max_input_tokens: int  # per segment, </s> included
+    provider: str
+
+    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def generate(
+        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+    ) -> list[list[Hypothesis]]: ...
+
+
+@dataclass(frozen=True)
+class TextTranslation:
+    """One input text translated: its n-best texts (best first), their scores (mean of the
+    segments' scores; None without segments), and each segment's best hypothesis."""
+
+    texts: list[str]
+    scores: Sequence[float | None]
+    segments: list[Hypothesis]
+
+
+class Runtime:
+    """Everything the routes share once the models are loaded."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, models: Sequence[TranslationModel]
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.models: dict[tuple[str, str], TranslationModel] = {}  # by (source, target)
+        names: dict[str, TranslationModel] = {}
+        for model in models:
+            if model.name in names:
+                raise ValueError(
+                    f"two models named {model.name}: the name labels its metrics; serve bundles "
+                    "of differently named checkpoints"
+                )
+            names[model.name] = model
+            for target in model.target_languages:
+                pair = (model.source_language, target)
+                if pair in self.models:
+                    raise ValueError(
+                        f"two models for {pair[0]} -> {pair[1]}: {model.name}, "
+                        f"{self.models[pair].name}"
+                    )
+                self.models[pair] = model
+        limits = BatchLimits(
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_wait_s=settings.max_wait_ms / 1000,
+            max_queue=settings.max_queue_segments,
+        )
+        # One batcher per model: a multi-target model batches all its targets together (the
+        # target is in the source ids).
+        self.batchers = {
+            name: Batcher(model.generate, model=name, limits=limits, metrics=metrics)
+            for name, model in names.items()
+        }
+        self.warmed_up = False
+        self.draining = False
+        self._drain_end = math.inf
+        self._in_flight = 0
+        self._no_requests = asyncio.Event()
+        self._no_requests.set()
+
+    @property
+    def ready(self) -> bool:
+        running = all(b.running for b in self.batchers.values())
+        return self.warmed_up and running and not self.draining
+
+    async def start(self) -> None:
+        """Start the batchers and translate one sentence per model through the whole path."""
+        for (source, target), model in self.models.items():
+            self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
+        for batcher in self.batchers.values():
+            batcher.start()
+        warm_up: dict[str, tuple[str, str]] = {}  # model name -> its first pair
+        for pair, model in self.models.items():
+            warm_up.setdefault(model.name, pair)
+        for pair in warm_up.values():
+            options = self.decoding_options(pair)
+            await self.translate([WARM_UP_TEXT], pair, options, deadline=math.inf)
+        self.warmed_up = True
+
+    @contextmanager
+    def accept(self) -> Iterator[None]:
+        """Hold a translation request open; refused once draining has begun."""
+        if self.draining:
+            raise ServiceError(ErrorType.UNAVAILABLE, "the service is shutting down")
+        self._in_flight += 1
+        self._no_requests.clear()
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            self.metrics.in_flight.dec()
+            if self._in_flight == 0:
+                self._no_requests.set()
+
+    async def finish_requests(self, timeout: float) -> bool:
+        """Refuse new requests and wait for the accepted ones to be answered, until `timeout`
+        seconds after the first call (a second call shares the first one's deadline)."""
+        if not self.draining:
+            self.draining = True
+            self._drain_end = time.monotonic() + timeout
+        try:
+            await asyncio.wait_for(self._no_requests.wait(), self._drain_left())
+        except TimeoutError:
+            log.warning("%d requests still open at the drain timeout", self._in_flight)
+            return False
+        return True
+
+    async def shutdown(self, timeout: float) -> None:
+        """Drain (see finish_requests), then stop the batchers within the same deadline."""
+        await self.finish_requests(timeout)
+        for batcher in self.batchers.values():
+            await batcher.stop(self._drain_left())
+
+    def _drain_left(self) -> float:
+        return max(0.0, self._drain_end - time.monotonic())
+
+    def model(self, source: str, target: str) -> TranslationModel:
+        model = self.models.get((source, target))
+        if model is None:
+            served = ", ".join(f"{s} -> {t}" for s, t in self.models)
+            raise ServiceError(
+                ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
+                f"no model translates {source} -> {target}; served: {served}",
+            )
+        return model
+
+    def decoding_options(
+        self,
+        pair: tuple[str, str],
+        *,
+        beam_size: int | None = None,
+        num_hypotheses: int = 1,
+        length_penalty: float | None = None,
+        max_decoding_length: int | None = None,
+        return_scores: bool = False,
+    ) -> DecodingOptions:
+        """Request fields over the settings' defaults, validated; lengths are capped by the
+        model (so equal requests are batched together whatever they asked beyond it)."""
+        s = self.settings
+        if beam_size is None:
+            beam_size = s.default_beam_size
+        if length_penalty is None:
+            length_penalty = s.default_length_penalty
+        if max_decoding_length is None:
+            max_decoding_length = s.default_max_decoding_length
+        if beam_size > s.max_beam_size:
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"beam_size {beam_size} is larger than this server's limit of {s.max_beam_size}",
+            )
+        try:
+            return DecodingOptions(
+                beam_size=beam_size,
+                num_hypotheses=num_hypotheses,
+                length_penalty=length_penalty,
+                max_decoding_length=min(max_decoding_length, self.models[pair].max_input_tokens),
+                return_scores=return_scores,
+            )
+        except ValueError as e:
+            raise ServiceError(ErrorType.INVALID_REQUEST, str(e)) from e
+
+    def _split_and_encode(
+        self, model: TranslationModel, texts: Sequence[str], target: str
+    ) -> tuple[list[segment.Layout], list[list[int]]]:
+        layouts = [segment.split(text, model.source_language) for text in texts]
+        count = sum(len(layout.segments) for layout in layouts)
+        limit = self.settings.max_queue_segments
+        if count > limit:
+            # More than the queue ever holds: refused for good, before the tokeniser's work.
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"{count} sentences in one request; the limit is {limit} (max_queue_segments)",
+            )
+        segments = [s for layout in layouts for s in layout.segments]
+        return layouts, model.encode(segments, target)
+
+    async def translate(
+        self,
+        texts: Sequence[str],
+        pair: tuple[str, str],
+        options: DecodingOptions,
+        *,
+        deadline: float,
+    ) -> list[TextTranslation]:
+        model = self.models[pair]
+        batcher = self.batchers[model.name]
+        if sum(len(text) for text in texts) <= _INLINE_CHARACTERS:
+            layouts, sources = self._split_and_encode(model, texts, pair[1])
+        else:
+            # Off the event loop: splitting and tokenising a large body takes CPU time that
+            # would stall every other request (and /health) meanwhile.
+            layouts, sources = await asyncio.to_thread(
+                self._split_and_encode, model, texts, pair[1]
+            )
+        # Where each segment comes from: (text index, sentence index).
+        origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
+        limit = model.max_input_tokens
+        for (text, number), ids in zip(origins, sources, strict=True):
+            if len(ids) > limit:
+                raise ServiceError(
+                    ErrorType.INPUT_TOO_LONG,
+                    f"text {text}, sentence {number}: {len(ids)} tokens, more than the model's "
+                    f"limit of {limit} tokens per sentence (</s> included); split it into "
+                    "shorter sentences",
+                )
+        # Segments that encode to nothing (e.g. only control characters) skip the model.
+        to_run = [i for i, ids in enumerate(sources) if ids]
+        results = await batcher.submit([sources[i] for i in to_run], options, deadline=deadline)
+        nbest = [[_NOTHING] for _ in sources]
+        for i, hypotheses in zip(to_run, results, strict=True):
+            nbest[i] = hypotheses
+        per_text: list[list[list[Hypothesis]]] = [[] for _ in layouts]
+        for (text, _), hypotheses in zip(origins, nbest, strict=True):
+            per_text[text].append(hypotheses)
+        return [
+            _assemble(model, layout, own, options.num_hypotheses)
+            for layout, own in zip(layouts, per_text, strict=True)
+        ]
+
+
+_NOTHING = Hypothesis([], 0.0, "eos")
+# Texts up to this many characters in all are split and tokenised on the event loop: well under
+# a millisecond, less than the hop to a worker thread and back costs under load.
+_INLINE_CHARACTERS = 2000
+
+
+def _assemble(
+    model: TranslationModel, layout: segment.Layout, nbest: list[list[Hypothesis]], n: int
+) -> TextTranslation:
+    """The text's k-th alternative joins each segment's k-th hypothesis (its last if it has
+    fewer). A text without segments (empty or only whitespace) translates to ""."""
+    if not layout.segments:
+        return TextTranslation([""] * n, [None] * n, [])
+    texts, scores = [], []
+    for k in range(n):
+        chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
+        texts.append(layout.join([model.decode(h.ids) for h in chosen]))
+        scores.append(sum(h.score for h in chosen) / len(chosen))
+    return TextTranslation(texts, scores, [hyps[0] for hyps in nbest])

@@ -1,0 +1,162 @@
+"""A bundle's tokenizer: texts -> source ids ending in </s>, target ids -> text.
+
+Two kinds, named by the manifest's `tokenizer` entry:
+- a Hugging Face `tokenizers` file: this project's joint byte-level BPE;
+- SentencePiece files, for Marian (OPUS-MT) models: the same ids and text as transformers'
+  MarianTokenizer. The source text goes through the source SentencePiece model, whose pieces
+  map to ids through vocab.json (not the SentencePiece model's own ids; a piece missing from
+  vocab.json is <unk>), then </s>; the output ids map back to pieces through the target
+  vocabulary, which the target SentencePiece model joins into text.
+
+Why the `sentencepiece` package and not a `tokenizers` file converted from the .spm models
+(benchmarks/RESULTS.md has the numbers and the command): on every Multi30k en/de/fr sentence
+both give MarianTokenizer's ids, but the conversion (transformers' SpmConverter) drops a
+trailing U+0085 that SentencePiece keeps and reads the text "<unk>" as the unknown token, while
+calling SentencePiece itself is MarianTokenizer's own code path, equal by construction; and it
+encodes several times faster than the converted file.
+
+Two deliberate differences from MarianTokenizer, both on text a client sends: it turns text that
+spells a special token ("</s>", "<pad>") into that token, and a leading ">>fra<<" into a
+language token; here both stay text. The service adds the target-language token itself, from
+the requested target, so a client can neither end its input early nor pick another target.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import sentencepiece
+from tokenizers import Tokenizer
+
+from service.bundle import Bundle, BundleError, SentencePieceFiles, SpecialIds
+
+# transformers' clean_up_tokenization, applied in this order when a Marian checkpoint asks for
+# it (clean_up_tokenization_spaces in its tokenizer_config.json).
+_CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+_WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
+
+
+class TextTokenizer(Protocol):
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source ids + </s> per text; [] for a text with no tokens (nothing to translate)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids (special tokens left out) -> text."""
+        ...
+
+    def token_id(self, token: str) -> int | None:
+        """The source id of a whole token (e.g. ">>fra<<"), None if it is not one."""
+        ...
+
+
+class BpeTokenizer:
+    """A `tokenizers` file, with </s> appended by the engine whatever post-processor it has."""
+
+    def __init__(self, path: Path, special_ids: SpecialIds, vocab_size: int) -> None:
+        self._tokenizer = Tokenizer.from_file(str(path))
+        # Not stored in tokenizer.json: without it a user could type "</s>" and end the input.
+        self._tokenizer.encode_special_tokens = True
+        if self._tokenizer.get_vocab_size() != vocab_size:
+            raise BundleError(
+                f"{path}: {self._tokenizer.get_vocab_size()} tokens, the model has {vocab_size}"
+            )
+        self._eos = special_ids.eos
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [[*e.ids, self._eos] if e.ids else [] for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+
+class SentencePieceTokenizer:
+    """transformers' MarianTokenizer (module docstring), on the `sentencepiece` package."""
+
+    def __init__(
+        self,
+        directory: Path,
+        files: SentencePieceFiles,
+        special_ids: SpecialIds,
+        vocab_sizes: tuple[int, int],
+    ) -> None:
+        """`files` in `directory`; `vocab_sizes` (source, target) of the model."""
+        self._source = _load_model(directory / files.source_model)
+        self._target = _load_model(directory / files.target_model)
+        self._source_ids = _load_vocab(directory / files.source_vocab, vocab_sizes[0])
+        target_ids = _load_vocab(directory / files.target_vocab, vocab_sizes[1])
+        self._target_pieces = {i: piece for piece, i in target_ids.items()}
+        missing = [token for token in files.special_tokens if token not in target_ids]
+        if missing:
+            raise BundleError(f"{directory / files.target_vocab}: no special token {missing}")
+        self._skipped = frozenset(target_ids[token] for token in files.special_tokens)
+        self._unk, self._eos = special_ids.unk, special_ids.eos
+        self._clean_up = files.clean_up_spaces
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        # One call per text: for sentence-length texts a loop is faster than the batch call,
+        # which hands the list to a thread pool.
+        ids, unk, eos = self._source_ids, self._unk, self._eos
+        out = []
+        for text in texts:
+            pieces = self._source.encode(text, out_type=str)
+            out.append([*(ids.get(p, unk) for p in pieces), eos] if pieces else [])
+        return out
+
+    def decode(self, ids: Sequence[int]) -> str:
+        pieces = [self._target_pieces[i] for i in ids if i not in self._skipped]
+        text: str = self._target.decode_pieces(pieces)
+        text = text.replace(_WORD_BOUNDARY, " ").strip()
+        if self._clean_up:
+            for before, after in _CLEAN_UP:
+                text = text.replace(before, after)
+        return text
+
+    def token_id(self, token: str) -> int | None:
+        return self._source_ids.get(token)
+
+
+def load_tokenizer(bundle: Bundle) -> TextTokenizer:
+    """The tokenizer the bundle's manifest names, checked against the model's vocabularies."""
+    manifest = bundle.manifest
+    dims, files = manifest.model, manifest.tokenizer
+    if isinstance(files, SentencePieceFiles):
+        vocab_sizes = (dims.vocab_size, dims.output_vocab_size)
+        return SentencePieceTokenizer(bundle.directory, files, manifest.special_ids, vocab_sizes)
+    return BpeTokenizer(bundle.path(files), manifest.special_ids, dims.vocab_size)
+
+
+def _load_model(path: Path) -> sentencepiece.SentencePieceProcessor:
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as e:
+        raise BundleError(f"{path}: not a SentencePiece model: {e}") from e
+
+
+def _load_vocab(path: Path, size: int) -> dict[str, int]:
+    """piece -> id, every id of the model's `size` once (what the importer checked)."""
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{path}: not a readable vocabulary: {e}") from e
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(size)):
+        raise BundleError(f"{path}: does not map {size} tokens to the ids 0..{size - 1}")
+    return vocab

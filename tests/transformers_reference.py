@@ -1,0 +1,81 @@
+"""transformers' MarianMTModel and MarianTokenizer as the reference the Marian tests compare with.
+
+`generate` runs transformers' search under the conventions this project's search follows, so
+that both must give the same tokens (README: Serve an OPUS-MT model):
+- early_stopping=True: a sentence is done once it has beam_size finished hypotheses (the
+  published models' default, False, keeps searching while a running beam could still win);
+- forced_eos_token_id=None: at the length limit the hypothesis ends without a forced </s>
+  (finish_reason "length"), and its score is normalised by its length without </s>;
+- max_new_tokens = max_decoding_length. Scores are the sum of the log-probs (with </s>) divided
+  by length ** length_penalty, the length counting </s>, in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+from transformers import MarianMTModel, MarianTokenizer
+
+
+@dataclass(frozen=True)
+class Reference:
+    model: MarianMTModel
+    tokenizer: MarianTokenizer
+
+
+@cache
+def reference(directory: Path) -> Reference:
+    """The checkpoint as transformers loads it (once per directory)."""
+    return Reference(
+        MarianMTModel.from_pretrained(directory).eval(),
+        MarianTokenizer.from_pretrained(directory),
+    )
+
+
+def source_texts(texts: Sequence[str], target_token: str | None = None) -> list[str]:
+    """How a MarianTokenizer user asks a multi-target model for a target: ">>fr<< text"."""
+    return [text if target_token is None else f"{target_token} {text}" for text in texts]
+
+
+@torch.inference_mode()
+def generate(
+    ref: Reference,
+    texts: Sequence[str],
+    *,
+    beam_size: int,
+    max_decoding_length: int,
+    length_penalty: float = 1.0,
+    target_token: str | None = None,
+) -> list[tuple[list[int], float | None]]:
+    """(token ids without the start token and </s>, the beam score or None) per text."""
+    batch = ref.tokenizer(source_texts(texts, target_token), return_tensors="pt", padding=True)
+    out = ref.model.generate(
+        **batch,
+        num_beams=beam_size,
+        max_new_tokens=max_decoding_length,
+        length_penalty=length_penalty,
+        early_stopping=True,
+        forced_eos_token_id=None,
+        do_sample=False,
+        output_scores=beam_size > 1,
+        return_dict_in_generate=True,
+    )
+    config = ref.model.config
+    results = []
+    for i, row in enumerate(out.sequences.tolist()):
+        ids = row[1:]  # without the decoder's start token
+        for end, token in enumerate(ids):
+            if token in (config.eos_token_id, config.pad_token_id):
+                ids = ids[:end]
+                break
+        score = float(out.sequences_scores[i]) if beam_size > 1 else None
+        results.append((ids, score))
+    return results
+
+
+def decode(ref: Reference, ids: Sequence[int]) -> str:
+    return str(ref.tokenizer.decode(list(ids), skip_special_tokens=True))
