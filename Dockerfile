@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # transformer-mt serving image: two stages.
-#   build    python + CPU torch: exports the shipped checkpoint to ONNX bundles (fp32 and fp16)
+#   build    python + CPU torch: exports the shipped checkpoint to ONNX bundles (fp32 for the CPU, fp32 and fp16 for CUDA)
 #   runtime  CUDA 13 + cuDNN 9 runtime + onnxruntime-gpu + the service; no torch, no model/
 #
 #   docker build -t transformer-mt .
@@ -43,6 +43,8 @@ RUN pip install ".[train]" onnxruntime==1.31.1 pydantic==2.14.3
 COPY checkpoints/multi30k-en-de/ checkpoints/multi30k-en-de/
 RUN python -m export --checkpoint checkpoints/multi30k-en-de \
         --out /bundles/multi30k-en-de-fp32 --dtype fp32 \
+    && python -m export --checkpoint checkpoints/multi30k-en-de \
+        --out /bundles/multi30k-en-de-fp32-cuda --dtype fp32 --cache gather \
     && python -m export --checkpoint checkpoints/multi30k-en-de \
         --out /bundles/multi30k-en-de-fp16 --dtype fp16
 

@@ -5,7 +5,9 @@
 #   MT_PRECISION       auto (default) | fp32 | fp16: which prebuilt bundle to serve.
 #                      auto: fp16 when a GPU is visible (/dev/nvidiaN, as `docker run --gpus`
 #                      and the Kubernetes device plugin provide) and MT_DEVICE is not cpu;
-#                      fp32 otherwise (fp16 on the CPU provider is slow).
+#                      fp32 otherwise (fp16 on the CPU provider is slow). fp32 on a GPU
+#                      serves $MT_MODEL-fp32-cuda, exported with the cache the CUDA provider
+#                      needs (--cache gather; the CPU's fp32 bundle uses the indirection).
 #   MT_BUNDLES_DIR     where the image keeps its bundles (default /app/bundles)
 #   MT_MODEL           bundle name prefix (default multi30k-en-de): $MT_BUNDLES_DIR/$MT_MODEL-fp32
 #
@@ -17,33 +19,33 @@ if [ -z "${MT_BUNDLE:-}" ]; then
     bundles_dir="${MT_BUNDLES_DIR:-/app/bundles}"
     model="${MT_MODEL:-multi30k-en-de}"
     precision="${MT_PRECISION:-auto}"
-    if [ "$precision" = "auto" ]; then
-        precision=fp32
-        if [ "${MT_DEVICE:-auto}" = "cuda" ]; then
-            precision=fp16
-        elif [ "${MT_DEVICE:-auto}" = "auto" ]; then
-            for device in /dev/nvidia[0-9]*; do
-                if [ -e "$device" ]; then
-                    precision=fp16
-                    break
-                fi
-            done
-        fi
+    gpu=no
+    if [ "${MT_DEVICE:-auto}" = "cuda" ]; then
+        gpu=yes
+    elif [ "${MT_DEVICE:-auto}" = "auto" ]; then
+        for device in /dev/nvidia[0-9]*; do
+            if [ -e "$device" ]; then
+                gpu=yes
+                break
+            fi
+        done
     fi
     case "$precision" in
-        fp32 | fp16) ;;
+        auto) variant=$([ "$gpu" = yes ] && echo fp16 || echo fp32) ;;
+        fp32) variant=$([ "$gpu" = yes ] && echo fp32-cuda || echo fp32) ;;
+        fp16) variant=fp16 ;;
         *)
             echo "entrypoint: MT_PRECISION must be auto, fp32 or fp16, not '$precision'" >&2
             exit 2
             ;;
     esac
-    MT_BUNDLE="$bundles_dir/$model-$precision"
+    MT_BUNDLE="$bundles_dir/$model-$variant"
     if [ ! -f "$MT_BUNDLE/manifest.json" ]; then
         echo "entrypoint: no bundle at $MT_BUNDLE (set MT_BUNDLE or MT_BUNDLES_DIR)" >&2
         exit 2
     fi
     export MT_BUNDLE
-    echo "entrypoint: serving $MT_BUNDLE ($precision, MT_DEVICE=${MT_DEVICE:-auto})" >&2
+    echo "entrypoint: serving $MT_BUNDLE ($variant, MT_DEVICE=${MT_DEVICE:-auto})" >&2
 fi
 
 exec python -m service "$@"

@@ -63,6 +63,8 @@ def test_build_stage_exports_fp32_and_fp16(stages: dict[str, Stage]) -> None:
     build_runs = " ".join(i.args for i in stages["build"].all("RUN"))
     for dtype in ("fp32", "fp16"):
         assert f"--out /bundles/multi30k-en-de-{dtype} --dtype {dtype}" in build_runs
+    # fp32 on CUDA needs the gather cache (fp16 exports it by default)
+    assert "--out /bundles/multi30k-en-de-fp32-cuda --dtype fp32 --cache gather" in build_runs
     handed = [(src, dst) for stage, src, dst in stages["runtime"].copies() if stage == "build"]
     env = stages["runtime"].env()
     assert handed == [("/bundles/", env["MT_BUNDLES_DIR"] + "/")]
@@ -190,7 +192,7 @@ def run_entrypoint(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedP
     stub.write_text('#!/bin/sh\necho "python $* MT_BUNDLE=$MT_BUNDLE"\n')
     stub.chmod(0o755)
     bundles = tmp_path / "bundles"
-    for dtype in ("fp32", "fp16"):
+    for dtype in ("fp32", "fp32-cuda", "fp16"):
         (bundles / f"multi30k-en-de-{dtype}").mkdir(parents=True, exist_ok=True)
         (bundles / f"multi30k-en-de-{dtype}" / "manifest.json").write_text("{}")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MT_")}
@@ -215,7 +217,9 @@ def has_gpu_device() -> bool:
         ({"MT_DEVICE": "cpu"}, "fp32"),
         ({"MT_DEVICE": "cuda"}, "fp16"),
         ({"MT_PRECISION": "fp16"}, "fp16"),
-        ({"MT_PRECISION": "fp32", "MT_DEVICE": "cuda"}, "fp32"),
+        ({"MT_PRECISION": "fp32", "MT_DEVICE": "cuda"}, "fp32-cuda"),
+        ({"MT_PRECISION": "fp32", "MT_DEVICE": "cpu"}, "fp32"),
+        ({"MT_PRECISION": "fp16", "MT_DEVICE": "cpu"}, "fp16"),
         ({}, "fp16" if has_gpu_device() else "fp32"),
     ],
 )
