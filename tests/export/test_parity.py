@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from export.onnx_export import export_bundle
 from export.parity import (
     TOLERANCE,
     OrtBundle,
@@ -34,6 +35,7 @@ from service.bundle import (
     past_key,
     past_names,
 )
+from tests.conftest import REPO
 from tests.export.helpers import run_step
 
 
@@ -219,3 +221,19 @@ def test_cli_refuses_reduced_precision(
     argv += ["--src", str(multi30k / "val.en.gz"), "--n", "4"]
     assert main(argv) == 2
     assert "python -m export.quantize" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cache", ["indirection", "gather"])
+def test_the_shipped_model_gives_torchs_tokens_on_val(
+    cache: str, multi30k: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The decoder step built for the shipped weights, driven by the service's cache handling,
+    gives torch's greedy and beam-4 tokens on real sentences, with either cache."""
+    checkpoint = REPO / "checkpoints" / "multi30k-en-de"
+    export_bundle(checkpoint, tmp_path / "bundle", cache=cache)
+    argv = ["--checkpoint", str(checkpoint), "--bundle", str(tmp_path / "bundle")]
+    argv += ["--src", str(multi30k / "val.en.gz"), "--n", "24", "--threads", "2"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["tokens_equal"] is True
+    assert summary["max_abs_diff"] <= TOLERANCE
