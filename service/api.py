@@ -771,6 +771,31 @@ class HttpMetricsMiddleware:
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
 
 
+class CloseWhenDrainingMiddleware:
+    """While the service drains, every answer says `Connection: close`. A keep-alive client or
+    proxy then opens a new connection for its next request, which the load balancer sends to a
+    replica that is not shutting down; otherwise the kept connection stays pinned to this one,
+    and gets its 503s, for as long as the keep-alive lasts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
+                if runtime is not None and runtime.draining:
+                    headers = [*message.get("headers", []), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
+
+
 class BodyLimitMiddleware:
     """413 for a body over the limit: at once when Content-Length says so, else as soon as
     the bytes received pass it."""

@@ -21,6 +21,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service.api import (
     BodyLimitMiddleware,
+    CloseWhenDrainingMiddleware,
     HttpMetricsMiddleware,
     Runtime,
     TranslationModel,
@@ -79,6 +80,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
+    app.add_middleware(CloseWhenDrainingMiddleware)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app
