@@ -86,7 +86,7 @@ def wait_until_ready(
     while time.monotonic() < end:
         if process.poll() is not None:
             output = process.stdout.read() if process.stdout is not None else ""
-            raise RuntimeError(f"{process.args[0]} exited {process.returncode}: {output}")
+            raise RuntimeError(f"exited {process.returncode} before {url} was ready: {output}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return

@@ -135,8 +135,7 @@ async def soak(
     lost: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
     warm = asyncio.Event()
-    start = time.perf_counter()
-    end = start + max_seconds
+    start = end = 0.0  # set when the first request goes
 
     def sample_rss() -> None:
         mib = rss_mib(server_pid) if server_pid is not None else None
