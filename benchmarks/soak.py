@@ -16,10 +16,11 @@ greedy; one in six). `pooled`: all clients share one httpx client with a pool of
 Reports the requests answered (200), those lost by kind (a connection error or timeout by its
 exception name, any other status by its code), the status counts, what the server itself
 counted as answered (/metrics), p50/p99 latency of the answered requests overall and by kind,
-and the server's RSS over time: after the first `--warmup` requests, at the end, and its growth
-in between. The last line is the report as JSON. Exits 1 when a request was lost, was never sent
-(`--max-seconds` ran out) or the RSS grew more than `--max-rss-growth` percent; 2 on bad
-arguments.
+and the server's RSS over time, sampled every `--rss-every` seconds once `--warmup` requests are
+done: after warm-up and at the end (the medians of the first and last tenth of the samples), and
+the growth in between. The last line is the report as JSON. Exits 1 when a request was lost, was
+never sent (`--max-seconds` ran out) or the RSS grew more than `--max-rss-growth` percent; 2 on
+bad arguments.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import shlex
+import statistics
 import sys
 import time
 from collections import Counter
@@ -197,12 +199,21 @@ async def soak(
                "p99_ms": percentile_ms(values, 99)}
         for kind, values in latencies.items()
     }  # fmt: skip
-    if len(report.rss) >= 2:
-        first, last = report.rss[0][2], report.rss[-1][2]
-        report.rss_warm_mib, report.rss_end_mib = first, last
-        report.rss_max_mib = max(mib for _, _, mib in report.rss)
-        report.rss_growth_pct = round(100 * (last - first) / first, 1)
+    rss_summary(report)
     return report
+
+
+def rss_summary(report: Report) -> None:
+    """RSS after warm-up and at the end: the medians of the first and of the last tenth of the
+    samples (one sample moves by a few MiB as batches come and go), and the growth between."""
+    if len(report.rss) < 2:
+        return
+    tenth = max(1, len(report.rss) // 10)
+    mib = [sample[2] for sample in report.rss]
+    warm, end = statistics.median(mib[:tenth]), statistics.median(mib[-tenth:])
+    report.rss_warm_mib, report.rss_end_mib = round(warm, 1), round(end, 1)
+    report.rss_max_mib = max(mib)
+    report.rss_growth_pct = round(100 * (end - warm) / warm, 1)
 
 
 @contextlib.asynccontextmanager

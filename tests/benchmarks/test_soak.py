@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.servers import DEFAULT_TEXTS, nginx_binary
-from benchmarks.soak import Connections, main, request_body, soak
+from benchmarks.soak import Connections, Report, main, request_body, rss_summary, soak
 from tests.service.helpers import ServerProcess, server_process
 
 REQUESTS = 2000
@@ -33,6 +33,15 @@ def test_the_mix() -> None:
     long_text = next(str(body["text"]) for kind, body in kinds if kind == "long")
     first, second = long_text.split("\n\n")
     assert first.count(". ") == 2 and second.count(". ") == 1 and long_text.endswith(".")
+
+
+def test_rss_growth_compares_the_first_and_last_tenth() -> None:
+    report = Report(1, 1, "pooled", "direct")
+    mib = [100.0, 110.0, *[300.0] * 16, 120.0, 130.0]  # a peak in between is not growth
+    report.rss = [(float(i), i, value) for i, value in enumerate(mib)]
+    rss_summary(report)
+    assert (report.rss_warm_mib, report.rss_end_mib, report.rss_max_mib) == (105.0, 125.0, 300.0)
+    assert report.rss_growth_pct == 19.0
 
 
 @pytest.mark.parametrize("connections", ["pooled", "per-client"])
