@@ -18,35 +18,17 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
-import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"  # loopback only, always
-
-# Image-caption sentences like the shipped model's domain (Multi30k).
-DEFAULT_TEXTS = [
-    "A man in a blue shirt is riding a bike.",
-    "Two young children are playing in the sand on the beach.",
-    "A woman with a red hat is sitting on a bench in the park.",
-    "A black dog runs through the snow.",
-    "Several people are standing in front of a large building.",
-    "A little girl climbs the stairs to her playhouse.",
-    "A group of men are playing soccer on a field.",
-    "An older man is cooking food in a small kitchen.",
-]
+from benchmarks.servers import percentile_ms, read_texts, service
 
 
 @dataclass(frozen=True)
@@ -65,7 +47,7 @@ class LevelResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    texts = _read_texts(args.texts)
+    texts = read_texts(args.texts)
     levels = [int(c) for c in args.concurrency.split(",")]
     configs = {
         f"batching (max {args.max_batch_size})": ["--max-batch-size", str(args.max_batch_size)],
@@ -76,10 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server_flags = [*flags, "--max-wait-ms", str(args.max_wait_ms)]
         if args.intra_op_threads is not None:
             server_flags += ["--intra-op-threads", str(args.intra_op_threads)]
-        with _server(args.bundle, server_flags) as url:
-            pair = httpx.get(f"{url}/languages", timeout=10).json()[0]
+        with service(args.bundle, server_flags) as server:
+            pair = httpx.get(f"{server.url}/languages", timeout=10).json()[0]
             for concurrency in levels:
-                result = asyncio.run(_run_level(url, name, concurrency, texts, pair, args))
+                result = asyncio.run(_run_level(server.url, name, concurrency, texts, pair, args))
                 results.append(result)
                 _print_row(result)
     _print_ratios(results, levels, list(configs))
@@ -104,60 +86,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--texts", type=Path, default=None, help="one sentence per line")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)
-
-
-def _read_texts(path: Path | None) -> list[str]:
-    if path is None:
-        return DEFAULT_TEXTS
-    texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [t for t in texts if t] or DEFAULT_TEXTS
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_until_ready(url: str, process: subprocess.Popen[Any], timeout: float = 300.0) -> None:
-    """Poll `url`/ready until 200; fail with the server's output (when captured) if it exits
-    first. The tests start their servers with it too."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process.poll() is not None:
-            output = process.stdout.read() if process.stdout is not None else ""
-            raise RuntimeError(f"server exited {process.returncode}: {output}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"server not ready after {timeout:.0f} s")
-
-
-@contextlib.contextmanager
-def _server(bundle: Path, flags: list[str]) -> Iterator[str]:
-    port = free_port()
-    command = [
-        sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
-        "--port", str(port), "--log-level", "warning", *flags,
-    ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
-    url = f"http://{HOST}:{port}"
-    try:
-        try:
-            wait_until_ready(url, process)
-        except (RuntimeError, TimeoutError) as e:
-            raise SystemExit(str(e)) from None
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def _run_level(
@@ -228,9 +156,9 @@ async def _run_level(
         requests=ok + sum(statuses.values()),
         seconds=round(seconds, 3),
         requests_per_s=round(ok / seconds, 2),
-        p50_ms=_percentile_ms(latencies, 50),
-        p95_ms=_percentile_ms(latencies, 95),
-        p99_ms=_percentile_ms(latencies, 99),
+        p50_ms=percentile_ms(latencies, 50),
+        p95_ms=percentile_ms(latencies, 95),
+        p99_ms=percentile_ms(latencies, 99),
         errors=dict(statuses),
         mean_batch_size=round(segments / batches, 2) if batches else 0.0,
     )
@@ -246,12 +174,6 @@ def _batch_totals(metrics_text: str) -> tuple[float, float]:
             elif sample.name == "mt_batch_size_segments_sum":
                 segments += sample.value
     return batches, segments
-
-
-def _percentile_ms(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return round(1000 * values[0], 1) if values else 0.0
-    return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
 def _print_row(r: LevelResult) -> None:

@@ -5,7 +5,11 @@ SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted r
 translated and answered; then the server exits, all within `--drain-timeout-s`. A SIGTERM or
 SIGINT during the drain (or during uvicorn's own shutdown) stops at once: open connections are
 not waited for, and the process dies of that signal. A first SIGINT is uvicorn's own graceful
-shutdown.
+shutdown, bounded by `--drain-timeout-s` too.
+
+Keep-alive: an idle connection stays open `--keep-alive-timeout-s` (75 s), longer than the
+proxies and client pools in front keep theirs, so that they close idle connections, never the
+server (see service/settings.py).
 """
 
 from __future__ import annotations
@@ -76,6 +80,23 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings from ours. The graceful-shutdown bound is the drain's: the SIGTERM
+    drain narrows it to what is left of the drain; a SIGINT shutdown keeps all of it."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        backlog=settings.backlog,
+        limit_concurrency=settings.limit_concurrency,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = CliApp.run(Settings, cli_args=sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
@@ -90,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         settings = settings.model_copy(update={"bundle": [bundle]})
     app = create_app(settings)
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on"
-    )
-    server = DrainingServer(config, app, settings.drain_timeout_s)
+    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)
     return 0
 

@@ -1,5 +1,5 @@
 """HTTP plumbing the routers share: the runtime and API-key dependencies, answering only while
-the client is connected, and the metrics and body-size middlewares."""
+the client is connected, and the metrics, draining and body-size middlewares."""
 
 from __future__ import annotations
 
@@ -122,6 +122,31 @@ class HttpMetricsMiddleware:
         finally:
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+
+class CloseWhenDrainingMiddleware:
+    """While the service drains, every answer says `Connection: close`. A keep-alive client or
+    proxy then opens a new connection for its next request, which the load balancer sends to a
+    replica that is not shutting down; otherwise the kept connection stays pinned to this one,
+    and gets its 503s, for as long as the keep-alive lasts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
+                if runtime is not None and runtime.draining:
+                    headers = [*message.get("headers", []), (b"connection", b"close")]
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
 
 
 class BodyLimitMiddleware:

@@ -27,7 +27,7 @@ from service.bundle import (
     sha256_file,
 )
 from service.errors import ErrorRenderer, install_error_handlers
-from service.http import BodyLimitMiddleware, HttpMetricsMiddleware
+from service.http import BodyLimitMiddleware, CloseWhenDrainingMiddleware, HttpMetricsMiddleware
 from service.libretranslate import libretranslate_router
 from service.metrics import Metrics
 from service.pipeline import Runtime, TranslationModel
@@ -80,6 +80,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
+    app.add_middleware(CloseWhenDrainingMiddleware)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app

@@ -71,6 +71,35 @@ class Settings(BaseSettings):
         "/libretranslate", description="path of the LibreTranslate-compatible API; empty: off"
     )
 
+    # --- Connections (uvicorn) -----------------------------------------------------------------
+    keep_alive_timeout_s: int = Field(
+        75,
+        ge=1,
+        description="an idle keep-alive connection is closed after this; keep it longer than "
+        "the idle timeout of every client pool and proxy in front (nginx upstream 60 s, AWS ALB "
+        "60 s; GCP load balancers 600 s: use 620), so that they, not the server, close idle "
+        "connections: a server that closes one just as a request is sent on it loses that "
+        "request (a connection error, or a 502 from the proxy)",
+    )
+    backlog: int = Field(
+        2048,
+        ge=1,
+        description="connections the kernel queues before they are accepted (capped by "
+        "net.core.somaxconn)",
+    )
+    limit_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="open connections (idle keep-alive ones included) or requests above which "
+        "uvicorn answers 503 before the app sees the request, health probes included; none: no "
+        "limit (the queue bound, max_queue_segments, is the admission control)",
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1,::1",
+        description="comma-separated addresses (or *) of proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto are trusted",
+    )
+
     # --- Decoding defaults and limits ----------------------------------------------------------
     default_beam_size: int = Field(4, ge=1, description="beam size when a request names none")
     max_beam_size: int = Field(8, ge=1, description="largest beam size a request may ask for")
@@ -98,7 +127,10 @@ class Settings(BaseSettings):
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
     drain_timeout_s: float = Field(
-        30.0, ge=0.0, description="on SIGTERM, how long accepted requests may take to finish"
+        30.0,
+        ge=0.0,
+        description="on SIGTERM, how long accepted requests may take to finish; on SIGINT, how "
+        "long uvicorn waits for open requests",
     )
 
     @field_validator("bundle", "api_keys", "cors_origins", mode="before")

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from benchmarks.load_bench import free_port, wait_until_ready
+from benchmarks.servers import free_port, wait_until_ready
 from service.decoding import DecodingOptions, Hypothesis
 from service.settings import Settings
 
@@ -113,23 +114,29 @@ class ServerProcess:
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
         full_env.update(env or {})
         command = [sys.executable, "-m", "service", "--host", "127.0.0.1", "--port", str(self.port)]
+        # A file, not a pipe: a pipe nobody reads fills up with the access log (64 KiB, a few
+        # hundred requests) and then blocks the server. Read and closed by stop().
+        self._log = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+        self._output: str | None = None
         self.process = subprocess.Popen(
-            [*command, *args],
-            cwd=REPO,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            [*command, *args], cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     def wait_ready(self, timeout: float = 90.0) -> None:
-        wait_until_ready(self.url, self.process, timeout)
+        try:
+            wait_until_ready(self.url, self.process, timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}{self.output()}") from None
 
     def output(self) -> str:
+        """Everything the server wrote, once it has exited."""
         if self.process.poll() is None:
             return "(running)"
-        assert self.process.stdout is not None
-        return self.process.stdout.read()
+        if self._output is None:
+            self._log.seek(0)
+            self._output = self._log.read()
+            self._log.close()
+        return self._output
 
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -138,6 +145,7 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(10)
+        self.output()
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import signal
 import threading
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import servers
 from tests.service.helpers import ServerProcess, server_process, wait_for
 
 EN_DE = {"source": "en", "target": "de"}
@@ -30,12 +31,7 @@ def server_args(bundle: Path, *extra: str) -> list[str]:
 
 def metric(url: str, name: str, **labels: str) -> float:
     """A sample's value from the server's /metrics (0 when absent)."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
+    return servers.metric(httpx.get(f"{url}/metrics", timeout=5).text, name, **labels)
 
 
 async def post_all(url: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
@@ -73,6 +69,30 @@ def test_a_client_that_hangs_up_is_not_decoded(server: ServerProcess) -> None:
     assert answered >= 1
 
 
+def test_an_idle_connection_outlives_client_pools_and_proxies(server: ServerProcess) -> None:
+    """One connection reused after 6 s idle: longer than uvicorn's default keep-alive (5 s),
+    shorter than the idle timeouts of the pools and proxies in front (nginx upstream and AWS
+    ALB: 60 s). A server that closes first loses the request sent as it closes; http.client
+    never resends, so with a 5 s keep-alive the second request fails every time."""
+    host, port = server.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = json.dumps({"text": "A dog runs.", **EN_DE})
+    headers = {"Content-Type": "application/json"}
+    try:
+        connection.request("POST", "/translate", body, headers)
+        first = connection.getresponse()
+        assert first.status == 200 and first.getheader("connection") is None
+        first.read()
+        local = connection.sock.getsockname()
+        time.sleep(6)
+        connection.request("POST", "/translate", body, headers)
+        second = connection.getresponse()
+        assert second.status == 200, second.read()
+        assert connection.sock.getsockname() == local  # the same connection, not a new one
+    finally:
+        connection.close()
+
+
 def test_libretranslate_clients_work_unchanged(server: ServerProcess) -> None:
     """The requests libretranslatepy (urllib, form-encoded) and JSON clients send."""
     base = f"{server.url}/libretranslate/"
@@ -107,7 +127,7 @@ def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> 
             {"text": [f"A man number {i} sings.", "Two dogs play."], **EN_DE} for i in range(6)
         ]
 
-        async def scenario() -> tuple[list[httpx.Response], list[int], float]:
+        async def scenario() -> tuple[list[httpx.Response], list[httpx.Response], float]:
             accepted = asyncio.ensure_future(post_all(server.url, bodies))
             async with httpx.AsyncClient(base_url=server.url, timeout=5) as client:
                 while metric(server.url, "mt_in_flight_requests") < len(bodies):
@@ -116,13 +136,15 @@ def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> 
                 start = time.monotonic()
                 await asyncio.sleep(0.2)
                 during = [
-                    (await client.get("/ready")).status_code,
-                    (await client.post("/translate", json={"text": "Late.", **EN_DE})).status_code,
+                    await client.get("/ready"),
+                    await client.post("/translate", json={"text": "Late.", **EN_DE}),
                 ]
             return await accepted, during, start
 
         responses, during, start = asyncio.run(scenario())
-        assert during == [503, 503]
+        assert [r.status_code for r in during] == [503, 503]
+        # Keep-alive clients and proxies are told to reconnect (elsewhere) for the next request.
+        assert all(r.headers["connection"] == "close" for r in [*during, *responses])
         assert [r.status_code for r in responses] == [200] * len(bodies)  # none lost
         assert all(len(r.json()["translations"]) == 2 for r in responses)
         assert server.process.wait(20) == 0

@@ -12,10 +12,11 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
-from service.__main__ import main
+from service.__main__ import main, uvicorn_config
 from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, load_bundle, sha256_file
-from service.main import shipped_bundle
+from service.main import create_app, shipped_bundle
 from service.settings import Settings
+from tests.service.helpers import FakeModel
 
 
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,6 +45,17 @@ def test_defaults() -> None:
     settings = Settings()
     assert settings.host == "127.0.0.1" and settings.bundle == [] and settings.api_keys == []
     assert settings.libretranslate_prefix == "/libretranslate"
+    assert settings.limit_concurrency is None
+
+
+def test_connection_settings_reach_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_KEEP_ALIVE_TIMEOUT_S", "620")
+    argv = ["--backlog", "512", "--limit-concurrency", "1000", "--drain-timeout-s", "12.4"]
+    settings = CliApp.run(Settings, cli_args=[*argv, "--forwarded-allow-ips", "10.0.0.7"])
+    config = uvicorn_config(create_app(settings, models=[FakeModel()]), settings)
+    assert (config.timeout_keep_alive, config.backlog, config.limit_concurrency) == (620, 512, 1000)
+    assert config.forwarded_allow_ips == "10.0.0.7"
+    assert config.timeout_graceful_shutdown == 12  # a SIGINT waits no longer than a drain
 
 
 @pytest.mark.parametrize(
@@ -54,6 +66,9 @@ def test_defaults() -> None:
         {"max_batch_size": 0},
         {"device": "tpu"},
         {"device_id": -1},
+        {"keep_alive_timeout_s": 0},
+        {"backlog": 0},
+        {"limit_concurrency": 0},
     ],
 )
 def test_invalid_settings_are_refused(values: dict[str, object]) -> None:

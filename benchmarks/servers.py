@@ -1,0 +1,199 @@
+"""What the load benchmarks and the server tests run against, on 127.0.0.1 only: `python -m
+service` in a subprocess, and nginx in front of it with the configuration users take
+(deploy/nginx/transformer-mt.conf), in a temporary prefix of its own (no root needed).
+Also the helpers they share: a free port, the readiness poll, the sentences to send."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import gzip
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"  # loopback only, always
+NGINX_CONF = REPO / "deploy" / "nginx" / "transformer-mt.conf"
+
+# Image-caption sentences like the shipped model's domain (Multi30k).
+DEFAULT_TEXTS = [
+    "A man in a blue shirt is riding a bike.",
+    "Two young children are playing in the sand on the beach.",
+    "A woman with a red hat is sitting on a bench in the park.",
+    "A black dog runs through the snow.",
+    "Several people are standing in front of a large building.",
+    "A little girl climbs the stairs to her playhouse.",
+    "A group of men are playing soccer on a field.",
+    "An older man is cooking food in a small kitchen.",
+]
+
+
+def read_texts(path: Path | None) -> list[str]:
+    """One sentence per line (plain or .gz), blank lines dropped; DEFAULT_TEXTS without a
+    file."""
+    if path is None:
+        return DEFAULT_TEXTS
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        texts = [line.strip() for line in f]
+    return [t for t in texts if t] or DEFAULT_TEXTS
+
+
+def percentile_ms(values: list[float], q: int) -> float:
+    """The q-th percentile of durations in seconds, in milliseconds."""
+    if len(values) < 2:
+        return round(1000 * values[0], 1) if values else 0.0
+    return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of sample `name` with `labels` in Prometheus text (0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until_ready(
+    url: str, process: subprocess.Popen[Any], timeout: float = 300.0, path: str = "/ready"
+) -> None:
+    """Poll `url``path` until 200; fail with the process's output (when captured) if it exits
+    first. The tests start their servers with it too."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout is not None else ""
+            raise RuntimeError(f"exited {process.returncode} before {url} was ready: {output}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url}{path} not ready after {timeout:.0f} s")
+
+
+@dataclass(frozen=True)
+class Running:
+    port: int
+    process: subprocess.Popen[Any]
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def service(bundle: Path, flags: list[str], port: int | None = None) -> Iterator[Running]:
+    """`python -m service` on 127.0.0.1 (a free port unless given), ready when yielded; its
+    output goes to this process's. A server that does not start ends the run (SystemExit)."""
+    port = port or free_port()
+    command = [
+        sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
+        "--port", str(port), "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
+    url = f"http://{HOST}:{port}"
+    try:
+        try:
+            wait_until_ready(url, process)
+        except (RuntimeError, TimeoutError) as e:
+            raise SystemExit(str(e)) from None
+        yield Running(port, process)
+    finally:
+        _stop(process)
+
+
+def nginx_binary() -> str | None:
+    """nginx on PATH, or where Debian installs it (/usr/sbin is not on a user's PATH)."""
+    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+
+
+def nginx_config(upstream_port: int, listen_port: int, conf: Path = NGINX_CONF) -> str:
+    """`conf` (an http-context file: one upstream server, one listen port) pointed at the
+    service on `upstream_port` and listening on 127.0.0.1:`listen_port`."""
+    text = conf.read_text(encoding="utf-8")
+    text, servers = re.subn(
+        r"^(\s*server\s+)\S+;", rf"\g<1>{HOST}:{upstream_port};", text, flags=re.M
+    )
+    text, listens = re.subn(
+        r"^(\s*listen\s+)\S+;", rf"\g<1>{HOST}:{listen_port};", text, flags=re.M
+    )
+    if (servers, listens) != (1, 1):
+        raise ValueError(
+            f"{conf}: expected one upstream server line and one listen line, found "
+            f"{servers} and {listens}"
+        )
+    return text
+
+
+@contextlib.contextmanager
+def nginx(upstream_port: int, worker_connections: int = 1024) -> Iterator[Running]:
+    """nginx in the foreground with deploy/nginx/transformer-mt.conf in front of the service
+    on `upstream_port`; its pid file, logs and temporary files in a directory of its own.
+    Ready (proxying /health with 200) when yielded. Needs nginx (`nginx_binary()`)."""
+    binary = nginx_binary()
+    if binary is None:
+        raise FileNotFoundError("nginx not found (Debian: apt-get install nginx)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="mt-nginx-") as tmp:
+        prefix = Path(tmp)
+        (prefix / "transformer-mt.conf").write_text(nginx_config(upstream_port, port))
+        temp_paths = "\n".join(
+            f"    {kind}_temp_path {prefix / kind};"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        # Started as root, nginx would run its workers as nobody, who cannot write here.
+        user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
+        (prefix / "nginx.conf").write_text(
+            f"daemon off;\n{user}worker_processes auto;\npid {prefix / 'nginx.pid'};\n"
+            f"error_log {prefix / 'error.log'} warn;\n"
+            f"events {{\n    worker_connections {worker_connections};\n}}\n"
+            f"http {{\n    access_log off;\n{temp_paths}\n"
+            f"    include {prefix / 'transformer-mt.conf'};\n}}\n"
+        )
+        command = [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
+                   "-e", str(prefix / "error.log")]  # fmt: skip
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        url = f"http://{HOST}:{port}"
+        try:
+            try:
+                wait_until_ready(url, process, timeout=30, path="/health")
+            except (RuntimeError, TimeoutError) as e:
+                errors = (prefix / "error.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{e}\n{errors}") from None
+            yield Running(port, process)
+        finally:
+            _stop(process)
