@@ -9,11 +9,11 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.import_marian import import_marian
@@ -138,6 +138,14 @@ MARIAN_LINES = 3000  # training lines per SentencePiece model
 # With this seed the en-de model's greedy and beam searches end with </s> at varied lengths on
 # the val sentences as well as at the length limit (tests/model/test_import_marian.py checks).
 MARIAN_SEED = 0
+
+
+def write_checkpoint(*args: Any, **kwargs: Any) -> Path:
+    """benchmarks/marian_checkpoint.py's, imported only when a Marian test needs it: it needs
+    transformers, which the GPU tests' machine may not have (`pytest -m gpu` imports this file)."""
+    from benchmarks.marian_checkpoint import write_checkpoint
+
+    return write_checkpoint(*args, **kwargs)
 
 
 @pytest.fixture(scope="session")
