@@ -1,16 +1,20 @@
 """Speed and memory of the engine against the torch reference loops and CTranslate2, in one run.
 
     python -m benchmarks.engine_bench --checkpoint checkpoints/multi30k-en-de \\
-        --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--src FILE] [--n 500] [--threads 2] \\
-        [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--systems NAME ...] [--json FILE] \\
-        [--hf-dir DIR] [--length N]
+        --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--bundle-fp16 BUNDLE] [--src FILE] \\
+        [--n 500] [--threads 2] [--device cpu|cuda] [--batch-sizes 1 32] [--beam-sizes 1 4] \\
+        [--repeat 3] [--systems NAME ...] [--json FILE] [--hf-dir DIR] [--length N]
 
 Systems: torch-uncached (model.search with the decoder re-run on the whole prefix each step),
-torch-cached (decode_step with the key/value cache), engine-fp32 / engine-int8 (this service's
-engine on the CPU provider), ct2-fp32 / ct2-int8 (CTranslate2 on the same weights, converted by
-benchmarks/ct2_convert.py; an optional, benchmark-only dependency), transformers (generate, for
-a checkpoint imported from transformers' format: --hf-dir, which CTranslate2 then converts with
-its own TransformersConverter). benchmarks/marian_bench.py runs it on a base-size Marian model.
+torch-cached (decode_step with the key/value cache), both on --device; engine-fp32 /
+engine-int8 / engine-fp16 (this service's engine on --device), engine-fp32-graphs /
+engine-fp16-graphs (the same with CUDA graphs), engine-fp32-cpu (the engine on the CPU whatever
+--device, to hold a GPU's outputs to the CPU's); ct2-fp32 / ct2-int8 (CTranslate2 on the same
+weights, converted by benchmarks/ct2_convert.py; an optional, benchmark-only dependency);
+transformers (generate on --device, for a checkpoint imported from transformers' format:
+--hf-dir, which CTranslate2 then converts with its own TransformersConverter; run by default
+when --hf-dir is given). benchmarks/gpu_bench.py runs the GPU set of these,
+benchmarks/marian_bench.py the CPU set on a base-size Marian model.
 
 Method, so the numbers compare like with like:
 - The first N lines of --src are tokenized once with the bundle's tokenizer; lines over the
@@ -26,7 +30,8 @@ Method, so the numbers compare like with like:
 - Time is wall clock over generation only (no tokenization, no loading), after the warm-up: the
   median of --repeat passes over all the sentences (a shared machine drifts by 10-20 % between
   single passes). Target tokens exclude </s>. Ratios are against engine-fp32 in the same
-  configuration.
+  configuration. At batch 1, greedy, "ms/step" is the time per decoder step (one per target
+  token and one for </s>), search included.
 - "same" counts sentences whose output equals engine-fp32's: torch and CTranslate2 fp32 greedy
   must match on every sentence (same model, same search); int8 and CTranslate2 beam search (its
   own beam rules) may differ.
@@ -51,14 +56,21 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
-SYSTEMS = (
+CPU_SYSTEMS = (
     "torch-uncached",
     "torch-cached",
     "engine-fp32",
     "engine-int8",
     "ct2-fp32",
     "ct2-int8",
+)
+SYSTEMS = (
+    *CPU_SYSTEMS,
     "transformers",
+    "engine-fp16",
+    "engine-fp32-graphs",
+    "engine-fp16-graphs",
+    "engine-fp32-cpu",
 )
 REFERENCE = "engine-fp32"
 
@@ -112,7 +124,7 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         from model.transformer import load_model
 
         torch.set_num_threads(args.threads)
-        model = load_model(args.checkpoint)
+        model = load_model(args.checkpoint, device=args.device)
         kind = system.removeprefix("torch-")
 
         def decode_torch(batch: list[list[int]], beam: int) -> list[list[int]]:
@@ -136,12 +148,14 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         from service.decoding import DecodingOptions
         from service.engine import Engine
 
-        bundle = args.bundle_fp32 if system == "engine-fp32" else args.bundle_int8
+        dtype = system.split("-")[1]  # engine-DTYPE[-graphs|-cpu]
+        on_cpu = system.endswith("-cpu")
         engine = Engine.load(
-            bundle,
-            device="cpu",
+            (args.bundle_cpu or args.bundle_fp32) if on_cpu else getattr(args, f"bundle_{dtype}"),
+            device="cpu" if on_cpu else args.device,
             intra_op_threads=args.threads,
             max_batch_size=max(args.batch_sizes),
+            cuda_graphs=system.endswith("-graphs"),
         )
 
         def decode_engine(batch: list[list[int]], beam: int) -> list[list[int]]:
@@ -196,7 +210,7 @@ def _load_transformers(args: argparse.Namespace, min_length: int, max_length: in
     from transformers import AutoModelForSeq2SeqLM
 
     torch.set_num_threads(args.threads)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.hf_dir).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.hf_dir).to(args.device).eval()
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
 
     @torch.inference_mode()
@@ -204,6 +218,7 @@ def _load_transformers(args: argparse.Namespace, min_length: int, max_length: in
         ids = torch.full((len(batch), max(map(len, batch))), pad)  # (B, S)
         for row, source in enumerate(batch):
             ids[row, : len(source)] = torch.tensor(source)
+        ids = ids.to(args.device)
         out = model.generate(
             input_ids=ids,
             attention_mask=(ids != pad).long(),
@@ -248,12 +263,15 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
                         outputs[i] = ids
                 times.append(time.perf_counter() - start)
             seconds = statistics.median(times)
+            # One step per target token and one for </s> (none after a length-capped output).
+            steps = sum(min(len(o) + 1, data["max_positions"]) for o in outputs)
             runs.append(
                 {
                     "batch_size": batch_size,
                     "beam_size": beam,
                     "seconds": seconds,
                     "target_tokens": sum(len(o) for o in outputs),
+                    "ms_per_step": 1000 * seconds / steps if batch_size == beam == 1 else None,
                     "load_rss_mib": load_rss / 1024,
                     "peak_rss_mib": _memory_kib("VmHWM") / 1024,
                     "peak_since_start": not peak_reset,
@@ -303,15 +321,15 @@ def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> di
         sys.executable, "-m", "benchmarks.engine_bench",
         "--worker", system, "--sources-file", str(sources_file),
         "--checkpoint", str(args.checkpoint), "--bundle-fp32", str(args.bundle_fp32),
-        "--threads", str(args.threads), "--ct2-dir", str(args.ct2_dir),
+        "--threads", str(args.threads), "--ct2-dir", str(args.ct2_dir), "--device", args.device,
         "--repeat", str(args.repeat),
         "--batch-sizes", *map(str, args.batch_sizes), "--beam-sizes", *map(str, args.beam_sizes),
     ]  # fmt: skip
-    for flag, value in (
-        ("--bundle-int8", args.bundle_int8),
-        ("--hf-dir", args.hf_dir),
-        ("--length", args.length),
-    ):
+    for name in ("int8", "fp16", "cpu"):
+        bundle = getattr(args, f"bundle_{name}")
+        if bundle:
+            argv += [f"--bundle-{name}", str(bundle)]
+    for flag, value in (("--hf-dir", args.hf_dir), ("--length", args.length)):
         if value:
             argv += [flag, str(value)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -330,13 +348,13 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
         {(x["batch_size"], x["beam_size"]): x for x in reference["runs"]} if reference else {}
     )
     header = (
-        "| system | batch | beam | tokens | seconds | tokens/s | × engine-fp32 | load RSS MiB "
-        "| peak RSS MiB | × engine-fp32 | same as engine-fp32 |"
+        "| system | batch | beam | tokens | seconds | tokens/s | × engine-fp32 | ms/step "
+        "| load RSS MiB | peak RSS MiB | × engine-fp32 | same as engine-fp32 |"
     )
-    rows = [header, "|" + "---|" * 11]
+    rows = [header, "|" + "---|" * 12]
     for result in results:
         if "error" in result:
-            rows.append(f"| {result['system']} | n/a: {result['error']} |" + " |" * 9)
+            rows.append(f"| {result['system']} | n/a: {result['error']} |" + " |" * 10)
             continue
         for run in result["runs"]:
             ref = ref_runs.get((run["batch_size"], run["beam_size"]))
@@ -349,6 +367,7 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
                 f"{run['seconds']:.2f}",
                 f"{speed:.0f}",
                 f"{speed / (ref['target_tokens'] / ref['seconds']):.2f}" if ref else "-",
+                f"{run['ms_per_step']:.3f}" if run["ms_per_step"] is not None else "",
                 f"{run['load_rss_mib']:.0f}",
                 f"{run['peak_rss_mib']:.0f}" + ("*" if run["peak_since_start"] else ""),
                 f"{run['peak_rss_mib'] / ref['peak_rss_mib']:.2f}" if ref else "-",
@@ -366,8 +385,15 @@ def _same(run: dict[str, Any], ref: dict[str, Any] | None) -> str:
 
 
 # Systems that run the same model with the same search as the reference: every output must match
-# (CTranslate2's beam search has its own rules, so only its greedy output is held to this).
-_MUST_MATCH = {"torch-uncached": None, "torch-cached": None, "transformers": None, "ct2-fp32": 1}
+# (CTranslate2's beam search has its own rules, so only its greedy output is held to this; on
+# a GPU, fp32 kernels round differently, so there it is a fraction: gpu_bench reports it).
+_MUST_MATCH = {
+    "torch-uncached": None,
+    "torch-cached": None,
+    "transformers": None,
+    "ct2-fp32": 1,
+    "engine-fp32-graphs": None,
+}  # beam size or all
 
 
 def _checks(results: list[dict[str, Any]]) -> list[str]:
@@ -395,25 +421,33 @@ def _checks(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.engine_bench",
-        description="Engine vs torch vs CTranslate2: target tokens/s and peak RSS.",
-    )
-    p.add_argument("--checkpoint", required=True, type=Path)
-    p.add_argument("--bundle-fp32", required=True, type=Path)
+def parser(
+    prog: str, description: str, systems: Sequence[str], *, exports: bool = False
+) -> argparse.ArgumentParser:
+    """The options of this benchmark; `systems` are the ones run by default. With `exports`
+    the checkpoint defaults to the shipped one and the caller exports the bundles not given."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    if exports:
+        p.add_argument("--checkpoint", type=Path, default=REPO / "checkpoints" / "multi30k-en-de")
+        p.add_argument("--bundle-fp32", type=Path, help="exported from --checkpoint if not given")
+    else:
+        p.add_argument("--checkpoint", required=True, type=Path)
+        p.add_argument("--bundle-fp32", required=True, type=Path)
     p.add_argument("--bundle-int8", type=Path, help="leave out to skip engine-int8")
+    p.add_argument("--bundle-fp16", type=Path, help="leave out to skip engine-fp16*")
+    p.add_argument(
+        "--bundle-cpu", type=Path, help="engine-fp32-cpu's bundle (default: --bundle-fp32)"
+    )
     p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
     p.add_argument("--n", type=int, default=500, help="first N lines (default 500)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch's and engine's")
     p.add_argument(
         "--repeat", type=int, default=3, help="timed passes per configuration; the median counts"
     )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
-    p.add_argument(
-        "--systems", nargs="+", choices=SYSTEMS, help="default: all (transformers with --hf-dir)"
-    )
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(systems))
     p.add_argument("--ct2-dir", type=Path, help="where the CTranslate2 model goes (a temp dir)")
     p.add_argument("--json", type=Path, help="also write the JSON summary here")
     p.add_argument(
@@ -425,28 +459,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--length", type=int, help="decode exactly N tokens per sentence")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--sources-file", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error("--repeat must be at least 1")
-    if not args.systems:
-        args.systems = [s for s in SYSTEMS if s != "transformers" or args.hf_dir]
+    return p
 
-    if args.worker:
-        try:
-            result = _worker(args)
-        except Exception:
-            traceback.print_exc()
-            return 1
-        print(json.dumps(result))
-        return 0
 
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every system in its own process; prints the table and returns the JSON summary."""
     with tempfile.TemporaryDirectory(prefix="engine_bench_") as tmp:
         work = Path(tmp)
         args.ct2_dir = args.ct2_dir or work / "ct2"
         sources_file, n_sources, left_out = _prepare(args, work)
         skipped: dict[str, str] = {}
-        if not args.bundle_int8:
-            skipped["engine-int8"] = "no --bundle-int8 given"
+        for dtype in ("int8", "fp16"):
+            if not getattr(args, f"bundle_{dtype}"):
+                skipped.update(
+                    {s: f"no --bundle-{dtype} given" for s in SYSTEMS if f"-{dtype}" in s}
+                )
         if not args.hf_dir:
             skipped["transformers"] = "no --hf-dir given"
         if any(s.startswith("ct2-") for s in args.systems):
@@ -464,20 +491,52 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"{n_sources} sentences from {args.src} ({left_out} over the input limit or empty left "
-        f"out), threads {args.threads}, CPU provider; * = peak since process start"
+        f"out), threads {args.threads}, device {args.device}; * = peak since process start"
     )
     print("\n".join([*_table(results), *_checks(results)]))
     summary = {
         "src": str(args.src),
         "sentences": n_sources,
         "threads": args.threads,
-        "results": [
-            {**r, "runs": [{k: v for k, v in x.items() if k != "outputs"} for x in r["runs"]]}
-            if "runs" in r
-            else r
-            for r in results
-        ],
+        "device": args.device,
+        "results": results,
     }
+    return summary
+
+
+def without_outputs(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary as written: measurements without the decoded ids."""
+    results = [
+        {**r, "runs": [{k: v for k, v in x.items() if k != "outputs"} for x in r["runs"]]}
+        if "runs" in r
+        else r
+        for r in summary["results"]
+    ]
+    return {**summary, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(
+        "python -m benchmarks.engine_bench",
+        "Engine vs torch vs CTranslate2: target tokens/s and peak RSS.",
+        CPU_SYSTEMS,
+    )
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    if args.hf_dir and args.systems == list(CPU_SYSTEMS):  # the default set
+        args.systems.append("transformers")
+
+    if args.worker:
+        try:
+            result = _worker(args)
+        except Exception:
+            traceback.print_exc()
+            return 1
+        print(json.dumps(result))
+        return 0
+
+    summary = without_outputs(run(args))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))

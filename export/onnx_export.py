@@ -3,17 +3,17 @@
     python -m export --checkpoint DIR --out BUNDLE [--dtype fp32|fp16|int8] [--opset N]
 
 The bundle layout and every tensor name come from `service/bundle.py` (the serving side owns the
-contract). Two graphs, no merged decoder: the encoder runs once per request and also returns the
-cross-attention keys/values of every decoder layer; the decoder step takes one token per row and
-the self-attention cache, whose length T (0 on the first step) is the step's position, and
-attends with all the rows (beams) of a sentence over that sentence's one copy of the cross
-keys/values.
+contract). Two graphs, no merged decoder: the encoder runs once per batch and also returns the
+cross-attention keys/values of every decoder layer; the decoder step takes one token per row, a
+static key/value cache it writes in place, and attends with all the rows (beams) of a sentence
+over that sentence's one copy of the cross keys/values.
 
-The graphs are traced with the TorchScript exporter (`dynamo=False`): on these two graphs it gives
-clean dynamic batch, source and past axes. Tracing records one concrete run, so the dummy inputs
-use a past length of 3 (never 0 or 1), a padded batch of 2 sentences with 3 rows each (6 rows,
-gathered from 4 past rows), and 7 candidates per row; a constant specialised by the trace would
-then show up as a shape error or a parity failure for other shapes (see export/parity.py).
+The encoder is traced with the TorchScript exporter (`dynamo=False`): on this graph it gives
+clean dynamic batch and source axes. Tracing records one concrete run, so the dummy input is a
+padded batch of 2 sentences of 5 tokens; a constant specialised by the trace would show up as a
+shape error or a parity failure for other shapes (see export/parity.py). The decoder step is
+built node by node from the weights (export/decoder_step.py), around ONNX Runtime's fused
+attention and layer-norm kernels.
 """
 
 from __future__ import annotations
@@ -34,38 +34,29 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export.decoder_step import build_decoder_step
 from export.quantize import convert_graph
 from model.tokenizer import load_tokenizer
 from model.transformer import (
     CONFIG_FILE,
     WEIGHTS_FILE,
-    DecoderCache,
     ModelConfig,
     Transformer,
     load_model,
 )
 from service.bundle import (
     ATTENTION_MASK,
-    BATCH_AXIS,
-    CACHE_INDEX,
     DECODER_STEP_FILE,
-    ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
     FORMAT_VERSION,
     INPUT_IDS,
-    LOG_PROBS,
     MANIFEST_FILE,
     MEMORY,
-    PAST_AXIS,
-    PAST_BATCH_AXIS,
-    PRESENT_AXIS,
     SENTENCE_AXIS,
     SOURCE_AXIS,
     TOKENIZER_FILE,
-    TOP_IDS,
-    TOP_K_AXIS,
-    TOP_LOG_PROBS,
     BundleError,
+    DecoderCache,
     Dtype,
     GraphSpec,
     Manifest,
@@ -78,8 +69,6 @@ from service.bundle import (
     decoder_step_io,
     encoder_io,
     file_entry,
-    past_names,
-    present_names,
     sha256_file,
     tokenizer_files,
 )
@@ -90,11 +79,9 @@ log = logging.getLogger(__name__)
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one node
 _REPO = Path(__file__).resolve().parents[1]
 
-# Dummy shapes for tracing: all different and > 1, so no axis can be confused with another or
+# Dummy shapes for tracing: different and > 1, so neither axis can be confused with the other or
 # folded into a constant.
-_DUMMY_SENTENCES, _DUMMY_SOURCE, _DUMMY_PAST, _DUMMY_PAST_BATCH, _DUMMY_TOP_K = 2, 5, 3, 4, 7
-# Three rows per sentence (6 in all) continue the four past rows, out of order and repeated.
-_DUMMY_CACHE_INDEX = [3, 1, 1, 0, 2, 3]
+_DUMMY_SENTENCES, _DUMMY_SOURCE = 2, 5
 
 
 def _source_mask(attention_mask: Tensor) -> Tensor:
@@ -121,42 +108,8 @@ class EncoderGraph(nn.Module):
         return (memory, *_interleave(keys, values))
 
 
-class DecoderStepGraph(nn.Module):
-    """decode_step() with the DecoderCache flattened into named tensors."""
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        encoder_attention_mask: Tensor,
-        cache_index: Tensor,
-        top_k: Tensor,
-        *caches: Tensor,
-    ) -> tuple[Tensor, ...]:
-        n = self.model.config.n_decoder_layers
-        # In past_names / cross_names order; row b continues past row cache_index[b], which is
-        # how finished rows leave and beams follow their back-pointers without a host copy.
-        past = [t.index_select(0, cache_index) for t in caches[: 2 * n]]
-        cross = caches[2 * n :]
-        cache = DecoderCache(past[0::2], past[1::2], list(cross[0::2]), list(cross[1::2]))
-        # decode_step reads the position from the past length, so the graph derives it too.
-        log_probs, cache = self.model.decode_step(
-            input_ids[:, 0], cache, _source_mask(encoder_attention_mask)
-        )  # (B, V)
-        # top_k[0] stays a graph value under tracing: the candidates per row are an input.
-        # ONNX TopK returns ties lower index first, as the search's tie rule wants.
-        # (torch's stubs want an int; the tracer takes the 0-d tensor and keeps it dynamic.)
-        top_log_probs, top_ids = torch.topk(log_probs, top_k[0], dim=-1)  # type: ignore[arg-type]
-        return (log_probs, top_log_probs, top_ids, *_interleave(cache.self_k, cache.self_v))
-
-
-def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    """Deterministic source ids, a mask with a padded row, target tokens (3 rows a sentence),
-    and a past of length _DUMMY_PAST with _DUMMY_PAST_BATCH rows (the decoder gathers
-    len(_DUMMY_CACHE_INDEX) of them)."""
+def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor]:
+    """Deterministic ids and a mask with a padded row."""
     config = model.config
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
@@ -164,42 +117,19 @@ def _dummy_inputs(model: Transformer) -> tuple[Tensor, Tensor, Tensor, list[Tens
     )  # (N, S)
     mask = torch.ones_like(ids)  # (N, S)
     ids[1, -2:], mask[1, -2:] = config.pad_id, 0
-    tokens = torch.randint(
-        0, config.decoder_vocab_size, (len(_DUMMY_CACHE_INDEX), 1), generator=generator
-    )  # (B, 1)
-    past_shape = (_DUMMY_PAST_BATCH, config.h, _DUMMY_PAST, config.d_k)  # (P, H, T, Dh)
-    past = [
-        torch.randn(past_shape, generator=generator) for _ in range(2 * config.n_decoder_layers)
-    ]
-    return ids, mask, tokens, past
+    return ids, mask
 
 
-def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
-    """Trace the fp32 encoder and decoder-step graphs into `directory`."""
+def export_encoder(model: Transformer, path: Path, opset: int) -> None:
+    """Trace the fp32 encoder graph into `path`."""
     n = model.config.n_decoder_layers
-    ids, mask, tokens, past = _dummy_inputs(model)
-    encoder = EncoderGraph(model).eval()
-    decoder = DecoderStepGraph(model).eval()
-    with torch.no_grad():
-        encoded = encoder(ids, mask)
-    enc_inputs, enc_outputs = encoder_io(n)
-    enc_axes: dict[str, dict[int, str]] = {
+    ids, mask = _dummy_inputs(model)
+    inputs, outputs = encoder_io(n)
+    axes: dict[str, dict[int, str]] = {
         INPUT_IDS: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
         ATTENTION_MASK: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
         MEMORY: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
         **{name: {0: SENTENCE_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
-    }
-    dec_inputs, dec_outputs = decoder_step_io(n)
-    dec_axes: dict[str, dict[int, str]] = {
-        INPUT_IDS: {0: BATCH_AXIS},
-        ENCODER_ATTENTION_MASK: {0: SENTENCE_AXIS, 1: SOURCE_AXIS},
-        CACHE_INDEX: {0: BATCH_AXIS},
-        **{name: {0: PAST_BATCH_AXIS, 2: PAST_AXIS} for name in past_names(n)},
-        **{name: {0: SENTENCE_AXIS, 2: SOURCE_AXIS} for name in cross_names(n)},
-        LOG_PROBS: {0: BATCH_AXIS},
-        TOP_LOG_PROBS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
-        TOP_IDS: {0: BATCH_AXIS, 1: TOP_K_AXIS},
-        **{name: {0: BATCH_AXIS, 2: PRESENT_AXIS} for name in present_names(n)},
     }
     with warnings.catch_warnings():
         # The TorchScript exporter is chosen on purpose (see the module docstring); its
@@ -209,37 +139,38 @@ def export_graphs(model: Transformer, directory: Path, opset: int) -> None:
         # are frozen by the trace, which is intended; specialised shapes are caught by parity.
         # (TracerWarning is public API that torch's stubs do not re-export.)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
-        for module, args, path, inputs, outputs, axes in (
-            (encoder, (ids, mask), directory / ENCODER_FILE, enc_inputs, enc_outputs, enc_axes),
-            (
-                decoder,
-                (
-                    tokens,
-                    mask,
-                    torch.tensor(_DUMMY_CACHE_INDEX),
-                    torch.tensor([_DUMMY_TOP_K]),
-                    *past,
-                    *encoded[1:],
-                ),
-                directory / DECODER_STEP_FILE,
-                dec_inputs,
-                dec_outputs,
-                dec_axes,
-            ),
-        ):
-            torch.onnx.export(
-                module,
-                args,
-                str(path),
-                dynamo=False,
-                input_names=inputs,
-                output_names=outputs,
-                dynamic_axes=axes,
-                opset_version=opset,
-            )
+        torch.onnx.export(
+            EncoderGraph(model).eval(),
+            (ids, mask),
+            str(path),
+            dynamo=False,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+        )
     # torch.onnx.export puts the wrapper back in its previous (training) mode on the way out,
     # and with it the model; keep it in eval mode for whoever uses it next.
     model.eval()
+
+
+def export_graphs(
+    model: Transformer, directory: Path, opset: int, dtype: Dtype, cache: DecoderCache
+) -> None:
+    """encoder.onnx and decoder_step.onnx of `model` in `dtype` into `directory`.
+
+    fp16 converts the traced encoder and builds the decoder step in fp16; int8 quantizes both
+    fp32 graphs (export/quantize.py)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        traced = directory if dtype == "fp32" else Path(tmp)
+        export_encoder(model, traced / ENCODER_FILE, opset)
+        float_type = "fp16" if dtype == "fp16" else "fp32"
+        step = build_decoder_step(model, float_type, cache=cache, opset=opset)
+        onnx.save(step, str((directory if dtype != "int8" else traced) / DECODER_STEP_FILE))
+        if dtype != "fp32":
+            convert_graph(traced / ENCODER_FILE, directory / ENCODER_FILE, dtype)
+        if dtype == "int8":
+            convert_graph(traced / DECODER_STEP_FILE, directory / DECODER_STEP_FILE, dtype)
 
 
 def _graph_spec(path: Path, inputs: list[str], outputs: list[str]) -> GraphSpec:
@@ -322,10 +253,21 @@ def _language(meta: dict[str, Any], key: str, path: Path) -> str:
     return value
 
 
+def default_cache(dtype: Dtype) -> DecoderCache:
+    """fp16 is for GPUs, whose attention kernels read the cache without an indirection."""
+    return "gather" if dtype == "fp16" else "indirection"
+
+
 def export_bundle(
-    checkpoint: str | Path, out: str | Path, *, dtype: Dtype = "fp32", opset: int = DEFAULT_OPSET
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    dtype: Dtype = "fp32",
+    cache: DecoderCache | None = None,
+    opset: int = DEFAULT_OPSET,
 ) -> Manifest:
-    """Write a complete bundle for `checkpoint` into `out` and return its manifest.
+    """Write a complete bundle for `checkpoint` into `out` and return its manifest. `cache`
+    None takes `default_cache(dtype)`: "indirection" runs on the CPU only, "gather" anywhere.
 
     The manifest is removed first and written last, so an interrupted export never leaves a
     directory that loads as a bundle.
@@ -343,12 +285,8 @@ def export_bundle(
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        fp32_dir = out if dtype == "fp32" else Path(tmp)
-        export_graphs(model, fp32_dir, opset)
-        if dtype != "fp32":
-            for file in (ENCODER_FILE, DECODER_STEP_FILE):
-                convert_graph(fp32_dir / file, out / file, dtype)
+    cache = default_cache(dtype) if cache is None else cache
+    export_graphs(model, out, opset, dtype, cache)
     for name in files:
         shutil.copyfile(checkpoint / name, out / name)
 
@@ -370,17 +308,19 @@ def export_bundle(
         target_language=target_language,
         target_tokens=meta.get("target_tokens", {}),
         dtype=dtype,
+        decoder_cache=cache,
         opset=opset,
         tokenizer=tokenizer,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
-        decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n)),
+        decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n, cache)),
         files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),
             checkpoint_sha256=sha256_file(checkpoint / WEIGHTS_FILE),
             git_commit=_git_commit(),
             bleu=_recorded_bleu(meta),
-            exporter=f"torch {torch.__version__} (TorchScript exporter), onnx {onnx.__version__}",
+            exporter=f"torch {torch.__version__} (TorchScript exporter for the encoder; the "
+            f"decoder step built by export.decoder_step), onnx {onnx.__version__}",
         ),
     )
     tmp_manifest = out / (MANIFEST_FILE + ".tmp")
@@ -404,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         "--out", required=True, type=Path, help="bundle directory (created or overwritten)"
     )
     p.add_argument("--dtype", choices=get_args(Dtype), default="fp32")
+    p.add_argument(
+        "--cache",
+        choices=get_args(DecoderCache),
+        help="how the decoder step's cache follows beams: indirection (CPU only, the default "
+        "for fp32 and int8) or gather (any device; the default for fp16, for GPUs)",
+    )
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = p.parse_args(argv)
@@ -411,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     try:
-        manifest = export_bundle(args.checkpoint, args.out, dtype=args.dtype, opset=args.opset)
+        manifest = export_bundle(
+            args.checkpoint, args.out, dtype=args.dtype, cache=args.cache, opset=args.opset
+        )
     except (FileNotFoundError, ValueError, BundleError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -420,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "bundle": str(args.out),
         "dtype": manifest.dtype,
+        "decoder_cache": manifest.decoder_cache,
         "opset": manifest.opset,
         "seconds": round(seconds, 3),
         "bytes": {name: entry.size for name, entry in manifest.files.items()},

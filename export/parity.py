@@ -6,11 +6,12 @@
 Checks, with ONNX Runtime on CPU, and collects every failure before failing once:
 1. the bundle was exported from this checkpoint (weights sha256);
 2. every encoder output (memory, cross keys/values) on a padded batch, within TOLERANCE;
-3. every decoder-step output (log_probs, the top-k candidates, present keys/values) for several
-   steps, starting from a zero-length past, on the same padded batch, each side feeding back its
-   own cache;
+3. every decoder-step output (log_probs, the top-k candidates, the keys/values written into the
+   cache) for several steps, starting from an empty cache, on the same padded batch, each side
+   feeding back its own cache;
 4. greedy and beam search give the same tokens: the search code of model/search.py drives both,
-   once with the torch `CachedStepper` and once with `OrtStepper` below.
+   once with the torch `CachedStepper` and once with `OrtStepper` below (over the service's
+   `StaticCacheState`, so beams move through the cache indirection as they do in serving).
 
 The last stdout line is a JSON summary; the exit status is 1 when any check failed.
 fp16 and int8 bundles are judged by BLEU instead (python -m export.quantize).
@@ -37,13 +38,10 @@ from model.search import Hypothesis, decode_batches, generate
 from model.transformer import WEIGHTS_FILE, Transformer, load_model
 from service.bundle import (
     ATTENTION_MASK,
-    CACHE_INDEX,
-    ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
     MEMORY,
     TOP_IDS,
-    TOP_K,
     TOP_LOG_PROBS,
     Bundle,
     BundleError,
@@ -52,12 +50,12 @@ from service.bundle import (
     cross_value,
     load_bundle,
     past_key,
-    past_names,
     past_value,
     present_key,
     present_value,
     sha256_file,
 )
+from service.step_state import BufferPool, StaticCacheState, cross_inputs
 from service.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -114,59 +112,49 @@ def open_bundle(
 
 class OrtStepper:
     """model/search.py's Stepper over the decoder-step graph: the same search code that drives
-    the torch model drives ONNX Runtime, so any token difference is the graphs' doing."""
+    the torch model drives ONNX Runtime, so any token difference is the graphs' doing. The
+    graph's cache, indirection and bindings are the service's own (`StaticCacheState`), so this
+    checks them too; the torch search reads the whole log_probs, the probe the top-k."""
 
     def __init__(
-        self, ort_bundle: OrtBundle, encoded: Arrays, attention_mask: np.ndarray, top_k: int = 1
+        self,
+        ort_bundle: OrtBundle,
+        encoded: Arrays,
+        attention_mask: np.ndarray,
+        *,
+        beam_size: int = 1,
+        max_decoding_length: int,
+        top_k: int = 1,
     ) -> None:
         """`encoded` holds at least the cross keys/values, one row per sentence (per row of the
-        mask), shared by the sentence's beams.
-        `top_k` candidates per row are kept in `top` after each step (the torch search reads
-        the whole log_probs; the parity checks compare the candidates)."""
+        mask), shared by the sentence's beams."""
         manifest = ort_bundle.bundle.manifest
-        self.session = ort_bundle.decoder_step
-        self.n_layers = manifest.model.decoder_layers
-        self.output_names = manifest.decoder_step.output_names
-        self.top_k = np.array([top_k], dtype=np.int64)
-        self.mask = attention_mask  # (R, S)
-        self.cross = {name: encoded[name] for name in cross_names(self.n_layers)}
-        rows = attention_mask.shape[0]
-        # (top_log_probs, top_ids) of the last step, (R, top_k) each
-        self.top: tuple[np.ndarray, np.ndarray] = (
-            np.empty((rows, 0), dtype=np.float32),
-            np.empty((rows, 0), dtype=np.int64),
+        names = cross_names(manifest.model.decoder_layers)
+        self.state = StaticCacheState(
+            ort_bundle.decoder_step,
+            manifest,
+            BufferPool(),
+            cross_inputs(manifest, [encoded[name] for name in names]),
+            attention_mask,
+            sentences=attention_mask.shape[0],
+            beam_size=beam_size,
+            capacity=max_decoding_length,
+            limit=max_decoding_length,
+            padded=False,
         )
-        dims = manifest.model
-        dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)
-        empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype=dtype)  # (R, H, 0, Dh)
-        self.past = {name: empty for name in past_names(self.n_layers)}
-        # The graph gathers the past by this index: select and reorder only compose it.
-        self.cache_index = np.arange(rows, dtype=np.int64)  # (R,)
+        self.top_k = top_k
+        # (top_log_probs, top_ids) of the last step, (R, top_k) each
+        self.top: tuple[np.ndarray, np.ndarray] = (np.empty((0, 0)), np.empty((0, 0)))
 
     def step(self, tokens: Tensor) -> Tensor:
-        feeds = {
-            INPUT_IDS: tokens.cpu().numpy().astype(np.int64).reshape(-1, 1),  # (R, 1)
-            ENCODER_ATTENTION_MASK: self.mask,
-            CACHE_INDEX: self.cache_index,
-            TOP_K: self.top_k,
-            **self.past,
-            **self.cross,
-        }
-        log_probs, top_log_probs, top_ids, *present = self.session.run(self.output_names, feeds)
-        self.top = top_log_probs, top_ids
-        # present_names and past_names list layer i's key and value at the same place.
-        self.past = dict(zip(past_names(self.n_layers), present, strict=True))
-        self.cache_index = np.arange(len(log_probs), dtype=np.int64)
-        return torch.from_numpy(log_probs)  # (R, V)
+        self.top = self.state.step(tokens.cpu().numpy().astype(np.int64), self.top_k)
+        return torch.from_numpy(self.state.log_probs())  # (R, V)
 
     def select(self, rows: Tensor, sentences: Tensor) -> None:
-        index = sentences.cpu().numpy()
-        self.mask = self.mask[index]
-        self.cross = {name: t[index] for name, t in self.cross.items()}
-        self.cache_index = self.cache_index[rows.cpu().numpy()]
+        self.state.select(rows.cpu().numpy(), sentences.cpu().numpy())
 
     def reorder(self, rows: Tensor) -> None:
-        self.cache_index = self.cache_index[rows.cpu().numpy()]
+        self.state.reorder(rows.cpu().numpy())
 
 
 def ort_generate(
@@ -190,7 +178,13 @@ def ort_generate(
     def make_stepper(batch: Tensor) -> OrtStepper:
         src = batch.numpy()  # (B, S)
         mask = (src != ids.pad).astype(np.int64)  # (B, S)
-        return OrtStepper(ort_bundle, ort_bundle.encode(src, mask), mask)
+        return OrtStepper(
+            ort_bundle,
+            ort_bundle.encode(src, mask),
+            mask,
+            beam_size=beam_size,
+            max_decoding_length=max_len,
+        )
 
     return decode_batches(
         make_stepper,
@@ -360,7 +354,9 @@ def _check_outputs(
         report.compare(cross_value(i), cache.cross_v[i], encoded[cross_value(i)], where)
 
     top_k = min(_PROBE_TOP_K, config.decoder_vocab_size)
-    stepper = OrtStepper(ort_bundle, encoded, attention_mask, top_k=top_k)
+    stepper = OrtStepper(
+        ort_bundle, encoded, attention_mask, max_decoding_length=steps, top_k=top_k
+    )
     tokens = torch.full((src.size(0),), config.bos_id, dtype=torch.long)  # (B,)
     for step in range(steps):
         where = f"decoder_step {step} (past length {step})"
@@ -372,10 +368,12 @@ def _check_outputs(
         # The ids may swap where two candidates are within rounding; the values may not.
         at_ids = torch.from_numpy(np.take_along_axis(log_probs, top_ids, -1))
         report.compare(TOP_IDS, at_ids, top_log_probs, where)
-        # The stepper keeps each present under the past name it will be fed back as.
+        # The present keys/values are the cache written in place (the past of the next step).
         for i in range(n):
-            report.compare(present_key(i), cache.self_k[i], stepper.past[past_key(i)], where)
-            report.compare(present_value(i), cache.self_v[i], stepper.past[past_value(i)], where)
+            report.compare(present_key(i), cache.self_k[i], stepper.state.cache(past_key(i)), where)
+            report.compare(
+                present_value(i), cache.self_v[i], stepper.state.cache(past_value(i)), where
+            )
         tokens = expected.argmax(dim=-1)  # both sides continue with torch's greedy choice
 
 

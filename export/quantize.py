@@ -71,6 +71,9 @@ def convert_graph(src: Path, dst: Path, dtype: str) -> None:
                 op_types_to_quantize=["MatMul"],
                 weight_type=QuantType.QInt8,
                 per_channel=True,
+                # ONNX shape inference does not type the outputs of ONNX Runtime's contrib ops
+                # (the decoder step's attention and layer norms): they are float32.
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
     else:
         raise ValueError(f"no conversion to {dtype!r}; choose fp16 or int8")

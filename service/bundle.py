@@ -6,34 +6,49 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 3):
+Layout of a bundle directory (format version 4):
 
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file (this project's models), or, for Marian
                        (OPUS-MT) models, source.spm, target.spm and vocab.json (target_vocab.json
                        with separate vocabularies): see service/tokenizer.py
-    encoder.onnx       input_ids, attention_mask (N, S) -> memory (N, S, d_model),
+    encoder.onnx       input_ids, attention_mask (N, S) int64 -> memory (N, S, d_model),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
-    decoder_step.onnx  input_ids (B, 1) with B = N * G rows, G per sentence (its beams,
-                       sentence-major: rows n*G .. n*G + G - 1 belong to sentence n),
-                       encoder_attention_mask (N, S),
-                       cache_index (B,) int64: row b continues row cache_index[b] of the past,
+    decoder_step.onnx  one token for each of R = N * G rows: G per sentence (its beams), and a
+                       static key/value cache of C positions per row, bound as both the past
+                       input and the present output (ONNX Runtime IO binding), so each step
+                       writes its key/value in place:
+                       input_ids (N, G) int64: row (n, g) is beam g of sentence n,
+                       position (R,) int64: the step's position T in every row (the number of
+                       positions cached so far),
+                       encoder_attention_mask (N, S) int32, 1 on tokens and 0 on padding,
                        top_k (1,) int64,
-                       past_key.{i} / past_value.{i} (P, H, T, Dh) with T >= 0,
+                       past_key.{i} / past_value.{i} (R, H, C, Dh),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh), one row per sentence,
-                       shared by its G rows (never copied per beam)
-                       -> log_probs (B, V) float32,
-                          top_log_probs (B, k) float32 / top_ids (B, k) int64: the top_k most
+                       shared by its G rows (never copied per beam),
+                       and, by the manifest's `decoder_cache`:
+                       "indirection" (ONNX Runtime's CPU kernels): past_sequence_length (1,)
+                         int32, T again (read on the host by the attention kernel), and
+                         cache_indirection (N, G, C) int32: entry [n, g, t] names the beam of
+                         sentence n whose row holds position t of beam g (t < T). Beams that
+                         follow their back-pointers rewrite only the indirection; the cache
+                         never moves. Positions >= T are never read.
+                       "gather" (portable: the CUDA choice): beam_rows (R,) int64, the row of
+                         the past each row continues; the graph gathers the cache by it,
+                         writes position T (TensorScatter) and attends over every position
+                         with positions > T masked. All of a step's inputs but top_k are read
+                         on the device, so a step can be captured as one CUDA graph per
+                         shape. Positions >= T must hold finite values (the engine zeroes the
+                         buffers it allocates).
+                       -> log_probs (R, V) float32,
+                          top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
                           probable next tokens, best first, ties by lower id,
-                          present_key.{i} / present_value.{i} (B, H, T + 1, Dh)
-                       The step's position is T, read from the past inside the graph. The
-                       past is gathered by cache_index inside the graph, so finished rows
-                       leaving and beams following their back-pointers never move the cache
-                       through the host; and the search reads k candidates per row instead of
-                       the whole (B, V) table.
+                          present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
+                          row's new key/value at position T.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
-top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence.
+top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
+version 3 grew the cache by one position per step and gathered it by a cache_index.
 """
 
 from __future__ import annotations
@@ -50,7 +65,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -59,26 +74,30 @@ ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
 
 Dtype = Literal["fp32", "fp16", "int8"]
+# How the decoder step's static cache follows beams (module docstring).
+DecoderCache = Literal["indirection", "gather"]
 
 # --- Tensor names: the one place they are spelled --------------------------------------------
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"  # encoder input, (N, S) int64, 1 on tokens and 0 on padding
-ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask, fed to every decoder step
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # the same mask as int32, for every step
 MEMORY = "memory"
 LOG_PROBS = "log_probs"
-CACHE_INDEX = "cache_index"  # decoder input, (B,) int64: the past row each row continues
+POSITION = "position"  # decoder input, (R,) int64: the step's position
+PAST_SEQUENCE_LENGTH = "past_sequence_length"  # decoder input, (1,) int32: the same position
+CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see the docstring
+BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row continues
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
 
 # Dynamic axes, named the same in both graphs.
 SENTENCE_AXIS = "sentences"  # N: the encoder's batch, and the decoder's cross keys/values and mask
-BATCH_AXIS = "batch"  # B = N * G: the decoder's rows, G per sentence (its beams)
+BEAM_AXIS = "beams"  # G: the decoder's rows per sentence
+ROW_AXIS = "rows"  # R = N * G: the decoder's rows, sentence-major
 SOURCE_AXIS = "source_length"
-PAST_AXIS = "past_length"
-PRESENT_AXIS = "present_length"
-PAST_BATCH_AXIS = "past_batch"  # rows of the previous step's cache, gathered by cache_index
+CAPACITY_AXIS = "capacity"  # C: positions of the static cache
 TOP_K_AXIS = "top_k"
 
 
@@ -125,12 +144,14 @@ def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
     return [INPUT_IDS, ATTENTION_MASK], [MEMORY, *cross_names(n_layers)]
 
 
-def decoder_step_io(n_layers: int) -> tuple[list[str], list[str]]:
-    """(input names, output names) of decoder_step.onnx, in graph order."""
+def decoder_step_io(n_layers: int, cache: DecoderCache) -> tuple[list[str], list[str]]:
+    """(input names, output names) of decoder_step.onnx with this cache, in graph order."""
+    follow = [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION] if cache == "indirection" else [BEAM_ROWS]
     inputs = [
         INPUT_IDS,
+        POSITION,
+        *follow,
         ENCODER_ATTENTION_MASK,
-        CACHE_INDEX,
         TOP_K,
         *past_names(n_layers),
         *cross_names(n_layers),
@@ -246,7 +267,8 @@ class Manifest(_Frozen):
     source_language: str
     target_language: str
     dtype: Dtype
-    opset: int
+    decoder_cache: DecoderCache
+    opset: int  # the encoder's; the decoder step's is its graph's own (the gather cache needs 24)
     tokenizer: str | SentencePieceFiles  # a tokenizers file, or Marian's SentencePiece files
     encoder: GraphSpec
     decoder_step: GraphSpec
@@ -370,7 +392,7 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
     n = manifest.model.decoder_layers
     for graph, (inputs, outputs) in (
         (manifest.encoder, encoder_io(n)),
-        (manifest.decoder_step, decoder_step_io(n)),
+        (manifest.decoder_step, decoder_step_io(n, manifest.decoder_cache)),
     ):
         if graph.input_names != inputs or graph.output_names != outputs:
             raise BundleError(

@@ -2,27 +2,22 @@
 
 `Engine.generate` sorts the sources by length, cuts them into batches of at most
 `max_batch_size`, runs the encoder once per batch (memory and every layer's cross keys/values),
-then lets `service.decoding.search` drive the decoder-step graph with a self-attention cache
-that grows one position per step; beam search runs its first step on one row per sentence and
-then expands the rows beam_size times, once. The cross keys/values and the source mask stay one
-row per sentence throughout: the graph attends with a sentence's beams over its one copy. The
-hypotheses come back in the input order.
+then lets `service.decoding.search` drive the decoder-step graph through a `StaticCacheState`
+(service/step_state.py): a key/value cache of fixed size per batch that each step writes in
+place, beams that follow their back-pointers through the cache indirection instead of copying
+the cache, and inputs and outputs bound once per batch. The hypotheses come back in the input
+order.
 
-Where the tensors live: with IO binding (`io_binding` "auto", the default, binds on CUDA only)
-the cache and the cross keys/values are ONNX Runtime values on the provider's device, fed back
-to the next step as they are, so on CUDA they stay on the GPU; only the step's top-k candidates
-(B, k) come to the host for the search.
-The decoder graph gathers its own cache by `cache_index`, so beams following their
-back-pointers and finished rows leaving never move the cache through the host; only the cross
-keys/values and the source mask change rows on the host, when a sentence finishes (ONNX
-Runtime's Python API has no device-side gather without a graph for it: `_Placement.take`).
-Without IO binding every tensor goes through numpy each step: on the CPU that is where they
-live anyway, and `session.run` costs less Python per step than binding 20-odd values (15 % more
-tokens/s at batch 1 greedy, 3-5 % at batch 32 or beam 4, so "auto" does not bind there).
+Two policies for the rows of a batch (step_state.py): on the CPU finished sentences leave the
+batch (their rows are compacted away), so each step computes only live rows; on CUDA a batch
+keeps its shapes until it ends (sentences padded to a power of two, sources to a multiple of
+8, finished rows computed and ignored), so the buffers of each shape are allocated once and a
+step's tensors stay on the GPU at fixed addresses; only the top-k candidates of each step come
+to the host.
 
-Memory: every decoder step has new shapes (the cache grows, rows leave), so ONNX Runtime's
-memory patterns, planned per shape and all kept, are switched off, and so is the CPU arena,
-which would hold the largest batch's peak for the life of the process; on CUDA the arena grows
+Memory: the cache and the step's outputs live in buffers pooled across batches (bounded by the
+largest shapes seen, not by the number of batches); ONNX Runtime's memory patterns and CPU
+arena stay off, as its intermediate shapes still change with the batch; on CUDA the arena grows
 only by what is requested.
 
 Thread-safety: `generate` (and `translate`) hold a lock for the whole call, so concurrent calls
@@ -34,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -44,34 +39,30 @@ import onnxruntime as ort
 
 from service.bundle import (
     ATTENTION_MASK,
-    CACHE_INDEX,
-    ENCODER_ATTENTION_MASK,
     INPUT_IDS,
-    TOP_IDS,
-    TOP_K,
-    TOP_LOG_PROBS,
     Bundle,
     BundleError,
     Manifest,
     cross_names,
     load_bundle,
-    past_key,
-    past_names,
-    present_names,
 )
-from service.decoding import DecodingOptions, FloatArray, Hypothesis, IntArray, search
+from service.decoding import DecodingOptions, Hypothesis, IntArray, search
+from service.step_state import (
+    BufferPool,
+    StaticCacheState,
+    bucket,
+    cross_inputs,
+    initial_capacity,
+    source_bucket,
+)
 from service.tokenizer import TextTokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 Device = Literal["auto", "cpu", "cuda"]
-IoBinding = Literal["auto", "on", "off"]  # auto: on with CUDA, off on the CPU
+_ORT_ERROR = 3  # ONNX Runtime's log severity levels: 0 verbose .. 4 fatal
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
-
-# A graph input or output between runs: a numpy array on the host, or an ort.OrtValue that
-# may live on the GPU (ONNX Runtime ships no type stubs, so this cannot be spelled closer).
-Value = Any
 
 
 class InputTooLongError(ValueError):
@@ -96,9 +87,10 @@ class Engine:
         encoder: ort.InferenceSession,
         decoder_step: ort.InferenceSession,
         *,
-        io_binding: IoBinding,
         device_id: int,
         max_batch_size: int,
+        padded: bool | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -122,10 +114,17 @@ class Engine:
         self._encoder = encoder
         self._decoder_step = decoder_step
         device_type = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
-        self.io_binding: bool = io_binding == "on" or (
-            io_binding == "auto" and device_type == "cuda"
+        # Padded batches (step_state.py): CUDA's policy; on the CPU, for the tests' sake.
+        self.padded: bool = device_type == "cuda" if padded is None else padded
+        self._pool = BufferPool(device_type, device_id)
+        # CUDA graphs replay on fixed shapes and addresses: padded batches only.
+        self.cuda_graphs: bool = (
+            cuda_graphs
+            and device_type == "cuda"
+            and self.padded
+            and self.manifest.decoder_cache == "gather"
         )
-        self._placement = _Placement(self.io_binding, device_type, device_id)
+        self._graph_ids: dict[tuple[int, ...], int] | None = {} if self.cuda_graphs else None
         self._lock = threading.Lock()
 
     @classmethod
@@ -137,30 +136,50 @@ class Engine:
         device_id: int = 0,
         intra_op_threads: int | None = None,
         intra_op_spinning: bool = False,
-        io_binding: IoBinding = "auto",
         max_batch_size: int = 64,
+        padded: bool | None = None,
+        cuda_graphs: bool = False,
     ) -> Engine:
         """Verify the bundle (hashes, tensor names) and open its graphs.
 
-        device "auto" takes CUDA when this ONNX Runtime has it, else the CPU; "cuda" logs a
-        warning when it must fall back to the CPU. `intra_op_threads` None lets ONNX Runtime
-        choose (one per physical core). `intra_op_spinning` lets those threads spin between
+        device "auto" takes CUDA when this ONNX Runtime has it and the bundle's decoder step
+        can run there (its cache is "gather", service/bundle.py), else the CPU; "cuda" logs a
+        warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the
+        CPU only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX
+        Runtime choose (one per physical core). `intra_op_spinning` lets those threads spin between
         kernels instead of sleeping: off by default, because between two decoder steps this
         process runs the search in Python, and spinning threads take the cores it needs (on
-        2 cores, spinning made greedy decoding 30-45 % slower). `io_binding` "auto" binds
-        inputs and outputs on CUDA (the cache stays on the GPU) and not on the CPU, where it only
-        adds overhead; "on" and "off" force it.
+        2 cores, spinning made greedy decoding 30-45 % slower). `padded` None pads batches
+        on CUDA and compacts them on the CPU (step_state.py); True or False forces one policy.
+        `cuda_graphs` captures each decoder-step shape as a CUDA graph and replays it (CUDA,
+        padded batches and a gather cache only; ignored, with a warning, elsewhere).
         """
-        if io_binding not in ("auto", "on", "off"):  # before any file is read
-            raise ValueError(f"io_binding must be 'auto', 'on' or 'off', got {io_binding!r}")
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest
+        cuda = device != "cpu" and CUDA_PROVIDER in ort.get_available_providers()
+        if cuda and manifest.decoder_cache == "indirection":
+            if device == "cuda":
+                raise BundleError(
+                    f"{bundle.directory}: its decoder step reads the cache through an "
+                    "indirection, which ONNX Runtime's CUDA kernels do not; export it for CUDA "
+                    "with `python -m export ... --cache gather` (or --dtype fp16), or run it "
+                    "with device cpu"
+                )
+            log.info("%s: its decoder step runs on the CPU only; using the CPU", bundle.directory)
+            device = "cpu"
         tokenizer = load_tokenizer(bundle)
-        options = session_options(intra_op_threads, intra_op_spinning)
-        providers = _providers(device, device_id)
+        options = _session_options(intra_op_threads, intra_op_spinning)
+        step_options = _session_options(intra_op_threads, intra_op_spinning)
+        if manifest.decoder_cache == "gather":
+            # TensorScatter warns at every step that it copies the gathered cache into the
+            # bound present (which is the point); errors still reach the log.
+            step_options.log_severity_level = _ORT_ERROR
         sessions = [
-            _open_graph(bundle, graph.file, options, providers)
-            for graph in (manifest.encoder, manifest.decoder_step)
+            _open_graph(bundle, graph.file, graph_options, _providers(device, device_id, graphs))
+            for graph, graph_options, graphs in (
+                (manifest.encoder, options, False),
+                (manifest.decoder_step, step_options, cuda_graphs),
+            )
         ]
         for graph, session in zip((manifest.encoder, manifest.decoder_step), sessions, strict=True):
             bundle.check_graph_io(
@@ -172,11 +191,17 @@ class Engine:
             bundle,
             tokenizer,
             *sessions,
-            io_binding=io_binding,
             device_id=device_id,
             max_batch_size=max_batch_size,
+            padded=padded,
+            cuda_graphs=cuda_graphs,
         )
         _log_placement(engine, device, manifest.dtype)
+        if cuda_graphs and not engine.cuda_graphs:
+            log.warning(
+                "%s: CUDA graphs need CUDA, padded batches and a gather cache; not used",
+                engine.name,
+            )
         return engine
 
     def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
@@ -240,131 +265,58 @@ class Engine:
     def _generate_batch(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
     ) -> list[list[Hypothesis]]:
-        manifest, placement = self.manifest, self._placement
-        lengths = [len(s) for s in sources]
-        input_ids = np.full((len(sources), max(lengths)), manifest.special_ids.pad, np.int64)
-        attention_mask = np.zeros_like(input_ids)  # (B, S)
-        for row, source in enumerate(sources):
+        manifest, pool, padded = self.manifest, self._pool, self.padded
+        n = len(sources)
+        # Padded: few shapes, each with its buffers (step_state.py); the extra sentences repeat
+        # the first, so no row is all padding, and are never decoded.
+        slots = bucket(n) if padded else n
+        length = max(len(s) for s in sources)
+        length = source_bucket(length) if padded else length
+        input_ids = np.full((slots, length), manifest.special_ids.pad, np.int64)  # (N, S)
+        attention_mask = np.zeros_like(input_ids)  # (N, S)
+        for row in range(slots):
+            source = sources[row if row < n else 0]
             input_ids[row, : len(source)] = source
             attention_mask[row, : len(source)] = 1
-        names = cross_names(manifest.model.decoder_layers)
-        feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
-        cross = placement.run(self._encoder, feeds, names, to_host=())
-        state = _OrtDecoderState(
+        cross = self._encode(input_ids, attention_mask)
+        limit = options.max_decoding_length
+        state = StaticCacheState(
             self._decoder_step,
             manifest,
-            placement,
-            dict(zip(names, cross, strict=True)),
+            pool,
+            cross,
             attention_mask,
+            sentences=n,
+            beam_size=options.beam_size,
+            capacity=initial_capacity(limit, length, padded),
+            limit=limit,
+            padded=padded,
+            graph_ids=self._graph_ids,
         )
         ids = manifest.special_ids
-        return search(state, len(sources), options, bos_id=ids.bos, eos_id=ids.eos)
+        return search(state, n, options, bos_id=ids.bos, eos_id=ids.eos)
+
+    def _encode(self, input_ids: IntArray, attention_mask: IntArray) -> dict[str, Any]:
+        """Every decoder layer's cross keys/values, (N, H, S, Dh) each: host arrays, or on a
+        device pooled OrtValues, the same ones for the same shape."""
+        feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
+        names = cross_names(self.manifest.model.decoder_layers)
+        if not self._pool.on_device:
+            return cross_inputs(self.manifest, self._encoder.run(names, feeds))
+        binding = self._encoder.io_binding()
+        for name, array in feeds.items():
+            binding.bind_cpu_input(name, array)
+        dims = self.manifest.model
+        dtype = np.dtype(self.manifest.encoder.tensor(names[0]).dtype)
+        shape = (input_ids.shape[0], dims.heads, input_ids.shape[1], dims.d_head)
+        cross = {name: self._pool.buffer(name, shape, dtype) for name in names}
+        for name, value in cross.items():
+            binding.bind_ortvalue_output(name, value)
+        self._encoder.run_with_iobinding(binding)
+        return cross
 
 
-class _Placement:
-    """Where graph inputs and outputs live between runs.
-
-    With IO binding, outputs stay ONNX Runtime values on the device and are bound as the next
-    run's inputs; without it, `session.run` takes and returns numpy arrays.
-    """
-
-    def __init__(self, io_binding: bool, device_type: str, device_id: int) -> None:
-        self.io_binding, self.device_type, self.device_id = io_binding, device_type, device_id
-
-    def put(self, array: np.ndarray) -> Value:
-        if not self.io_binding:
-            return array
-        return ort.OrtValue.ortvalue_from_numpy(array, self.device_type, self.device_id)
-
-    def take(self, value: Value, rows: IntArray) -> Value:
-        """value[rows] along the batch axis, through the host (a copy in and out on a GPU)."""
-        array = value if isinstance(value, np.ndarray) else value.numpy()
-        return self.put(array[rows])
-
-    def run(
-        self,
-        session: ort.InferenceSession,
-        feeds: Mapping[str, Value],
-        outputs: Sequence[str],
-        *,
-        to_host: Collection[str],
-    ) -> list[Value]:
-        """Run `session` for `outputs`; those in `to_host` come back as numpy arrays."""
-        if not self.io_binding:
-            return list(session.run(list(outputs), dict(feeds)))
-        binding = session.io_binding()
-        for name, value in feeds.items():
-            if isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
-        for name in outputs:
-            if name in to_host:
-                binding.bind_output(name, "cpu")
-            else:
-                binding.bind_output(name, self.device_type, self.device_id)
-        session.run_with_iobinding(binding)
-        values = binding.get_outputs()
-        return [v.numpy() if n in to_host else v for n, v in zip(outputs, values, strict=True)]
-
-
-class _OrtDecoderState:
-    """`service.decoding.DecoderState` over decoder_step.onnx: the self-attention cache grows
-    one position per step and is gathered inside the graph by `cache_index`, so dropping rows
-    and following beam back-pointers only compose an index on the host; cross keys/values and
-    the source mask, one row per sentence, change rows on the host when sentences finish."""
-
-    def __init__(
-        self,
-        session: ort.InferenceSession,
-        manifest: Manifest,
-        placement: _Placement,
-        cross: dict[str, Value],
-        attention_mask: IntArray,
-    ) -> None:
-        self.session, self.placement, self.cross = session, placement, cross
-        self.vocab_size = manifest.model.output_vocab_size
-        self.past_names = past_names(manifest.model.decoder_layers)
-        # present i is fed back as past i: present_names lists them in past_names order.
-        self.output_names = [TOP_LOG_PROBS, TOP_IDS, *present_names(manifest.model.decoder_layers)]
-        self.mask = placement.put(attention_mask)  # (N, S), like the cross keys/values
-        rows = self.sentences = attention_mask.shape[0]  # one row per sentence at the start
-        dims = manifest.model
-        dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)  # float16 in fp16
-        empty = np.zeros((rows, dims.heads, 0, dims.d_head), dtype)
-        self.past = {name: placement.put(empty) for name in self.past_names}  # (P, H, T, Dh)
-        self.cache_index = np.arange(rows, dtype=np.int64)  # (R,): row r continues past row
-
-    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
-        feeds = {
-            INPUT_IDS: tokens.reshape(-1, 1),  # (R, 1)
-            ENCODER_ATTENTION_MASK: self.mask,
-            CACHE_INDEX: self.cache_index,
-            TOP_K: np.array([min(k, self.vocab_size)], dtype=np.int64),
-            **self.past,
-            **self.cross,
-        }
-        top_log_probs, top_ids, *present = self.placement.run(
-            self.session, feeds, self.output_names, to_host={TOP_LOG_PROBS, TOP_IDS}
-        )
-        self.past = dict(zip(self.past_names, present, strict=True))
-        self.cache_index = np.arange(len(tokens), dtype=np.int64)
-        return top_log_probs, top_ids  # (R, k) each
-
-    def select(self, rows: IntArray, sentences: IntArray) -> None:
-        self.cache_index = self.cache_index[rows]
-        if len(sentences) == self.sentences:  # beam search's expansion: all sentences stay
-            return
-        take = self.placement.take
-        self.mask = take(self.mask, sentences)
-        self.cross = {name: take(v, sentences) for name, v in self.cross.items()}
-        self.sentences = len(sentences)
-
-    def reorder(self, rows: IntArray) -> None:
-        self.cache_index = self.cache_index[rows]
-
-
-def session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
+def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
     """The engine's ONNX Runtime session options (see the module docstring and `Engine.load`)."""
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
@@ -381,11 +333,13 @@ def session_options(intra_op_threads: int | None, spinning: bool) -> ort.Session
     return options
 
 
-def _providers(device: Device, device_id: int) -> list[Any]:
+def _providers(device: Device, device_id: int, cuda_graphs: bool) -> list[Any]:
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device != "cpu" and CUDA_PROVIDER in ort.get_available_providers():
         cuda_options = {"device_id": device_id, "arena_extend_strategy": "kSameAsRequested"}
+        if cuda_graphs:
+            cuda_options["enable_cuda_graph"] = "1"
         return [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER]
     return [CPU_PROVIDER]
 
@@ -414,14 +368,20 @@ def _log_placement(engine: Engine, device: Device, dtype: str) -> None:
         )
     if dtype == "fp16" and engine.provider == CPU_PROVIDER:
         log.warning("%s: an fp16 bundle on the CPU is slow; use the fp32 or int8 one", engine.name)
+    elif engine.manifest.decoder_cache == "gather" and engine.provider == CPU_PROVIDER:
+        log.warning(
+            "%s: a gather cache on the CPU copies the cache at every step; export with "
+            "--cache indirection for the CPU",
+            engine.name,
+        )
     if dtype == "int8" and engine.provider == CUDA_PROVIDER:
         log.warning("%s: int8 bundles are made for the CPU; use fp16 on CUDA", engine.name)
     log.info(
-        "%s (%s, %s -> %s) on %s, IO binding %s",
+        "%s (%s, %s -> %s) on %s, %s batches",
         engine.name,
         dtype,
         engine.source_language,
         ", ".join(engine.target_languages),
         engine.provider,
-        "on" if engine.io_binding else "off",
+        "padded" if engine.padded else "compacted",
     )

@@ -97,7 +97,7 @@ def load_models(settings: Settings) -> list[TranslationModel]:
             device_id=settings.device_id,
             intra_op_threads=settings.intra_op_threads,
             intra_op_spinning=settings.intra_op_spinning,
-            io_binding=settings.io_binding,
+            cuda_graphs=settings.cuda_graphs,
             max_batch_size=settings.max_batch_size,
         )
         for directory in directories

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.engine import Device, IoBinding
+from service.engine import Device
 
 ENV_PREFIX = "MT_"
 
@@ -46,10 +46,10 @@ class Settings(BaseSettings):
         description="let intra-op threads spin between kernels (off: they would take the cores "
         "the search needs between decoder steps)",
     )
-    io_binding: IoBinding = Field(
-        "auto",
-        description="bind inputs and outputs on the device so the cache stays there; auto: on "
-        "with CUDA, off on the CPU (where it only adds overhead)",
+    cuda_graphs: bool = Field(
+        False,
+        description="capture each decoder-step shape and position as a CUDA graph and replay it "
+        "(CUDA only; not yet measured, see the README)",
     )
 
     # --- HTTP ----------------------------------------------------------------------------------

@@ -66,6 +66,14 @@ def fp32_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="session")
+def gather_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fp32 with the portable cache (service/bundle.py): the CUDA graph, run on the CPU."""
+    out = tmp_path_factory.mktemp("bundle_gather")
+    export_bundle(tiny_checkpoint, out, cache="gather")
+    return out
+
+
+@pytest.fixture(scope="session")
 def int8_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle_int8")
     export_bundle(tiny_checkpoint, out, dtype="int8")
@@ -104,6 +112,13 @@ def eos_checkpoint(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFacto
 def eos_bundle(eos_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle_eos")
     export_bundle(eos_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def eos_gather_bundle(eos_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle_eos_gather")
+    export_bundle(eos_checkpoint, out, cache="gather")
     return out
 
 

@@ -18,13 +18,16 @@ from model.transformer import (
     load_model,
 )
 from service.bundle import (
-    CACHE_INDEX,
+    BEAM_ROWS,
+    CACHE_INDIRECTION,
     DECODER_STEP_FILE,
     ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
     INPUT_IDS,
     LOG_PROBS,
     MANIFEST_FILE,
+    PAST_SEQUENCE_LENGTH,
+    POSITION,
     TOKENIZER_FILE,
     TOP_IDS,
     TOP_K,
@@ -35,10 +38,10 @@ from service.bundle import (
     load_bundle,
     past_key,
     past_names,
-    present_key,
     present_value,
     sha256_file,
 )
+from tests.export.helpers import run_step
 
 
 def _config(checkpoint: Path) -> ModelConfig:
@@ -74,68 +77,117 @@ def test_manifest_describes_the_checkpoint(fp32_bundle: Path, tiny_checkpoint: P
     assert "target_tokens" not in raw and "target_vocab_size" not in raw["model"]
 
 
-def test_batch_source_and_past_axes_are_dynamic(fp32_bundle: Path) -> None:
+def test_sentence_beam_source_and_capacity_axes_are_dynamic(fp32_bundle: Path) -> None:
     manifest = load_bundle(fp32_bundle).manifest
     h, dh, v = manifest.model.heads, manifest.model.d_head, manifest.model.vocab_size
     encoder, step = manifest.encoder, manifest.decoder_step
     assert encoder.inputs[0].shape == ["sentences", "source_length"]
     assert encoder.outputs[1].shape == ["sentences", h, "source_length", dh]
-    assert step.inputs[0].shape == ["batch", 1]
+    assert step.inputs[0].shape == ["sentences", "beams"]
     # One mask and cross key/value row per sentence, shared by its rows (beams).
     assert step.tensor(ENCODER_ATTENTION_MASK).shape == ["sentences", "source_length"]
+    assert step.tensor(ENCODER_ATTENTION_MASK).dtype == "int32"
     assert step.tensor(cross_value(1)).shape == ["sentences", h, "source_length", dh]
-    # The past has its own row count: the graph gathers the batch's rows from it.
-    assert step.tensor(past_key(0)).shape == ["past_batch", h, "past_length", dh]
-    assert step.tensor(CACHE_INDEX).shape == ["batch"]
-    assert step.tensor(present_value(1)).shape == ["batch", h, "present_length", dh]
-    assert step.tensor(LOG_PROBS).shape == ["batch", v]
+    # A static cache: the same shape in and out, indexed through the indirection.
+    assert step.tensor(past_key(0)).shape == ["rows", h, "capacity", dh]
+    assert step.tensor(present_value(1)).shape == ["rows", h, "capacity", dh]
+    assert step.tensor(CACHE_INDIRECTION).shape == ["sentences", "beams", "capacity"]
+    assert step.tensor(POSITION).shape == ["rows"]
+    assert step.tensor(PAST_SEQUENCE_LENGTH).shape == [1]  # read on the host
+    assert step.tensor(LOG_PROBS).shape == ["rows", v]
     assert step.tensor(LOG_PROBS).dtype == "float32"
-    assert step.tensor(TOP_LOG_PROBS).shape == ["batch", "top_k"]
+    assert step.tensor(TOP_LOG_PROBS).shape == ["rows", "top_k"]
     assert step.tensor(TOP_IDS).dtype == "int64"
 
 
-def test_decoder_step_gathers_its_past_and_returns_the_top_k(fp32_bundle: Path) -> None:
-    """cache_index [2, 0] over a 3-row past gives what the host-side gather past[[2, 0]] gives;
-    top_k candidates are log_probs' best, best first."""
+def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
+    fp32_bundle: Path,
+) -> None:
+    """Beams whose indirection names another beam's row see what they would see with that
+    row's keys/values copied into their own; the step writes position T of each row and nothing
+    else; top_k candidates are log_probs' best, best first."""
     manifest = load_bundle(fp32_bundle).manifest
     dims, n = manifest.model, manifest.model.decoder_layers
     session = ort.InferenceSession(str(fp32_bundle / DECODER_STEP_FILE))
     rng = np.random.default_rng(0)
-    past = {
-        name: rng.normal(size=(3, dims.heads, 2, dims.d_head)).astype(np.float32)
-        for name in past_names(n)
-    }
-    cross = {
-        name: rng.normal(size=(2, dims.heads, 4, dims.d_head)).astype(np.float32)
-        for name in cross_names(n)
-    }
-    common = {
-        INPUT_IDS: np.array([[5], [9]], dtype=np.int64),
-        ENCODER_ATTENTION_MASK: np.ones((2, 4), dtype=np.int64),
-        **cross,
-    }
-    rows = np.array([2, 0], dtype=np.int64)
-    names = [o.name for o in session.get_outputs()]
-    gathered = session.run(None, {**common, CACHE_INDEX: rows, TOP_K: np.array([5]), **past})
-    on_host = session.run(
-        None,
-        {
-            **common,
-            CACHE_INDEX: np.arange(2, dtype=np.int64),
-            TOP_K: np.array([5]),
-            **{name: value[rows] for name, value in past.items()},
+    sentences, beams, capacity, t = 2, 3, 6, 4
+    shape = (sentences * beams, dims.heads, capacity, dims.d_head)  # (R, H, C, Dh)
+    cache = {name: rng.normal(size=shape).astype(np.float32) for name in past_names(n)}
+    feeds = {
+        INPUT_IDS: np.array([[5, 9, 7], [11, 5, 8]], dtype=np.int64),  # (N, G)
+        POSITION: np.full(sentences * beams, t, dtype=np.int64),
+        PAST_SEQUENCE_LENGTH: np.array([t], dtype=np.int32),
+        ENCODER_ATTENTION_MASK: np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=np.int32),
+        TOP_K: np.array([5], dtype=np.int64),
+        **{
+            name: rng.normal(size=(sentences, dims.heads, 4, dims.d_head)).astype(np.float32)
+            for name in cross_names(n)
         },
-    )
-    for name, a, b in zip(names, gathered, on_host, strict=True):
-        np.testing.assert_array_equal(a, b, err_msg=name)
-    out = dict(zip(names, gathered, strict=True))
+    }
+    # Beam 0 of sentence 0 reads positions 1 and 3 from beam 2's row; the others their own.
+    indirection = np.broadcast_to(np.arange(beams)[None, :, None], (sentences, beams, capacity))
+    indirection = np.ascontiguousarray(indirection, dtype=np.int32)
+    indirection[0, 0, [1, 3]] = 2
+    through = {name: value.copy() for name, value in cache.items()}
+    out = run_step(session, {**feeds, CACHE_INDIRECTION: indirection}, through, n)
+    copied = {name: value.copy() for name, value in cache.items()}
+    for value in copied.values():
+        value[0, :, [1, 3]] = value[2, :, [1, 3]]
+    own = np.ascontiguousarray(np.broadcast_to(np.arange(beams)[None, :, None], indirection.shape))
+    expected = run_step(session, {**feeds, CACHE_INDIRECTION: own.astype(np.int32)}, copied, n)
+    for name in out:
+        np.testing.assert_allclose(out[name], expected[name], atol=1e-5, err_msg=name)
+    for name, value in through.items():
+        unchanged = [p for p in range(capacity) if p != t]
+        np.testing.assert_array_equal(value[:, :, unchanged], cache[name][:, :, unchanged])
+        assert not np.array_equal(value[:, :, t], cache[name][:, :, t]), name
     order = np.argsort(-out[LOG_PROBS], axis=-1, kind="stable")[:, :5]
     np.testing.assert_array_equal(out[TOP_IDS], order)
     np.testing.assert_array_equal(
         out[TOP_LOG_PROBS], np.take_along_axis(out[LOG_PROBS], order, axis=-1)
     )
-    # The present is the gathered past plus this step's position.
-    np.testing.assert_array_equal(out[present_key(0)][:, :, :2], past[past_key(0)][rows])
+
+
+def test_the_gather_step_reorders_by_beam_rows_and_masks_later_positions(
+    gather_bundle: Path,
+) -> None:
+    """beam_rows gives what the rows copied on the host would give; the step writes position T
+    of each row (over its gathered past) and nothing else; positions after T, whatever finite
+    values they hold, change nothing."""
+    manifest = load_bundle(gather_bundle).manifest
+    assert manifest.decoder_cache == "gather"
+    dims, n = manifest.model, manifest.model.decoder_layers
+    session = ort.InferenceSession(str(gather_bundle / DECODER_STEP_FILE))
+    rng = np.random.default_rng(1)
+    sentences, beams, capacity, t = 2, 2, 6, 3
+    rows = sentences * beams
+    cache = {
+        name: rng.normal(size=(rows, dims.heads, capacity, dims.d_head)).astype(np.float32)
+        for name in past_names(n)
+    }
+    feeds = {
+        INPUT_IDS: np.array([[5, 9], [11, 5]], dtype=np.int64),
+        POSITION: np.full(rows, t, dtype=np.int64),
+        ENCODER_ATTENTION_MASK: np.array([[1, 1, 1], [1, 1, 0]], dtype=np.int32),
+        TOP_K: np.array([4], dtype=np.int64),
+        **{
+            name: rng.normal(size=(sentences, dims.heads, 3, dims.d_head)).astype(np.float32)
+            for name in cross_names(n)
+        },
+    }
+    beam_rows = np.array([1, 1, 2, 3], dtype=np.int64)  # sentence 0's beams both continue beam 1
+    gathered = {name: value.copy() for name, value in cache.items()}
+    out = run_step(session, {**feeds, BEAM_ROWS: beam_rows}, gathered, n)
+    on_host = {name: value[beam_rows].copy() for name, value in cache.items()}
+    for value in on_host.values():
+        value[:, :, t + 1 :] = 1e3  # masked: never attended
+    expected = run_step(session, {**feeds, BEAM_ROWS: np.arange(rows)}, on_host, n)
+    for name in out:
+        np.testing.assert_allclose(out[name], expected[name], atol=1e-5, err_msg=name)
+    for name, value in gathered.items():
+        np.testing.assert_array_equal(value[:, :, :t], cache[name][beam_rows, :, :t])
+        np.testing.assert_array_equal(value[:, :, t], on_host[name][:, :, t])
+        np.testing.assert_array_equal(value[:, :, t + 1 :], cache[name][beam_rows, :, t + 1 :])
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8", "fp16"])
@@ -161,7 +213,7 @@ def test_recorded_bleu_goes_into_provenance(tiny_checkpoint: Path, tmp_path: Pat
 def test_export_leaves_the_model_in_eval_mode(tiny_checkpoint: Path, tmp_path: Path) -> None:
     # torch.onnx.export restores the wrapper's (training) mode, and with it the model's.
     model = load_model(tiny_checkpoint)
-    export_graphs(model, tmp_path, opset=17)
+    export_graphs(model, tmp_path, 17, "fp32", "indirection")
     assert not any(module.training for module in model.modules())
 
 

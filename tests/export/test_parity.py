@@ -22,15 +22,19 @@ from model.data import pad
 from model.search import generate
 from model.transformer import BOS_ID, DecoderCache, Transformer, load_model, padding_mask
 from service.bundle import (
-    CACHE_INDEX,
+    CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
+    PAST_SEQUENCE_LENGTH,
+    POSITION,
     TOP_K,
+    TOP_LOG_PROBS,
     cross_names,
     past_key,
     past_names,
 )
+from tests.export.helpers import run_step
 
 
 def _sources(ort_bundle: OrtBundle, lines: list[str]) -> list[list[int]]:
@@ -40,7 +44,11 @@ def _sources(ort_bundle: OrtBundle, lines: list[str]) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     ("bundle_name", "checkpoint_name"),
-    [("fp32_bundle", "tiny_checkpoint"), ("eos_bundle", "eos_checkpoint")],
+    [
+        ("fp32_bundle", "tiny_checkpoint"),
+        ("eos_bundle", "eos_checkpoint"),
+        ("eos_gather_bundle", "eos_checkpoint"),
+    ],
 )
 def test_parity_on_real_sentences(
     bundle_name: str, checkpoint_name: str, val_src: list[str], request: pytest.FixtureRequest
@@ -101,11 +109,11 @@ def _flat(keys: list[torch.Tensor], values: list[torch.Tensor]) -> list[np.ndarr
     [(1, 1, 1, 0), (3, 1, 7, 0), (3, 2, 7, 5), (1, 4, 9, 1), (4, 5, 2, 11), (2, 1, 5, 3)],
 )
 @torch.inference_mode()
-def test_decoder_step_for_shapes_other_than_the_traced_ones(
+def test_decoder_step_for_any_shape(
     fp32_bundle: Path, tiny_checkpoint: Path, sentences: int, group: int, source: int, past: int
 ) -> None:
-    """Traced with 2 sentences of 3 rows, source 5, past 3: none of these may be baked into
-    the graph, and `group` rows per sentence must read that sentence's cross keys/values."""
+    """No shape is baked into the built graph, `group` rows per sentence read that sentence's
+    cross keys/values, and the key/value each row writes at position `past` is torch's."""
     ort_bundle = open_bundle(fp32_bundle)
     model = load_model(tiny_checkpoint)
     n = model.config.n_decoder_layers
@@ -117,39 +125,50 @@ def test_decoder_step_for_shapes_other_than_the_traced_ones(
     per_row, _ = model.decode_step(tokens, copies, padding_mask(src).repeat_interleave(group, 0))
     assert (expected - per_row).abs().max().item() < 1e-5
 
+    capacity = past + 3  # positions after the step's are never read
+    buffers = {}
+    for name, value in zip(past_names(n), _flat(cache.self_k, cache.self_v), strict=True):
+        buffers[name] = np.zeros((batch, value.shape[1], capacity, value.shape[3]), np.float32)
+        buffers[name][:] = 1e3  # garbage that would show if read
+        buffers[name][:, :, :past] = value
     feeds = {
-        INPUT_IDS: tokens[:, None].numpy(),
-        ENCODER_ATTENTION_MASK: (src != 0).long().numpy(),
-        CACHE_INDEX: np.arange(batch, dtype=np.int64),
+        INPUT_IDS: tokens.reshape(sentences, group).numpy(),
+        POSITION: np.full(batch, past, dtype=np.int64),
+        PAST_SEQUENCE_LENGTH: np.array([past], dtype=np.int32),
+        ENCODER_ATTENTION_MASK: (src != 0).int().numpy(),
+        CACHE_INDIRECTION: np.ascontiguousarray(
+            np.broadcast_to(
+                np.arange(group, dtype=np.int32)[None, :, None], (sentences, group, capacity)
+            )
+        ),
         TOP_K: np.array([3], dtype=np.int64),
-        **dict(zip(past_names(n), _flat(cache.self_k, cache.self_v), strict=True)),
         **dict(zip(cross_names(n), _flat(cache.cross_k, cache.cross_v), strict=True)),
     }
-    log_probs, top_log_probs, _, *present = ort_bundle.decoder_step.run(None, feeds)
-    assert top_log_probs.shape == (batch, 3)
-    assert log_probs.shape == (batch, model.config.vocab_size)
-    np.testing.assert_allclose(log_probs, expected.numpy(), rtol=0, atol=TOLERANCE)
-    for actual, wanted in zip(present, _flat(grown.self_k, grown.self_v), strict=True):
-        assert actual.shape[2] == past + 1
-        np.testing.assert_allclose(actual, wanted, rtol=0, atol=TOLERANCE)
+    out = run_step(ort_bundle.decoder_step, feeds, buffers, n)
+    assert out[TOP_LOG_PROBS].shape == (batch, 3)
+    assert out[LOG_PROBS].shape == (batch, model.config.vocab_size)
+    np.testing.assert_allclose(out[LOG_PROBS], expected.numpy(), rtol=0, atol=TOLERANCE)
+    for name, wanted in zip(past_names(n), _flat(grown.self_k, grown.self_v), strict=True):
+        np.testing.assert_allclose(buffers[name][:, :, : past + 1], wanted, rtol=0, atol=TOLERANCE)
 
 
 @torch.inference_mode()
-def test_first_step_with_zero_length_past(fp32_bundle: Path, tiny_checkpoint: Path) -> None:
+def test_first_step_with_an_empty_cache(fp32_bundle: Path, tiny_checkpoint: Path) -> None:
     ort_bundle = open_bundle(fp32_bundle)
     model = load_model(tiny_checkpoint)
     src = pad([[5, 6, 7, 8, 2], [9, 10, 2]])  # (2, 5), padded
     mask = (src != 0).long().numpy()
-    stepper = OrtStepper(ort_bundle, ort_bundle.encode(src.numpy(), mask), mask)
-    assert stepper.past[past_key(0)].shape == (2, model.config.h, 0, model.config.d_k)
+    encoded = ort_bundle.encode(src.numpy(), mask)
+    stepper = OrtStepper(ort_bundle, encoded, mask, max_decoding_length=4)
+    assert stepper.state.cache(past_key(0)).shape == (2, model.config.h, 0, model.config.d_k)
 
     tokens = torch.full((2,), BOS_ID)
     actual = stepper.step(tokens)
-    expected, _ = model.decode_step(
-        tokens, model.init_cache(model.encode(src, padding_mask(src))), padding_mask(src)
-    )
+    memory = model.encode(src, padding_mask(src))
+    expected, cache = model.decode_step(tokens, model.init_cache(memory), padding_mask(src))
     assert torch.allclose(actual, expected, rtol=0, atol=TOLERANCE)
-    assert stepper.past[past_key(0)].shape[2] == 1
+    written = torch.from_numpy(stepper.state.cache(past_key(0)))
+    assert torch.allclose(written, cache.self_k[0], rtol=0, atol=TOLERANCE)
 
 
 def test_parity_catches_a_different_model(

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import io
 import logging
+import resource
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
 from model.search import generate
 from model.transformer import load_model
 from service import translate
+from service.bundle import BundleError
 from service.decoding import DecodingOptions, Hypothesis
-from service.engine import CPU_PROVIDER, Engine, InputTooLongError, IoBinding
+from service.engine import CPU_PROVIDER, Engine, InputTooLongError
 
 
 @pytest.fixture(scope="module")
@@ -50,35 +53,47 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize(("beam_size", "num_hypotheses"), [(1, 1), (4, 2)])
-@pytest.mark.parametrize("io_binding", ["on", "off"])  # "on" runs the CUDA path's binding
+# Compacted batches (the CPU's policy) of 8, and padded ones (CUDA's) of 6: padded to 8 sentences
+# and to a multiple of 8 source positions, with finished rows staying in the batch. The gather
+# bundles are the CUDA graphs (service/bundle.py), here on the CPU.
 @pytest.mark.parametrize(
-    ("bundle_name", "checkpoint_name"),
-    [("eos_bundle", "eos_checkpoint"), ("fp32_bundle", "tiny_checkpoint")],
+    ("bundle_name", "checkpoint_name", "padded", "batch_size"),
+    [
+        ("eos_bundle", "eos_checkpoint", False, 8),
+        ("eos_bundle", "eos_checkpoint", True, 6),
+        ("eos_gather_bundle", "eos_checkpoint", True, 6),
+        ("eos_gather_bundle", "eos_checkpoint", False, 8),
+        ("fp32_bundle", "tiny_checkpoint", False, 8),
+        ("gather_bundle", "tiny_checkpoint", True, 6),
+    ],
 )
 def test_engine_equals_the_torch_reference(
     bundle_name: str,
     checkpoint_name: str,
-    io_binding: IoBinding,
+    padded: bool,
+    batch_size: int,
     beam_size: int,
     num_hypotheses: int,
     sources: list[list[int]],
     request: pytest.FixtureRequest,
 ) -> None:
     """The eos model stops at varied lengths (rows leave the batch), the plain one at
-    max_positions ("length"); batches of 8 make the engine and torch sort and split alike."""
+    max_positions ("length", past the first cache capacity of short sources); equal batch sizes
+    make the engine and torch sort and split alike. Padding (sentences, source positions,
+    finished rows) never changes an output, nor does the way beams follow the cache."""
     engine = Engine.load(
         request.getfixturevalue(bundle_name),
         device="cpu",
         intra_op_threads=1,
-        io_binding=io_binding,
-        max_batch_size=8,
+        max_batch_size=batch_size,
+        padded=padded,
     )
     model = load_model(request.getfixturevalue(checkpoint_name))
     options = DecodingOptions(beam_size=beam_size, num_hypotheses=num_hypotheses)
 
     ours = engine.generate(sources, options)
     expected = generate(
-        model, sources, beam_size=beam_size, num_hypotheses=num_hypotheses, batch_size=8
+        model, sources, beam_size=beam_size, num_hypotheses=num_hypotheses, batch_size=batch_size
     )
 
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
@@ -87,7 +102,7 @@ def test_engine_equals_the_torch_reference(
     for n, m in zip(ours, expected, strict=True):
         assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)
     reasons = {h.finish_reason for n in ours for h in n}
-    if bundle_name == "eos_bundle":
+    if checkpoint_name == "eos_checkpoint":
         assert "eos" in reasons
         assert len({len(n[0].ids) for n in ours}) > 3  # varied lengths
     else:
@@ -108,6 +123,21 @@ def test_cuda_asked_for_without_cuda_falls_back_to_cpu_with_a_warning(
     assert len(hyp.ids) == 5 and isinstance(text, str)
 
 
+def test_a_cpu_only_decoder_step_is_kept_off_cuda(
+    fp32_bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The indirection cache's attention kernel is CPU-only: asked for CUDA explicitly, the
+    engine refuses it with the export that makes one for CUDA; on "auto" it takes the CPU."""
+    available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    with pytest.raises(BundleError, match="--cache gather"):
+        Engine.load(fp32_bundle, device="cuda")
+    with caplog.at_level(logging.INFO, logger="service.engine"):
+        engine = Engine.load(fp32_bundle, intra_op_threads=1)
+    assert engine.provider == CPU_PROVIDER
+    assert any("runs on the CPU only" in r.getMessage() for r in caplog.records)
+
+
 def test_auto_picks_the_cpu_without_a_warning(
     fp32_bundle: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -120,22 +150,28 @@ def test_auto_picks_the_cpu_without_a_warning(
     assert any(CPU_PROVIDER in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize(("io_binding", "binds"), [("auto", False), ("on", True), ("off", False)])
-def test_io_binding_is_used_on_the_cpu_only_when_forced(
-    fp32_bundle: Path, model_calls: list[str], io_binding: IoBinding, binds: bool
+@pytest.mark.parametrize("padded", [False, True])
+def test_buffers_are_reused_and_memory_stays_flat(
+    eos_bundle: Path, sources: list[list[int]], padded: bool
 ) -> None:
-    """On the CPU the tensors live on the host either way; binding only adds Python per step."""
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        pytest.skip("this ONNX Runtime has CUDA")
-    engine = Engine.load(fp32_bundle, intra_op_threads=1, io_binding=io_binding)
-    engine.translate(["A dog runs."], DecodingOptions(max_decoding_length=3))
-    assert engine.io_binding is binds
-    assert set(model_calls) == {"run_with_iobinding" if binds else "run"}
-
-
-def test_an_unknown_io_binding_is_refused(fp32_bundle: Path) -> None:
-    with pytest.raises(ValueError, match="io_binding must be 'auto', 'on' or 'off', got True"):
-        Engine.load(fp32_bundle, device="cpu", io_binding=True)  # type: ignore[arg-type]
+    """1,000 batches of varying sentences, lengths and beams after one of the largest shape:
+    the pooled cache and outputs never grow, and neither does the process."""
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=1, padded=padded)
+    rng = np.random.default_rng(0)
+    largest = DecodingOptions(beam_size=4, max_decoding_length=16)
+    engine.generate(sorted(sources, key=len)[-8:], largest)
+    held = engine._pool.nbytes()
+    rss = []
+    for i in range(1000):
+        batch = [sources[j] for j in rng.choice(len(sources), size=rng.integers(1, 9))]
+        options = DecodingOptions(
+            beam_size=int(rng.choice([1, 2, 4])), max_decoding_length=int(rng.integers(1, 17))
+        )
+        engine.generate(batch, options)
+        assert engine._pool.nbytes() == held, f"batch {i}"
+        if i % 100 == 99:
+            rss.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    assert rss[-1] - rss[0] < 10_000, rss  # KiB of peak RSS over the last 900 batches
 
 
 @pytest.mark.parametrize("spinning", [False, True])

@@ -23,21 +23,21 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MT_API_KEYS", "k1,k2")
     monkeypatch.setenv("MT_CORS_ORIGINS", "https://a.example")
     monkeypatch.setenv("MT_MAX_BATCH_SIZE", "4")
-    monkeypatch.setenv("MT_IO_BINDING", "off")
+    monkeypatch.setenv("MT_DEVICE", "cpu")
     settings = Settings()
     assert settings.bundle == [Path("bundles/a"), Path("bundles/b")]
     assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
     assert "k1" not in repr(settings)  # keys never reach logs
     assert settings.cors_origins == ["https://a.example"]
-    assert (settings.max_batch_size, settings.io_binding) == (4, "off")
+    assert (settings.max_batch_size, settings.device) == (4, "cpu")
 
 
 def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MT_PORT", "1234")
     argv = ["--bundle", "x", "--bundle", "y", "--port", "9000", "--max-wait-ms", "2.5"]
-    settings = CliApp.run(Settings, cli_args=[*argv, "--io-binding", "on"])
+    settings = CliApp.run(Settings, cli_args=[*argv, "--device", "cuda"])
     assert settings.bundle == [Path("x"), Path("y")]
-    assert (settings.port, settings.max_wait_ms, settings.io_binding) == (9000, 2.5, "on")
+    assert (settings.port, settings.max_wait_ms, settings.device) == (9000, 2.5, "cuda")
 
 
 def test_defaults() -> None:
@@ -53,7 +53,7 @@ def test_defaults() -> None:
         {"libretranslate_prefix": "lt"},
         {"max_batch_size": 0},
         {"device": "tpu"},
-        {"io_binding": True},
+        {"device_id": -1},
     ],
 )
 def test_invalid_settings_are_refused(values: dict[str, object]) -> None:

@@ -1,0 +1,414 @@
+"""The decoder-step graph, built node by node from a model's weights (bundle format 4).
+
+The encoder is traced from the torch model (export/onnx_export.py): it runs once per batch and
+its graph shape matters little. The decoder step runs once per generated token, so its graph is
+written out here, for the few fused kernels ONNX Runtime has for exactly this work:
+
+- com.microsoft.MultiHeadAttention for self-attention over a static cache: the new key/value is
+  written at position T of a (R, H, C, Dh) buffer that is both the past input and the present
+  output (in place when both are bound to one buffer), and `cache_indirection` tells each beam
+  which beam's row holds each earlier position, so beam search never copies the cache
+  (FasterTransformer's scheme; on CUDA, the decoder-masked attention kernel);
+- com.microsoft.MultiHeadAttention for cross-attention, with a sentence's G beams as the G
+  queries of one attention over its one copy of the encoder keys/values;
+- com.microsoft.SkipLayerNormalization for every add & norm (residual, sub-layer bias and layer
+  norm in one kernel; with pre-norm it also returns the residual sum the next sub-layer adds to);
+- one token per row and a residual stream kept as (R, d_model), so every reshape has a constant
+  shape except the one into (N, G, d_model) for cross-attention, computed once per step.
+
+The torch model (model/transformer.py) stays the reference: export/parity.py holds this graph to
+its log-probs and tokens, and the shipped checkpoint's graph is checked against it in the tests.
+Every tensor name comes from service/bundle.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from model.transformer import DecoderLayer, Transformer
+from service.bundle import (
+    BEAM_AXIS,
+    BEAM_ROWS,
+    CACHE_INDIRECTION,
+    CAPACITY_AXIS,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOG_PROBS,
+    PAST_SEQUENCE_LENGTH,
+    POSITION,
+    ROW_AXIS,
+    SENTENCE_AXIS,
+    SOURCE_AXIS,
+    TOP_IDS,
+    TOP_K,
+    TOP_K_AXIS,
+    TOP_LOG_PROBS,
+    DecoderCache,
+    cross_key,
+    cross_value,
+    decoder_step_io,
+    past_key,
+    past_value,
+    present_key,
+    present_value,
+)
+
+MS_DOMAIN = "com.microsoft"
+OPSET = 17  # the lowest this graph needs (LayerNormalization as one node)
+GATHER_OPSET = 24  # TensorScatter
+IR_VERSION = 8
+
+_FLOAT_TYPES: dict[str, tuple[type[np.floating[Any]], int]] = {
+    "fp32": (np.float32, TensorProto.FLOAT),
+    "fp16": (np.float16, TensorProto.FLOAT16),
+}
+
+
+class _Graph:
+    """Nodes and initializers in the order they are added; names are unique by construction."""
+
+    def __init__(self, float_type: type[np.floating[Any]]) -> None:
+        self.float_type = float_type
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def weight(self, name: str, tensor: torch.Tensor) -> str:
+        """A float initializer in the graph's float type."""
+        array = tensor.detach().to(torch.float32).cpu().numpy().astype(self.float_type)
+        return self.constant(name, array)
+
+    def constant(self, name: str, array: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def matmul(self, x: str, name: str, weight: torch.Tensor) -> str:
+        """x @ weight, for a torch Linear's (out, in) weight."""
+        (out,) = self.op("MatMul", [x, self.weight(name, weight.t())])
+        return out
+
+    def linear(self, x: str, name: str, linear: nn.Linear) -> str:
+        """A torch Linear: x @ W^T + b (ONNX Runtime fuses the two nodes)."""
+        (out,) = self.op(
+            "Add",
+            [
+                self.matmul(x, f"{name}.weight", linear.weight),
+                self.weight(f"{name}.bias", linear.bias),
+            ],
+        )
+        return out
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        outputs: int | Sequence[str] = 1,
+        *,
+        domain: str = "",
+        **attributes: Any,
+    ) -> list[str]:
+        self._count += 1
+        name = f"{op_type}_{self._count}"
+        names = [f"{name}.{i}" for i in range(outputs)] if isinstance(outputs, int) else outputs
+        self.nodes.append(
+            helper.make_node(op_type, list(inputs), list(names), name, domain=domain, **attributes)
+        )
+        return list(names)
+
+
+def build_decoder_step(
+    model: Transformer,
+    dtype: str = "fp32",
+    *,
+    cache: DecoderCache = "indirection",
+    opset: int = OPSET,
+) -> onnx.ModelProto:
+    """The decoder-step graph of `model` in `dtype` ("fp32" or "fp16"; int8 is quantized from
+    fp32 by export/quantize.py) with this `cache` (service/bundle.py). In fp16 the weights, the
+    activations, the cache and the cross keys/values are float16; the logits are cast to
+    float32 before LogSoftmax and TopK, so the scores a beam sums keep their precision. The
+    gather cache needs opset 24 (TensorScatter): it is built at max(opset, 24)."""
+    if opset < OPSET:
+        raise ValueError(f"the decoder step needs opset {OPSET} or later, got {opset}")
+    if cache == "gather":
+        opset = max(opset, GATHER_OPSET)
+    if dtype not in _FLOAT_TYPES:
+        raise ValueError(f"no decoder step in {dtype!r}; choose one of {sorted(_FLOAT_TYPES)}")
+    float_type, onnx_float = _FLOAT_TYPES[dtype]
+    config = model.config
+    d_model, heads = config.d_model, config.h
+    g = _Graph(float_type)
+
+    # Embedding: (N, G) ids -> (R, d_model). The output projection reads the same matrix
+    # (weight tying), stored once as (d_model, V) for MatMul and gathered along its axis 1: the
+    # joint embedding, or the decoder's own with a separate target vocabulary.
+    embedding_t = g.weight("embedding_t", model.decoder_embedding.weight.t())  # (d_model, V)
+    rows_by_model = g.constant("shape.rows_d_model", np.array([-1, d_model], np.int64))
+    rows_one_qkv = g.constant("shape.rows_1_qkv", np.array([-1, 1, 3 * d_model], np.int64))
+    split_qkv = g.constant("split.qkv", np.array([d_model] * 3, np.int64))
+    # (N, G, d_model), for cross-attention: the one shape computed at run time, once per step.
+    d_model_vector = g.constant("shape.d_model", np.array([d_model], np.int64))
+    (sentences_beams,) = g.op("Shape", [INPUT_IDS])
+    (grouped_shape,) = g.op("Concat", [sentences_beams, d_model_vector], axis=0)
+
+    (x,) = g.op("Gather", [embedding_t, INPUT_IDS], axis=1)  # (d_model, N, G)
+    (x,) = g.op("Transpose", [x], perm=[1, 2, 0])  # (N, G, d_model)
+    if config.scale_embedding:
+        scale = g.constant("embedding_scale", np.array(math.sqrt(d_model), float_type))
+        (x,) = g.op("Mul", [x, scale])
+    (x,) = g.op("Reshape", [x, rows_by_model])  # (R, d_model)
+    encoding = g.weight("positional_encoding", model.get_buffer("positional_encoding"))
+    (position,) = g.op("Gather", [encoding, POSITION])  # (R, d_model)
+    (x,) = g.op("Add", [x, position])
+
+    if cache == "gather":
+        cache_mask = _cache_mask(g, config.max_positions)
+        d_head = d_model // heads
+        by_heads = g.constant("shape.rows_1_h_dh", np.array([-1, 1, heads, d_head], np.int64))
+
+    # Every add & norm in order; with pre-norm, the stack's final norm comes last.
+    pre_norm = config.norm == "pre"
+    layers = _decoder_layers(model)
+    norms = [
+        _layer_norm(g, f"decoder.{i}.norm.{s}", layer.sublayer[s].norm)
+        for i, layer in enumerate(layers)
+        for s in range(3)
+    ]
+    if pre_norm:
+        if not isinstance(model.decoder_norm, nn.LayerNorm):
+            raise TypeError("a pre-norm model must end its decoder with a LayerNorm")
+        norms.append(_layer_norm(g, "decoder.norm", model.decoder_norm))
+        gamma, beta, epsilon = norms[0]
+        (inner,) = g.op("LayerNormalization", [x, gamma, beta], axis=-1, epsilon=epsilon)
+    else:
+        inner = x  # what the sub-layer reads: the stream itself, or its pre-norm
+
+    def add_and_norm(sublayer_out: str, bias: str, index: int) -> None:
+        """residual + sub-layer + bias, normalised: post-norm by this sub-layer's norm (the
+        stream is the normalised sum), pre-norm by the next one's (the stream is the sum)."""
+        nonlocal x, inner
+        if pre_norm:
+            gamma, beta, epsilon = norms[index + 1]
+            outputs = g.op(
+                "SkipLayerNormalization",
+                [sublayer_out, x, gamma, beta, bias],
+                4,
+                domain=MS_DOMAIN,
+                epsilon=epsilon,
+            )
+            inner, x = outputs[0], outputs[3]
+        else:
+            gamma, beta, epsilon = norms[index]
+            (x,) = g.op(
+                "SkipLayerNormalization",
+                [sublayer_out, x, gamma, beta, bias],
+                domain=MS_DOMAIN,
+                epsilon=epsilon,
+            )
+            inner = x
+
+    for i, layer in enumerate(layers):
+        prefix = f"decoder.{i}"
+        attn, cross, ff = layer.self_attn, layer.cross_attn, layer.feed_forward
+        # Self-attention over the static cache, written in place at position T.
+        w_qkv = torch.cat([attn.w_q.weight, attn.w_k.weight, attn.w_v.weight]).t()  # (d, 3d)
+        b_qkv = torch.cat([attn.w_q.bias, attn.w_k.bias, attn.w_v.bias])  # (3d,)
+        (qkv,) = g.op("MatMul", [inner, g.weight(f"{prefix}.self.qkv.weight", w_qkv)])
+        bias = g.weight(f"{prefix}.self.qkv.bias", b_qkv)
+        if cache == "gather":  # the indirection's attention kernel adds the bias itself
+            (qkv,) = g.op("Add", [qkv, bias])
+        (qkv,) = g.op("Reshape", [qkv, rows_one_qkv])  # (R, 1, 3 d_model)
+        q, k, v = g.op("Split", [qkv, split_qkv], 3, axis=2)  # each (R, 1, d_model)
+        if cache == "indirection":
+            attended = _attend_through_indirection(g, i, q, k, v, bias, heads)
+        else:
+            attended = _attend_over_gathered(g, i, q, k, v, cache_mask, by_heads, heads)
+        (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
+        out = g.matmul(attended, f"{prefix}.self.o.weight", attn.w_o.weight)
+        add_and_norm(out, g.weight(f"{prefix}.self.o.bias", attn.w_o.bias), 3 * i)
+
+        # Cross-attention: each sentence's G rows query its one copy of the encoder keys/values.
+        query = g.linear(inner, f"{prefix}.cross.q", cross.w_q)  # (R, d_model)
+        (query,) = g.op("Reshape", [query, grouped_shape])  # (N, G, d_model)
+        (attended,) = g.op(
+            "MultiHeadAttention",
+            [query, cross_key(i), cross_value(i), "", ENCODER_ATTENTION_MASK],
+            domain=MS_DOMAIN,
+            num_heads=heads,
+        )  # (N, G, d_model)
+        (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
+        out = g.matmul(attended, f"{prefix}.cross.o.weight", cross.w_o.weight)
+        add_and_norm(out, g.weight(f"{prefix}.cross.o.bias", cross.w_o.bias), 3 * i + 1)
+
+        # Position-wise feed-forward.
+        hidden = _activation(g, config.activation, g.linear(inner, f"{prefix}.ff.1", ff.w_1))
+        out = g.matmul(hidden, f"{prefix}.ff.2.weight", ff.w_2.weight)
+        add_and_norm(out, g.weight(f"{prefix}.ff.2.bias", ff.w_2.bias), 3 * i + 2)
+
+    (logits,) = g.op("MatMul", [inner, embedding_t])  # (R, V)
+    if model.output_bias is not None:
+        (logits,) = g.op("Add", [logits, g.weight("output_bias", model.output_bias)])
+    if dtype != "fp32":
+        (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
+    _log_softmax(g, model, logits)
+    # ONNX TopK returns ties lower index first, as the search's tie rule wants.
+    g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
+    return _model(g, model, onnx_float, opset, cache)
+
+
+def _activation(g: _Graph, name: str, x: str) -> str:
+    """The feed-forward's hidden activation (ModelConfig.activation)."""
+    if name == "relu":
+        (y,) = g.op("Relu", [x])
+    elif name == "swish":  # x * sigmoid(x)
+        (gate,) = g.op("Sigmoid", [x])
+        (y,) = g.op("Mul", [x, gate])
+    elif name == "gelu":  # the exact one, with erf, as torch's default
+        (y,) = g.op("Gelu", [x], domain=MS_DOMAIN)
+    else:
+        raise ValueError(f"no ONNX form for the activation {name!r}")
+    return y
+
+
+def _log_softmax(g: _Graph, model: Transformer, logits: str) -> None:
+    """log_probs (R, V) float32 from the logits, with the suppressed ids at -inf: added after the
+    log-softmax, or before it with renormalize_suppressed (Transformer.next_token_log_probs)."""
+    config = model.config
+    if not config.suppressed_ids:
+        g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+        return
+    suppressed = np.zeros(config.decoder_vocab_size, np.float32)
+    suppressed[list(config.suppressed_ids)] = -np.inf
+    minus_inf = g.constant("suppressed", suppressed)  # (V,): -inf where suppressed, else 0
+    if config.renormalize_suppressed:
+        (logits,) = g.op("Add", [logits, minus_inf])
+        g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+    else:
+        (log_probs,) = g.op("LogSoftmax", [logits], axis=-1)
+        g.op("Add", [log_probs, minus_inf], [LOG_PROBS])
+
+
+def _attend_through_indirection(
+    g: _Graph, i: int, q: str, k: str, v: str, bias: str, heads: int
+) -> str:
+    """ONNX Runtime's cache-sharing attention: the new key/value goes into the cache at
+    past_sequence_length, earlier positions are read through the cache indirection (the CPU
+    kernel; CUDA's lays the cache out differently from its first step on)."""
+    (attended, _, _) = g.op(
+        "MultiHeadAttention",
+        [
+            q,
+            k,
+            v,
+            bias,
+            "",  # key_padding_mask: the target has no padding
+            "",  # attention_bias
+            past_key(i),
+            past_value(i),
+            PAST_SEQUENCE_LENGTH,
+            CACHE_INDIRECTION,
+        ],
+        [f"decoder.{i}.self.out", present_key(i), present_value(i)],
+        domain=MS_DOMAIN,
+        num_heads=heads,
+    )  # (R, 1, d_model)
+    return attended
+
+
+def _attend_over_gathered(
+    g: _Graph, i: int, q: str, k: str, v: str, mask: str, by_heads: str, heads: int
+) -> str:
+    """Standard operators only: the cache gathered by beam_rows, the new key/value scattered in
+    at the step's position, attention over all C positions with the later ones masked. Every
+    value the step reads is on the device, so it runs and replays the same on any provider."""
+    presents = []
+    for new, past, present in (
+        (k, past_key(i), present_key(i)),
+        (v, past_value(i), present_value(i)),
+    ):
+        (new,) = g.op("Reshape", [new, by_heads])  # (R, 1, H, Dh)
+        (new,) = g.op("Transpose", [new], perm=[0, 2, 1, 3])  # (R, H, 1, Dh)
+        (gathered,) = g.op("Gather", [past, BEAM_ROWS], axis=0)  # (R, H, C, Dh)
+        g.op("TensorScatter", [gathered, new, POSITION], [present], axis=2)
+        presents.append(present)
+    (attended,) = g.op(
+        "MultiHeadAttention", [q, *presents, "", mask], domain=MS_DOMAIN, num_heads=heads
+    )  # (R, 1, d_model)
+    return attended
+
+
+def _cache_mask(g: _Graph, max_positions: int) -> str:
+    """(R, C) int32: 1 where a cache position is at or before the step's, from `position` on the
+    device (a constant range sliced to the cache's C positions, compared)."""
+    positions = g.constant("cache.positions", np.arange(max_positions, dtype=np.int64)[None, :])
+    zero, one = (g.constant(f"cache.{n}", np.array([n], np.int64)) for n in (0, 1))
+    (capacity,) = g.op("Shape", [past_key(0)], start=2, end=3)  # [C]
+    (positions,) = g.op("Slice", [positions, zero, capacity, one])  # (1, C)
+    (step,) = g.op("Unsqueeze", [POSITION, one])  # (R, 1)
+    (valid,) = g.op("LessOrEqual", [positions, step])  # (R, C)
+    (mask,) = g.op("Cast", [valid], to=TensorProto.INT32)
+    return mask
+
+
+def _decoder_layers(model: Transformer) -> list[DecoderLayer]:
+    layers = list(model.decoder_layers)
+    if not all(isinstance(layer, DecoderLayer) for layer in layers):
+        raise TypeError("the model's decoder layers are not DecoderLayers")
+    return layers  # type: ignore[return-value]  # (checked above; ModuleList is untyped)
+
+
+def _layer_norm(g: _Graph, name: str, norm: object) -> tuple[str, str, float]:
+    if not isinstance(norm, nn.LayerNorm):
+        raise TypeError(f"{name} is a {type(norm).__name__}, not a LayerNorm")
+    return g.weight(f"{name}.weight", norm.weight), g.weight(f"{name}.bias", norm.bias), norm.eps
+
+
+def _model(
+    g: _Graph, model: Transformer, onnx_float: int, opset: int, decoder_cache: DecoderCache
+) -> onnx.ModelProto:
+    config = model.config
+    n = config.n_decoder_layers
+    heads, d_head = config.h, config.d_k
+    cache: list[int | str] = [ROW_AXIS, heads, CAPACITY_AXIS, d_head]
+    source: list[int | str] = [SENTENCE_AXIS, heads, SOURCE_AXIS, d_head]
+    types: dict[str, tuple[int, list[int | str]]] = {
+        INPUT_IDS: (TensorProto.INT64, [SENTENCE_AXIS, BEAM_AXIS]),
+        POSITION: (TensorProto.INT64, [ROW_AXIS]),
+        PAST_SEQUENCE_LENGTH: (TensorProto.INT32, [1]),
+        BEAM_ROWS: (TensorProto.INT64, [ROW_AXIS]),
+        ENCODER_ATTENTION_MASK: (TensorProto.INT32, [SENTENCE_AXIS, SOURCE_AXIS]),
+        CACHE_INDIRECTION: (TensorProto.INT32, [SENTENCE_AXIS, BEAM_AXIS, CAPACITY_AXIS]),
+        TOP_K: (TensorProto.INT64, [1]),
+        LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.decoder_vocab_size]),
+        TOP_LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, TOP_K_AXIS]),
+        TOP_IDS: (TensorProto.INT64, [ROW_AXIS, TOP_K_AXIS]),
+    }
+    for i in range(n):
+        for name in (past_key(i), past_value(i), present_key(i), present_value(i)):
+            types[name] = (onnx_float, cache)
+        for name in (cross_key(i), cross_value(i)):
+            types[name] = (onnx_float, source)
+    inputs, outputs = decoder_step_io(n, decoder_cache)
+    graph = helper.make_graph(
+        g.nodes,
+        "decoder_step",
+        [helper.make_tensor_value_info(name, *types[name]) for name in inputs],
+        [helper.make_tensor_value_info(name, *types[name]) for name in outputs],
+        g.initializers,
+    )
+    proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS_DOMAIN, 1)],
+        producer_name="transformer-mt export.decoder_step",
+    )
+    proto.ir_version = IR_VERSION if opset < GATHER_OPSET else 10  # opset 24 needs IR 10
+    onnx.checker.check_model(proto)
+    return proto

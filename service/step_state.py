@@ -1,0 +1,452 @@
+"""One batch's decoder state over decoder_step.onnx (bundle format 4): the static key/value
+cache, how beams follow their back-pointers through it, and the graph's inputs and outputs,
+bound once per batch.
+
+The cache of each layer is one (R, H, C, Dh) buffer per key and value, R = N * G rows (G per
+sentence: its beams), C positions. It is bound as both the step's past input and its present
+output, so each step writes its key/value at position T in place. How beams follow their
+back-pointers depends on the bundle's `decoder_cache` (service/bundle.py):
+- "indirection": only `cache_indirection` (N, G, C) changes: entry [n, g, t] names the beam of
+  sentence n whose row holds position t of beam g. No step copies the cache.
+- "gather": `beam_rows` (R,) names the row each row continues; the next step gathers the cache
+  by it inside the graph (identity when no beam moved).
+The first step of beam search runs each sentence's G rows on the same token (all beams start
+alike); the expansion that follows points every beam at beam 0.
+
+Finished sentences, two policies:
+- compact (the CPU default): once an eighth of the rows have finished, the live sentences'
+  rows move to the front of the buffers and the graph runs on those alone.
+- padded (CUDA): rows stay where they are until the batch ends, the finished ones computed and
+  ignored, so every step of a batch has the same shapes and buffer addresses (what CUDA graphs
+  need; on a GPU a few more rows cost next to nothing). The engine also pads batches to
+  power-of-two sentences and to a multiple of `SOURCE_BUCKET` source positions, so few shapes
+  ever occur and the buffers of each are allocated once and reused.
+
+Where tensors live: on the CPU every buffer is a numpy array that its bound OrtValue aliases,
+so the host writes the step's tokens, position and beam bookkeeping in place and ONNX Runtime
+reads them. On CUDA the buffers are device OrtValues; those inputs are copied into them before a
+step (`OrtValue.update_inplace`), and only the top-k candidates come back. Buffers are zeroed
+when allocated: the gather cache attends over positions it has not written yet (masked), and
+masked garbage must still be finite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from service.bundle import (
+    BEAM_ROWS,
+    CACHE_INDIRECTION,
+    ENCODER_ATTENTION_MASK,
+    INPUT_IDS,
+    LOG_PROBS,
+    PAST_SEQUENCE_LENGTH,
+    POSITION,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOG_PROBS,
+    Manifest,
+    cross_names,
+    past_key,
+    past_names,
+    present_names,
+)
+
+# A graph input or output: a numpy array on the host, or an ort.OrtValue that may live on the
+# GPU (ONNX Runtime ships no type stubs, so this cannot be spelled closer).
+Value = Any
+
+SOURCE_BUCKET = 8  # padded policy: source lengths are padded to a multiple of this
+MIN_CAPACITY = 16  # the cache starts with at least this many positions, and doubles
+# Compact policy: finished rows are moved out once they are this fraction of the batch. A
+# compaction copies the live rows' cache and rebinds the step (1.5 ms at 32 rows on 2 cores,
+# about 15 row-steps); a finished row left in costs one row-step per step.
+COMPACT_FRACTION = 1 / 8
+
+
+def bucket(n: int) -> int:
+    """The smallest power of two >= n: the padded policy's sentence count for n sentences."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def source_bucket(length: int) -> int:
+    return -(-length // SOURCE_BUCKET) * SOURCE_BUCKET
+
+
+def initial_capacity(limit: int, source_length: int, padded: bool) -> int:
+    """Cache positions for a batch, at most `limit` (the most steps it may take); a batch that
+    outgrows them doubles them, copying what is cached. The attention kernels work over every
+    position of the buffer (the CPU's cost 3.7 times as many instructions at 256 positions as
+    at 32, for the same 21 cached: callgrind, 128 rows), so a compacted batch (the CPU: a
+    growth is a cheap host copy) starts at its longest source's power of two; a padded one
+    (a GPU: a growth goes through the host and makes a new graph shape) covers twice the source
+    and 16 more, which a translation seldom outruns. At least MIN_CAPACITY either way."""
+    wanted = 2 * source_length + 16 if padded else source_length
+    return min(limit, max(MIN_CAPACITY, bucket(wanted)))
+
+
+@dataclass
+class BufferPool:
+    """The buffers of past batches, reused by the next ones of the same shapes.
+
+    CPU: one flat numpy array per name, grown to the largest request; a buffer is a view of its
+    prefix, so any shape up to the largest reuses the same memory. CUDA: one OrtValue per name
+    and shape, so a shape always gets the same device address (CUDA graphs replay on fixed
+    addresses). Either way the memory held is bounded by the shapes that occur, not by the
+    number of batches. New memory is zeroed.
+    """
+
+    device_type: str = "cpu"
+    device_id: int = 0
+    _flat: dict[str, np.ndarray] = field(default_factory=dict)
+    _device: dict[tuple[str, tuple[int, ...], str], Value] = field(default_factory=dict)
+
+    @property
+    def on_device(self) -> bool:
+        return self.device_type != "cpu"
+
+    def host(self, name: str, shape: Sequence[int], dtype: np.dtype[Any]) -> np.ndarray:
+        """A host array of `shape` on the pooled memory of `name` (what earlier views left)."""
+        size = int(np.prod(shape))
+        flat = self._flat.get(name)
+        if flat is None or flat.size < size or flat.dtype != dtype:
+            flat = self._flat[name] = np.zeros(size, dtype)
+        return flat[:size].reshape(shape)
+
+    def buffer(self, name: str, shape: Sequence[int], dtype: np.dtype[Any]) -> Value:
+        """A buffer the graph reads or writes: a host array, or the device OrtValue of this
+        name and shape (always the same one)."""
+        if not self.on_device:
+            return self.host(name, shape, dtype)
+        key = (name, tuple(shape), dtype.name)
+        value = self._device.get(key)
+        if value is None:
+            zeros = np.zeros(shape, dtype)
+            value = ort.OrtValue.ortvalue_from_numpy(zeros, self.device_type, self.device_id)
+            self._device[key] = value
+        return value
+
+    def nbytes(self) -> int:
+        """Bytes held (host arrays, and device values by their shapes)."""
+        host = sum(a.nbytes for a in self._flat.values())
+        device = sum(
+            int(np.prod(shape)) * np.dtype(dtype).itemsize for _, shape, dtype in self._device
+        )
+        return host + device
+
+
+class StaticCacheState:
+    """`service.decoding.DecoderState` over decoder_step.onnx with a static, in-place cache.
+
+    Rows as the search sees them: one per live sentence before beam search expands them, then
+    G per live sentence, in the order of `self.live` (the sentences' slots in the buffers).
+    """
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        manifest: Manifest,
+        pool: BufferPool,
+        cross: Mapping[str, Value],
+        attention_mask: np.ndarray,
+        *,
+        sentences: int,
+        beam_size: int,
+        capacity: int,
+        limit: int,
+        padded: bool,
+        graph_ids: dict[tuple[int, ...], int] | None = None,
+    ) -> None:
+        """`cross` and `attention_mask` (N, S) have one row per slot, N >= `sentences` (the
+        padded policy's extra slots are never live). `capacity` is the cache's positions to
+        start with (`initial_capacity`); a step past them doubles it, up to `limit`, the most
+        steps the batch may take (at most the model's positions).
+
+        `graph_ids` (CUDA graphs; padded policy and gather cache only): the CUDA graph of each
+        step shape, numbered in this map, which the engine keeps across batches. A shape's
+        first step runs plainly (its memory is allocated then, not during a capture), the next
+        is captured, the later ones replay it. What a kernel reads on the host is replayed as
+        it was captured: top_k is part of the shape; nothing else is read on the host."""
+        if pool.on_device and not padded:
+            raise ValueError("a device cache is padded: rows move between steps on the host only")
+        if graph_ids is not None and not (padded and manifest.decoder_cache == "gather"):
+            raise ValueError("CUDA graphs replay fixed shapes: a padded batch, a gather cache")
+        dims = manifest.model
+        self.session, self.pool, self.padded = session, pool, padded
+        self.vocab_size = dims.output_vocab_size  # the decoder's (a separate target one)
+        self.beam_size = beam_size
+        self.indirection = manifest.decoder_cache == "indirection"
+        self.live = np.arange(sentences)  # slot of each live sentence, in the search's order
+        self.beams = 1  # rows per sentence the search sees: beam_size once expanded
+        self.position = 0  # positions cached so far: the next step's position T
+        self._graph_ids = graph_ids
+        self._warm: set[tuple[int, ...]] = set()
+        self._slots = attention_mask.shape[0]
+        self._capacity = capacity
+        self._limit = limit
+        self._layers = dims.decoder_layers
+        self._cache_shape = (dims.heads, dims.d_head)
+        self._cache_dtype = np.dtype(manifest.decoder_step.tensor(past_key(0)).dtype)
+        # Host arrays the step reads: written in place before each run.
+        rows = self._slots * beam_size
+        self._ids = np.zeros((self._slots, beam_size), np.int64)  # (N, G)
+        self._position = np.zeros(rows, np.int64)  # (R,)
+        self._past_length = np.zeros(1, np.int32)  # indirection: read on the host
+        self._indirection = np.zeros((self._slots, beam_size, capacity), np.int32)  # (N, G, C)
+        self._beam_rows = np.arange(rows, dtype=np.int64)  # gather: (R,)
+        self._top_k = np.zeros(1, np.int64)
+        self._mask = np.ascontiguousarray(attention_mask, np.int32)  # (N, S)
+        self._cross = dict(cross)
+        self._k = 0  # candidates per row the outputs are bound for
+        self._binding = session.io_binding()
+        self._inputs: dict[str, Value] = {}
+        self._outputs: dict[str, Value] = {}
+        self._cache: dict[str, Value] = {}
+        self._bind_inputs()
+
+    # --- DecoderState ------------------------------------------------------------------------
+
+    def step(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        t, g = self.position, self.beam_size
+        if t >= self._capacity:
+            self._grow(min(2 * self._capacity, self._limit))
+        if self.beams == 1 and g > 1:
+            # Beam search's first step: each sentence's G rows start alike.
+            self._ids[self.live] = tokens.reshape(-1, 1)
+        else:
+            self._ids[self.live] = tokens.reshape(-1, g)
+        self._position[:] = t
+        self._past_length[0] = t
+        k = min(k, self.vocab_size)
+        if k != self._k:
+            self._bind_outputs(k)
+        for name, array in ((INPUT_IDS, self._ids), (POSITION, self._position)):
+            self._push(name, array)
+        if not self.indirection:
+            self._push(BEAM_ROWS, self._beam_rows)
+        self.session.run_with_iobinding(self._binding, self._run_options(k))
+        self.position = t + 1
+        if self.indirection:
+            self._indirection[:, :, t] = np.arange(g)  # each beam wrote T in its own row
+        else:
+            self._beam_rows[:] = np.arange(len(self._beam_rows))  # the gather is applied
+        rows = self._rows()
+        return self._host(TOP_LOG_PROBS)[rows], self._host(TOP_IDS)[rows]  # (R, k) copies
+
+    def select(self, rows: np.ndarray, sentences: np.ndarray) -> None:
+        kept = len(sentences)
+        beams = len(rows) // kept
+        # The beam of its sentence each kept row continues (rows are grouped by sentence).
+        parents = rows.reshape(kept, beams) - (sentences * self.beams)[:, None]  # (n, beams)
+        self.live = self.live[sentences]
+        self.beams = beams
+        self._follow(parents)
+        finished = self._slots - len(self.live)
+        if not self.padded and finished and finished >= COMPACT_FRACTION * self._slots:
+            self._compact()
+
+    def reorder(self, rows: np.ndarray) -> None:
+        n = len(self.live)
+        self._follow(rows.reshape(n, self.beams) - (np.arange(n) * self.beams)[:, None])
+
+    # --- What the parity checks read ----------------------------------------------------------
+
+    def log_probs(self) -> np.ndarray:
+        """The last step's log-probs of the live rows, (R, V)."""
+        return np.asarray(self._host(LOG_PROBS)[self._rows()])
+
+    def cache(self, name: str) -> np.ndarray:
+        """The keys or values (`past_key(i)` / `past_value(i)`) of the live rows, as each one
+        will see them at the next step: (R, H, T, Dh), T the positions cached."""
+        t, g = self.position, self.beam_size
+        buffer = _on_host(self._cache[name])  # (N * G, H, C, Dh)
+        if self.indirection:
+            beams = self._indirection[self.live, : self.beams, :t]  # (n, beams, T)
+            rows = self.live[:, None, None] * g + beams  # the row holding each position
+        else:
+            rows = np.broadcast_to(
+                self._beam_rows[self._rows()].reshape(len(self.live), -1, 1),
+                (len(self.live), self.beams, t),
+            )
+        gathered = buffer[rows, :, np.arange(t)[None, None, :]]  # (n, beams, T, H, Dh)
+        seen = len(self.live) * self.beams
+        return np.asarray(gathered.reshape(seen, t, *self._cache_shape).transpose(0, 2, 1, 3))
+
+    # --- Internals ----------------------------------------------------------------------------
+
+    def _rows(self) -> np.ndarray:
+        """Buffer rows of the rows the search sees."""
+        beams = np.arange(self.beams)
+        return (self.live[:, None] * self.beam_size + beams[None, :]).reshape(-1)
+
+    def _follow(self, parents: np.ndarray) -> None:
+        """Beam b of each live sentence now continues beam parents[., b] of that sentence."""
+        g = self.beam_size
+        if g == 1:
+            return  # one beam continues itself
+        if parents.shape[1] < g:  # the first step's expansion: every beam from beam 0
+            parents = np.zeros((len(self.live), g), np.int64)
+        if self.indirection:
+            # It reads every cached position where its parent did.
+            t = self.position
+            ours = self._indirection[self.live, :, :t]  # (n, G, T) copy
+            ancestors = np.take_along_axis(ours, parents[:, :, None], axis=1)  # (n, G, T)
+            self._indirection[self.live, :, :t] = ancestors
+            self._push(CACHE_INDIRECTION, self._indirection)
+        else:
+            # Its row of the next gather is its parent's (composed with any pending move).
+            base = (self.live * g)[:, None]
+            self._beam_rows[base + np.arange(g)] = self._beam_rows[base + parents]
+
+    def _compact(self) -> None:
+        """Move the live sentences to the front: slots 0 .. n - 1, and run on those alone
+        (compact policy: host buffers). A pending gather is applied on the way."""
+        live, n, g, t = self.live, len(self.live), self.beam_size, self.position
+        rows = (live[:, None] * g + np.arange(g)[None, :]).reshape(-1)
+        sources = rows if self.indirection else self._beam_rows[rows]
+        for name in past_names(self._layers):
+            old = self._cache[name]
+            new = self.pool.host(name, (n * g, *self._cache_dims()), self._cache_dtype)
+            new[:, :, :t] = old[sources, :, :t]  # a copy first: old and new share memory
+            self._cache[name] = new
+        self._ids = self._ids[live]
+        self._indirection = self._indirection[live]
+        self._mask = self._mask[live]
+        self._cross = {name: value[live] for name, value in self._cross.items()}
+        self._slots = n
+        self._position = self._position[: n * g].copy()
+        self._beam_rows = np.arange(n * g, dtype=np.int64)
+        self.live = np.arange(n)
+        self._bind_inputs()
+
+    def _grow(self, capacity: int) -> None:
+        """More positions: the cached ones are copied over (through the host on a device; rare,
+        see `initial_capacity`)."""
+        t, rows = self.position, self._slots * self.beam_size
+        heads, d_head = self._cache_shape
+        shape = (rows, heads, capacity, d_head)
+        for name in past_names(self._layers):
+            cached = _on_host(self._cache[name])[:, :, :t].copy()
+            grown = self.pool.buffer(name, shape, self._cache_dtype)
+            if isinstance(grown, np.ndarray):
+                grown[:, :, :t] = cached
+            else:
+                host = np.zeros(shape, self._cache_dtype)
+                host[:, :, :t] = cached
+                grown.update_inplace(host)
+            self._cache[name] = grown
+        indirection = np.zeros((self._slots, self.beam_size, capacity), np.int32)
+        indirection[:, :, :t] = self._indirection[:, :, :t]
+        self._indirection = indirection
+        self._capacity = capacity
+        self._bind_inputs()
+
+    def _cache_dims(self) -> tuple[int, int, int]:
+        heads, d_head = self._cache_shape
+        return heads, self._capacity, d_head
+
+    def _host(self, name: str) -> np.ndarray:
+        return _on_host(self._outputs[name])
+
+    def _bind_inputs(self) -> None:
+        """(Re)bind every input, and the cache as past and present; the outputs follow at the
+        next step."""
+        binding, pool = self._binding, self.pool
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        shape = (self._slots * self.beam_size, *self._cache_dims())
+        for past in past_names(self._layers):
+            buffer = self._cache.get(past)
+            if buffer is None or buffer.shape != shape:  # the pool gives views on its memory
+                buffer = self._cache[past] = pool.buffer(past, shape, self._cache_dtype)
+        arrays: list[tuple[str, np.ndarray]] = [
+            (INPUT_IDS, self._ids),
+            (POSITION, self._position),
+            (ENCODER_ATTENTION_MASK, self._mask),
+        ]
+        if self.indirection:
+            arrays.append((CACHE_INDIRECTION, self._indirection))
+            # Read by the attention kernel on the host, whatever the device.
+            self._inputs[PAST_SEQUENCE_LENGTH] = ort.OrtValue.ortvalue_from_numpy(self._past_length)
+        else:
+            arrays.append((BEAM_ROWS, self._beam_rows))
+        for name, array in arrays:
+            self._inputs[name] = self._bind_host(name, array)
+        self._inputs[TOP_K] = ort.OrtValue.ortvalue_from_numpy(self._top_k)  # read on the host
+        for name, value in self._cross.items():
+            self._inputs[name] = _value(value)
+        for name, value in self._inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for past in past_names(self._layers):
+            binding.bind_ortvalue_input(past, _value(self._cache[past]))
+        self._k = 0
+
+    def _bind_outputs(self, k: int) -> None:
+        """The cache as each layer's present, and the other outputs into buffers of their own
+        (log_probs too: never read by the search, but left unbound ONNX Runtime would allocate
+        (R, V) floats at every step)."""
+        self._top_k[0] = k
+        rows = self._slots * self.beam_size
+        binding = self._binding
+        binding.clear_binding_outputs()
+        for past, present in zip(
+            past_names(self._layers), present_names(self._layers), strict=True
+        ):
+            binding.bind_ortvalue_output(present, _value(self._cache[past]))
+        for name, shape, dtype in (
+            (LOG_PROBS, (rows, self.vocab_size), np.dtype(np.float32)),
+            (TOP_LOG_PROBS, (rows, k), np.dtype(np.float32)),
+            (TOP_IDS, (rows, k), np.dtype(np.int64)),
+        ):
+            self._outputs[name] = self.pool.buffer(name, shape, dtype)
+            binding.bind_ortvalue_output(name, _value(self._outputs[name]))
+        self._k = k
+
+    def _bind_host(self, name: str, array: np.ndarray) -> Value:
+        """The bound value of a host array the step reads: an alias of the array on the CPU
+        (bound again whenever the array is replaced), a pooled device copy on CUDA (refreshed
+        by `_push`)."""
+        if not self.pool.on_device:
+            return ort.OrtValue.ortvalue_from_numpy(array)
+        value = self.pool.buffer(name, array.shape, array.dtype)
+        value.update_inplace(array)
+        return value
+
+    def _push(self, name: str, array: np.ndarray) -> None:
+        if self.pool.on_device:
+            self._inputs[name].update_inplace(array)
+
+    def _run_options(self, k: int) -> ort.RunOptions | None:
+        if self._graph_ids is None:
+            return None
+        shape = (self._slots, self.beam_size, self._mask.shape[1], self._capacity, k)
+        options = ort.RunOptions()
+        if shape in self._warm:
+            graph = self._graph_ids.setdefault(shape, len(self._graph_ids) + 1)  # 0: reserved
+            options.add_run_config_entry("gpu_graph_id", str(graph))
+        else:
+            self._warm.add(shape)
+            options.add_run_config_entry("gpu_graph_id", "-1")
+        return options
+
+
+def _on_host(value: Value) -> np.ndarray:
+    """A host array as it is; a device OrtValue copied to the host."""
+    return value if isinstance(value, np.ndarray) else np.asarray(value.numpy())
+
+
+def _value(buffer: Value) -> Value:
+    if isinstance(buffer, np.ndarray):
+        return ort.OrtValue.ortvalue_from_numpy(buffer)
+    return buffer
+
+
+def cross_inputs(manifest: Manifest, values: Sequence[Value]) -> dict[str, Value]:
+    """The encoder's cross keys/values by decoder input name (the encoder's outputs after
+    memory, in `cross_names` order)."""
+    return dict(zip(cross_names(manifest.model.decoder_layers), values, strict=True))
