@@ -3,21 +3,26 @@
     python -m benchmarks.engine_bench --checkpoint checkpoints/multi30k-en-de \\
         --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--bundle-fp16 BUNDLE] [--src FILE] \\
         [--n 500] [--threads 2] [--device cpu|cuda] [--batch-sizes 1 32] [--beam-sizes 1 4] \\
-        [--repeat 3] [--systems NAME ...] [--json FILE]
+        [--repeat 3] [--systems NAME ...] [--json FILE] [--hf-dir DIR] [--length N]
 
 Systems: torch-uncached (model.search with the decoder re-run on the whole prefix each step),
 torch-cached (decode_step with the key/value cache), both on --device; engine-fp32 /
 engine-int8 / engine-fp16 (this service's engine on --device), engine-fp32-graphs /
 engine-fp16-graphs (the same with CUDA graphs), engine-fp32-cpu (the engine on the CPU whatever
 --device, to hold a GPU's outputs to the CPU's); ct2-fp32 / ct2-int8 (CTranslate2 on the same
-weights, converted by benchmarks/ct2_convert.py; an optional, benchmark-only dependency).
-benchmarks/gpu_bench.py runs the GPU set of these.
+weights, converted by benchmarks/ct2_convert.py; an optional, benchmark-only dependency);
+transformers (generate on --device, for a checkpoint imported from transformers' format:
+--hf-dir, which CTranslate2 then converts with its own TransformersConverter; run by default
+when --hf-dir is given). benchmarks/gpu_bench.py runs the GPU set of these,
+benchmarks/marian_bench.py the CPU set on a base-size Marian model.
 
 Method, so the numbers compare like with like:
 - The first N lines of --src are tokenized once with the bundle's tokenizer; lines over the
   model's input limit are left out. Every system decodes the same id sequences in the same
   batches (sorted by length, then cut), greedy and beam with the same length penalty (1.0),
-  max length (the model's positions) and no minimum length.
+  max length (the model's positions) and no minimum length; or, with --length N, exactly N
+  tokens per sentence (min = max), so that every system does the same work whatever its
+  weights make of the sentence.
 - Each system runs in its own Python process, so one's imports (torch or not) and allocator
   state never count against another's. Peak memory is the process's peak RSS (VmHWM), reset
   through /proc/self/clear_refs before each configuration: what the host must provision,
@@ -61,6 +66,7 @@ CPU_SYSTEMS = (
 )
 SYSTEMS = (
     *CPU_SYSTEMS,
+    "transformers",
     "engine-fp16",
     "engine-fp32-graphs",
     "engine-fp16-graphs",
@@ -104,7 +110,13 @@ def _reset_peak() -> bool:
 # --- Worker: one system, every configuration ---------------------------------------------------
 
 
+def _lengths(args: argparse.Namespace, max_positions: int) -> tuple[int, int]:
+    """(min, max) target tokens per sentence: exactly --length, else 0 to the positions."""
+    return (args.length, args.length) if args.length else (0, max_positions)
+
+
 def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> Decode:
+    min_length, max_length = _lengths(args, max_positions)
     if system.startswith("torch-"):
         import torch
 
@@ -116,10 +128,21 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         kind = system.removeprefix("torch-")
 
         def decode_torch(batch: list[list[int]], beam: int) -> list[list[int]]:
-            nbest = generate(model, batch, beam_size=beam, batch_size=len(batch), decoder=kind)
+            nbest = generate(
+                model,
+                batch,
+                beam_size=beam,
+                batch_size=len(batch),
+                decoder=kind,
+                max_decoding_length=max_length,
+                min_decoding_length=min_length,
+            )
             return [n[0].tokens for n in nbest]
 
         return decode_torch
+
+    if system == "transformers":
+        return _load_transformers(args, min_length, max_length)
 
     if system.startswith("engine-"):
         from service.decoding import DecodingOptions
@@ -136,20 +159,17 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         )
 
         def decode_engine(batch: list[list[int]], beam: int) -> list[list[int]]:
-            options = DecodingOptions(beam_size=beam, max_decoding_length=max_positions)
+            options = DecodingOptions(
+                beam_size=beam, max_decoding_length=max_length, min_decoding_length=min_length
+            )
             return [n[0].ids for n in engine.generate(batch, options)]
 
         return decode_engine
 
     import ctranslate2
-    from tokenizers import Tokenizer
 
-    from service.bundle import load_bundle
-
-    bundle = load_bundle(args.bundle_fp32)
-    tokenizer = Tokenizer.from_file(str(bundle.path(bundle.manifest.tokenizer)))
-    vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
-    index = {token: i for i, token in enumerate(vocabulary)}
+    source_tokens, target_tokens = _ct2_vocabularies(args.ct2_dir)
+    index = {token: i for i, token in enumerate(target_tokens)}
     translator = ctranslate2.Translator(
         str(args.ct2_dir),
         device="cpu",
@@ -160,15 +180,63 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
 
     def decode_ct2(batch: list[list[int]], beam: int) -> list[list[int]]:
         results = translator.translate_batch(
-            [[vocabulary[i] for i in source] for source in batch],
+            [[source_tokens[i] for i in source] for source in batch],
             beam_size=beam,
-            max_decoding_length=max_positions,
-            min_decoding_length=0,  # CTranslate2's default is 1; the engine's is 0
+            max_decoding_length=max_length,
+            min_decoding_length=min_length,  # CTranslate2's default is 1; the engine's is 0
             length_penalty=1.0,
         )
         return [[index[t] for t in r.hypotheses[0]] for r in results]
 
     return decode_ct2
+
+
+def _ct2_vocabularies(ct2_dir: Path) -> tuple[list[str], list[str]]:
+    """(source, target) tokens of a CTranslate2 model, in id order."""
+    shared = ct2_dir / "shared_vocabulary.json"
+    if shared.is_file():
+        tokens: list[str] = json.loads(shared.read_text())
+        return tokens, tokens
+    return (
+        json.loads((ct2_dir / "source_vocabulary.json").read_text()),
+        json.loads((ct2_dir / "target_vocabulary.json").read_text()),
+    )
+
+
+def _load_transformers(args: argparse.Namespace, min_length: int, max_length: int) -> Decode:
+    """transformers' generate under the engine's conventions (tests/transformers_reference.py):
+    early stopping at beam_size finished hypotheses, no </s> forced at the length limit."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.hf_dir).to(args.device).eval()
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+
+    @torch.inference_mode()
+    def decode_transformers(batch: list[list[int]], beam: int) -> list[list[int]]:
+        ids = torch.full((len(batch), max(map(len, batch))), pad)  # (B, S)
+        for row, source in enumerate(batch):
+            ids[row, : len(source)] = torch.tensor(source)
+        ids = ids.to(args.device)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=(ids != pad).long(),
+            num_beams=beam,
+            max_new_tokens=max_length,
+            min_new_tokens=min_length,
+            early_stopping=True,
+            forced_eos_token_id=None,
+            do_sample=False,
+        )
+        outputs = []
+        for row in out.tolist():
+            tokens = row[1:]  # without the decoder's start token
+            ends = [i for i, t in enumerate(tokens) if t in (eos, pad)]
+            outputs.append(tokens[: ends[0]] if ends else tokens)
+        return outputs
+
+    return decode_transformers
 
 
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -230,15 +298,19 @@ def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int, int]:
 
 
 def _convert_ct2(args: argparse.Namespace) -> str | None:
-    """Convert the checkpoint for CTranslate2; the reason it could not be, or None."""
+    """Convert the checkpoint for CTranslate2 (with its own TransformersConverter when the
+    checkpoint came from transformers' format); the reason it could not be, or None."""
     try:
-        import ctranslate2  # noqa: F401
+        from ctranslate2.converters import TransformersConverter
 
         from benchmarks.ct2_convert import convert
     except ImportError as e:
         return f"ctranslate2 is not installed ({e}); pip install ctranslate2"
     try:
-        convert(args.checkpoint, args.ct2_dir)
+        if args.hf_dir:
+            TransformersConverter(str(args.hf_dir)).convert(str(args.ct2_dir), force=True)
+        else:
+            convert(args.checkpoint, args.ct2_dir)
     except Exception as e:  # any failure is reported in the table, the rest still runs
         return f"conversion failed: {type(e).__name__}: {e}"
     return None
@@ -257,6 +329,9 @@ def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> di
         bundle = getattr(args, f"bundle_{name}")
         if bundle:
             argv += [f"--bundle-{name}", str(bundle)]
+    for flag, value in (("--hf-dir", args.hf_dir), ("--length", args.length)):
+        if value:
+            argv += [flag, str(value)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     print(f"running {system} ...", file=sys.stderr, flush=True)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -315,6 +390,7 @@ def _same(run: dict[str, Any], ref: dict[str, Any] | None) -> str:
 _MUST_MATCH = {
     "torch-uncached": None,
     "torch-cached": None,
+    "transformers": None,
     "ct2-fp32": 1,
     "engine-fp32-graphs": None,
 }  # beam size or all
@@ -374,6 +450,13 @@ def parser(
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(systems))
     p.add_argument("--ct2-dir", type=Path, help="where the CTranslate2 model goes (a temp dir)")
     p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    p.add_argument(
+        "--hf-dir",
+        type=Path,
+        help="the transformers checkpoint --checkpoint was imported from: runs the transformers "
+        "system, and CTranslate2 converts it with its own converter",
+    )
+    p.add_argument("--length", type=int, help="decode exactly N tokens per sentence")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--sources-file", type=Path, help=argparse.SUPPRESS)
     return p
@@ -391,6 +474,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 skipped.update(
                     {s: f"no --bundle-{dtype} given" for s in SYSTEMS if f"-{dtype}" in s}
                 )
+        if not args.hf_dir:
+            skipped["transformers"] = "no --hf-dir given"
         if any(s.startswith("ct2-") for s in args.systems):
             reason = _convert_ct2(args)
             if reason:
@@ -439,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be at least 1")
+    if args.hf_dir and args.systems == list(CPU_SYSTEMS):  # the default set
+        args.systems.append("transformers")
 
     if args.worker:
         try:

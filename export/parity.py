@@ -258,7 +258,8 @@ class ParityReport:
             return
         e, a = expected.float().numpy(), actual.astype(np.float32)
         # Equal values count as no difference, equal infinities included (suppressed tokens).
-        diff = float(np.abs(np.where(e == a, 0.0, e - a)).max(initial=0.0))
+        with np.errstate(invalid="ignore"):  # inf - inf, which np.where then drops
+            diff = float(np.abs(np.where(e == a, 0.0, e - a)).max(initial=0.0))
         self.max_abs_diff = max(self.max_abs_diff, diff)
         self.max_abs_diff_by_tensor[name] = max(self.max_abs_diff_by_tensor.get(name, 0.0), diff)
         if not diff <= self.tolerance:  # also catches NaN

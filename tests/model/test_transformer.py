@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.search import generate
 from model.transformer import (
     PAD_ID,
+    FeedForward,
     ModelConfig,
     Transformer,
     causal_mask,
@@ -292,3 +294,91 @@ def test_marian_fields_are_validated() -> None:
     # JSON gives a list; the frozen config keeps a tuple.
     config = ModelConfig.from_dict({"vocab_size": 50, "suppressed_ids": [0]})
     assert config.suppressed_ids == (0,)
+
+
+@pytest.mark.parametrize("activation", ["relu", "swish", "gelu"])
+def test_the_feed_forward_applies_its_activation(activation: str) -> None:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, activation=activation, **SMALL)  # type: ignore[arg-type]
+    ff = FeedForward(config).eval()
+    x = torch.randn(3, 5, 32)
+    h = ff.w_1(x)
+    reference = {
+        "relu": h.clamp(min=0),
+        "swish": h * torch.sigmoid(h),
+        "gelu": 0.5 * h * (1 + torch.erf(h / math.sqrt(2))),  # the exact gelu, as Marian's
+    }[activation]
+    assert torch.allclose(ff(x), ff.w_2(reference), atol=1e-6)
+
+
+def test_the_activation_changes_the_model_s_output() -> None:
+    """The same weights with relu, swish and gelu: three different sets of logits."""
+    src, tgt = torch.tensor([[5, 9, 11, 2]]), torch.tensor([[1, 7, 8]])
+    logits = []
+    for activation in ("relu", "swish", "gelu"):
+        torch.manual_seed(0)
+        config = ModelConfig(vocab_size=50, activation=activation, **SMALL)  # type: ignore[arg-type]
+        with torch.no_grad():
+            logits.append(Transformer(config).eval()(src, tgt))
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert (logits[i] - logits[j]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("d_model", [32, 33])
+def test_halves_layout_equals_transformers_marian_positions(d_model: int) -> None:
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    expected = MarianSinusoidalPositionalEmbedding(64, d_model).create_weight()
+    actual = sinusoidal_encoding(64, d_model, "halves")
+    assert actual.shape == expected.shape
+    assert torch.allclose(actual, expected, rtol=0, atol=1e-6)
+    # The paper's layout is a permutation of the same features, not the same matrix.
+    assert not torch.allclose(sinusoidal_encoding(64, d_model), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("scale_embedding", [True, False])
+def test_embeddings_are_scaled_by_sqrt_d_model_only_when_configured(scale_embedding: bool) -> None:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=50, scale_embedding=scale_embedding, **SMALL)  # type: ignore[arg-type]
+    model = Transformer(config).eval()
+    ids = torch.tensor([[5, 9, 11], [6, 7, 0]])
+    scale = math.sqrt(32) if scale_embedding else 1.0
+    expected = model.embedding(ids) * scale + model.positional_encoding[:3]
+    assert torch.allclose(model.embed(ids), expected, atol=1e-6)
+
+
+def test_the_output_bias_is_added_to_every_logit() -> None:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, **SMALL, **MARIAN_LIKE)).eval()  # type: ignore[arg-type]
+    src, tgt = torch.tensor([[5, 9, 11, 0], [6, 0, 49, 49]]), torch.tensor([[49, 7], [49, 8]])
+    bias = torch.randn(50)
+    with torch.no_grad():
+        without = model(src, tgt)
+        model.output_bias.copy_(bias)
+        with_bias = model(src, tgt)
+    assert torch.allclose(with_bias - without, bias.expand_as(without), atol=1e-5)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_searches_never_emit_a_suppressed_id(renormalize: bool, beam_size: int) -> None:
+    """The start token (the pad id) gets a logit no other token can beat: suppressed, no
+    hypothesis holds it; without the suppression, every one does."""
+    sources = [[5, 9, 11, 0], [6, 0], [7, 8, 9, 10, 11, 0]]
+
+    def outputs(suppressed_ids: tuple[int, ...]) -> list[list[int]]:
+        torch.manual_seed(0)
+        config = ModelConfig(
+            vocab_size=50,
+            **SMALL,
+            **{**MARIAN_LIKE, "suppressed_ids": suppressed_ids},
+            renormalize_suppressed=renormalize and bool(suppressed_ids),
+        )  # type: ignore[arg-type]
+        model = Transformer(config).eval()
+        with torch.no_grad():
+            model.output_bias[49] = 50.0
+            nbest = generate(model, sources, beam_size=beam_size, max_decoding_length=8)
+        return [n[0].tokens for n in nbest]
+
+    assert all(49 not in tokens and len(tokens) > 0 for tokens in outputs((49,)))
+    assert all(49 in tokens for tokens in outputs(()))

@@ -1,0 +1,141 @@
+"""A transformer-base-size Marian model: this engine vs CTranslate2 vs transformers' generate vs
+the uncached loop, on the same weights, in one run.
+
+    python -m benchmarks.marian_bench [--work DIR] [--n 32] [--length 32] [--threads 2]
+        [--repeat 1] [--batch-sizes 1 32] [--beam-sizes 1 4] [--json FILE]
+
+1. Builds a random Marian model of transformer-base size in transformers' format
+   (benchmarks/marian_checkpoint.py): 6 + 6 layers, d_model 512, 8 heads, d_ff 2048, swish, a
+   joint vocabulary of 32,000 tokens (SentencePiece models trained on Multi30k en and de,
+   padded with filler tokens), max positions 512: an OPUS-MT model's shape, 74M parameters.
+2. Imports it (model/import_marian.py) and exports fp32 and int8 bundles (python -m export).
+3. Runs benchmarks/engine_bench.py on the first N Multi30k test_2016_flickr sentences, every
+   system decoding exactly --length tokens per sentence (min = max: random weights stop
+   anywhere, so a free length would measure different work per system): engine-fp32/int8,
+   ct2-fp32/int8 (CTranslate2's own TransformersConverter on the same weights), transformers
+   (generate) and torch-uncached (model/search.py re-running the decoder on the whole prefix at
+   every step, the loop this project started from). Each system runs in its own process; time
+   is the median of --repeat passes (one by default: the uncached loop alone takes about 20
+   minutes a pass on 2 cores), memory the process's peak RSS.
+4. Prints engine_bench's table, then the goals: engine / CTranslate2 in every cell (fp32 vs
+   fp32, int8 vs int8; goal >= 1.0) and engine-fp32 / torch-uncached at beam 4 (goal >= 8).
+
+--work keeps the model, bundles and CTranslate2 model (several hundred MB) for a second run;
+without it they go to a temporary directory. The last stdout line is engine_bench's JSON
+summary with the goal ratios added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks import engine_bench
+from benchmarks.marian_checkpoint import write_checkpoint
+from export.onnx_export import export_bundle
+from model.data import read_lines
+from model.import_marian import import_marian
+
+DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
+BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)
+VOCAB_SIZE = 32000
+SYSTEMS = ["engine-fp32", "engine-int8", "ct2-fp32", "ct2-int8", "transformers", "torch-uncached"]
+
+
+def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
+    """(transformers dir, checkpoint, fp32 bundle, int8 bundle), built once into `work`."""
+    hf, checkpoint = work / "hf-opus-mt-base", work / "opus-mt-base"
+    bundles = work / "opus-mt-base-fp32", work / "opus-mt-base-int8"
+    if not (hf / "config.json").is_file():
+        write_checkpoint(
+            hf,
+            read_lines(DATA / "train.en.gz"),
+            read_lines(DATA / "train.de.gz"),
+            spm_vocab_size=6000,
+            vocab_size=VOCAB_SIZE,
+            **BASE,  # type: ignore[arg-type]
+        )
+    if not (checkpoint / "config.json").is_file():
+        import_marian(hf, checkpoint)
+    for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
+        if not (bundle / "manifest.json").is_file():
+            export_bundle(checkpoint, bundle, dtype=dtype)  # type: ignore[arg-type]
+    return hf, checkpoint, *bundles
+
+
+def goals(summary: dict[str, Any]) -> dict[str, float]:
+    """The issue's goal ratios from engine_bench's summary (tokens/s ratios)."""
+    speed = {
+        (r["system"], x["batch_size"], x["beam_size"]): x["target_tokens"] / x["seconds"]
+        for r in summary["results"]
+        if "runs" in r
+        for x in r["runs"]
+    }
+    out = {}
+    for (system, batch, beam), tokens_per_s in sorted(speed.items()):
+        if system.startswith("engine-"):
+            rival = speed.get(("ct2-" + system.removeprefix("engine-"), batch, beam))
+            if rival:
+                out[f"{system} / ct2 (batch {batch}, beam {beam})"] = tokens_per_s / rival
+        if system == "engine-fp32" and beam > 1:
+            uncached = speed.get(("torch-uncached", batch, beam))
+            if uncached:
+                out[f"engine-fp32 / uncached (batch {batch}, beam {beam})"] = (
+                    tokens_per_s / uncached
+                )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.marian_bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--work", type=Path, help="keep the models here (default: a temp dir)")
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.gz")
+    p.add_argument("--n", type=int, default=32, help="sentences (default 32)")
+    p.add_argument("--length", type=int, default=32, help="tokens per sentence (default 32)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
+    p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="marian_bench_") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"building the model in {work} ...", file=sys.stderr, flush=True)
+        hf, checkpoint, fp32, int8 = prepare(work)
+        bench_args = engine_bench.parser("engine_bench", "", SYSTEMS).parse_args(
+            [
+                "--checkpoint", str(checkpoint), "--hf-dir", str(hf),
+                "--bundle-fp32", str(fp32), "--bundle-int8", str(int8),
+                "--ct2-dir", str(work / "ct2"), "--src", str(args.src), "--n", str(args.n),
+                "--length", str(args.length), "--threads", str(args.threads),
+                "--repeat", str(args.repeat),
+                "--batch-sizes", *map(str, args.batch_sizes),
+                "--beam-sizes", *map(str, args.beam_sizes),
+                "--systems", *args.systems,
+            ]
+        )  # fmt: skip
+        summary = engine_bench.without_outputs(engine_bench.run(bench_args))
+    ratios = goals(summary)
+    print(f"\nmodel: transformer-base Marian, {VOCAB_SIZE} tokens, {args.length} tokens a sentence")
+    for name, ratio in ratios.items():
+        goal = 8.0 if "uncached" in name else 1.0
+        print(f"{name}: {ratio:.2f}x ({'meets' if ratio >= goal else 'misses'} >= {goal:g}x)")
+    written = {**summary, "goals": ratios}
+    if args.json:
+        args.json.write_text(json.dumps(written, indent=2) + "\n")
+    print(json.dumps(written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
