@@ -123,7 +123,8 @@ def test_post_norm_learns_to_reverse_at_its_recipes_peak(tmp_path, capsys) -> No
     """The paper's post-norm, at the peak learning rate of its Multi30k recipe, must learn the
     task (the warmup shortened to fit a test). At the pre-norm recipe's peak of 0.005 it does
     not: 800 updates gave BLEU 0.6 and 0 % exact (0.003: 15.4; 0.002: 47.2; 0.001: 83.8 and
-    52 % exact), the failure the Multi30k runs showed (val BLEU 8-11 where pre-norm had 40-42)."""
+    52 % exact): one of the two reasons for the Multi30k runs' val BLEU 8-11 where pre-norm had
+    40-42 (the other, its encoder's collapse, is in benchmarks/RESULTS.md)."""
     recipe_file = json.loads((RECIPES / "multi30k-en-de-tiny-post.json").read_text())
     assert recipe_file["model"]["norm"] == "post"
     recipe = copy.deepcopy(RECIPE)
