@@ -22,6 +22,7 @@ from typing import TextIO
 from service.bundle import BundleError
 from service.decoding import DecodingOptions
 from service.engine import Engine
+from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    default_lp = Settings.model_fields["default_length_penalty"].default
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=default_lp,
+        help=f"default {default_lp}, the service's (chosen for the shipped model on val)",
+    )
     p.add_argument(
         "--max-decoding-length",
         type=int,

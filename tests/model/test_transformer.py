@@ -3,10 +3,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from model.search import generate
 from model.transformer import (
     PAD_ID,
+    DecoderLayer,
+    EncoderLayer,
     FeedForward,
     ModelConfig,
     Transformer,
@@ -134,6 +137,67 @@ def test_beams_share_their_sentence_s_cross_keys_and_values(norm: str) -> None:
     assert (a - b).abs().max().item() < 1e-5
     # Each row really continues its own cache: rows 1 and 2 agree, row 0 does not.
     assert torch.equal(a[1], a[2]) and not torch.allclose(a[0], a[1])
+
+
+def _copy_attention(ref: nn.MultiheadAttention, ours: torch.nn.Module) -> None:
+    ref.in_proj_weight.copy_(torch.cat([ours.w_q.weight, ours.w_k.weight, ours.w_v.weight]))
+    ref.in_proj_bias.copy_(torch.cat([ours.w_q.bias, ours.w_k.bias, ours.w_v.bias]))
+    ref.out_proj.load_state_dict(ours.w_o.state_dict())
+
+
+def _copy_rest(ref: nn.Module, ours: torch.nn.Module) -> None:
+    """Feed-forward weights and (randomised, to be seen) LayerNorm parameters."""
+    ref.linear1.load_state_dict(ours.feed_forward.w_1.state_dict())
+    ref.linear2.load_state_dict(ours.feed_forward.w_2.state_dict())
+    for i, residual in enumerate(ours.sublayer):
+        residual.norm.weight.normal_(1.0, 0.1)
+        residual.norm.bias.normal_(0.0, 0.1)
+        getattr(ref, f"norm{i + 1}").load_state_dict(residual.norm.state_dict())
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_layers_equal_torch_reference_layers(norm: str) -> None:
+    """Post-norm is LayerNorm(x + Sublayer(x)) as in the paper, pre-norm x + Sublayer(LayerNorm(x)):
+    outputs and input gradients equal torch.nn's layers (norm_first) on the same weights."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=100, d_model=32, d_ff=64, h=4, dropout=0.0, norm=norm)  # type: ignore[arg-type]
+    enc, dec = EncoderLayer(config), DecoderLayer(config)
+    options = dict(dropout=0.0, batch_first=True, norm_first=norm == "pre")
+    ref_enc = nn.TransformerEncoderLayer(32, 4, 64, **options)  # type: ignore[arg-type]
+    ref_dec = nn.TransformerDecoderLayer(32, 4, 64, **options)  # type: ignore[arg-type]
+    with torch.no_grad():
+        _copy_attention(ref_enc.self_attn, enc.self_attn)
+        _copy_rest(ref_enc, enc)
+        _copy_attention(ref_dec.self_attn, dec.self_attn)
+        _copy_attention(ref_dec.multihead_attn, dec.cross_attn)
+        _copy_rest(ref_dec, dec)
+    src = torch.randint(4, 100, (3, 7))
+    src[1, 5:] = PAD_ID
+    xs = torch.randn(3, 7, 32, requires_grad=True)  # (B, S, d_model)
+    xt = torch.randn(3, 6, 32, requires_grad=True)  # (B, T, d_model)
+    memory = enc(xs, padding_mask(src))
+    cross_k, cross_v = dec.cross_attn.project_kv(memory)
+    out, _, _ = dec(xt, causal_mask(6), cross_k, cross_v, padding_mask(src))
+    ref_memory = ref_enc(xs, src_key_padding_mask=src == PAD_ID)
+    ref_out = ref_dec(
+        xt,
+        ref_memory,
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(6, dtype=torch.bool),
+        memory_key_padding_mask=src == PAD_ID,
+        tgt_is_causal=True,
+    )
+    kept = (src != PAD_ID)[..., None]  # torch.nn leaves padded positions' outputs unspecified
+    assert torch.allclose(memory * kept, ref_memory * kept, atol=1e-5)
+    assert torch.allclose(out, ref_out, atol=1e-5)
+    probe = torch.randn_like(out)
+    ours = torch.autograd.grad((out * probe).sum(), [xs, xt])
+    theirs = torch.autograd.grad((ref_out * probe).sum(), [xs, xt])
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    # Post-norm's stacks end in their last sub-layer's LayerNorm: no extra final norm.
+    model = make_model(norm)
+    final = (model.encoder_norm, model.decoder_norm)
+    assert all(isinstance(m, nn.LayerNorm if norm == "pre" else nn.Identity) for m in final)
 
 
 def test_output_projection_is_tied_to_the_embedding() -> None:

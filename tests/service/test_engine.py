@@ -21,6 +21,7 @@ from service import translate
 from service.bundle import BundleError
 from service.decoding import DecodingOptions, Hypothesis
 from service.engine import CPU_PROVIDER, Engine, InputTooLongError
+from service.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +310,10 @@ def test_cli_keeps_order_and_empty_lines(
         "1",
     )
     assert code == 0
-    expected = [n[0][0] for n in engine.translate(lines, DecodingOptions(beam_size=2))]
+    # The CLI's default length penalty is the service's.
+    default_lp = Settings.model_fields["default_length_penalty"].default
+    options = DecodingOptions(beam_size=2, length_penalty=default_lp)
+    expected = [n[0][0] for n in engine.translate(lines, options)]
     assert out.split("\n") == [*expected, ""]
     assert out.split("\n")[1] == out.split("\n")[3] == ""
 
