@@ -208,6 +208,7 @@ async def test_several_bundles_serve_their_pairs_with_transformers_text(
                     "source": source,
                     "target": target,
                     "beam_size": 4,
+                    "length_penalty": 1.0,  # transformers' default, not the service's
                     "max_decoding_length": MAX_LENGTH,
                 },
             )
