@@ -2,14 +2,19 @@
 127.0.0.1, directly or through nginx, and nothing may be lost.
 
     python -m benchmarks.soak --bundle bundles/multi30k-en-de [--requests 100000] [--clients 64] \\
-        [--connections pooled|per-client] [--via direct|nginx] [--texts FILE[.gz]] \\
+        [--connections pooled|per-client] [--client httpx2|httpx] [--via direct|nginx] \\
+        [--texts FILE[.gz]] \\
         [--max-seconds 3600] [--timeout 120] [--server-args "--keep-alive-timeout-s 5"] \\
         [--port P --proxy-url http://127.0.0.1:PORT] [--json OUT]
 
 The requests mix three kinds, in a fixed order: `short` (one sentence, greedy; half of them),
 `beam` (one sentence at beam 4; one in three) and `long` (five sentences in two paragraphs,
-greedy; one in six). `pooled`: all clients share one httpx client with a pool of C connections
-(idle ones expire after httpx's default 5 s); `per-client`: each client has its own connection.
+greedy; one in six). `pooled`: all clients share one HTTP client with a pool of C connections
+(idle ones expire after the library's default 5 s); `per-client`: each client has its own
+connection. The clients are httpx2's (`--client httpx2`, the default) or httpx's: the two have
+one API, but httpx 0.28's shared pool walks every connection for every queued request and caps
+a pooled soak at about 40 requests/s on two cores, so the load generator, not the service, would
+set the pace (benchmarks/RESULTS.md, issue 17).
 `--via nginx` starts nginx with deploy/nginx/transformer-mt.conf in front of the service;
 `--proxy-url` sends to a proxy of yours instead, whose upstream is the service on `--port`.
 
@@ -40,10 +45,14 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+import httpx2
 
 from benchmarks.servers import Running, metric, nginx, percentile_ms, read_texts, service
 
 Connections = Literal["pooled", "per-client"]
+Library = Literal["httpx2", "httpx"]
+LIBRARIES = {"httpx2": httpx2, "httpx": httpx}  # one API: AsyncClient, Limits, HTTPError
+AsyncClient = httpx.AsyncClient | httpx2.AsyncClient
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 # One in three at beam 4, one in six five sentences long, the rest one sentence, greedy.
 MIX = ("short", "beam", "short", "long", "beam", "short")
@@ -57,6 +66,7 @@ class Report:
     clients: int
     connections: str
     via: str
+    client: str = "httpx2"
     sent: int = 0
     done: int = 0
     answered: int = 0
@@ -120,6 +130,7 @@ async def soak(
     clients: int,
     connections: Connections,
     texts: Sequence[str],
+    client: Library = "httpx2",
     via: str = "direct",
     server_url: str | None = None,
     server_pid: int | None = None,
@@ -132,7 +143,8 @@ async def soak(
     server (at `server_url`, default `url`) is asked for its own count of answers, and its
     process (`server_pid`) sampled for RSS every `rss_every` seconds once `warmup` requests
     are done."""
-    report = Report(requests, clients, connections, via)
+    report = Report(requests, clients, connections, via, client)
+    http_error = LIBRARIES[client].HTTPError
     latencies: dict[str, list[float]] = {kind: [] for kind in MIX}
     lost: Counter[str] = Counter()
     statuses: Counter[str] = Counter()
@@ -153,19 +165,19 @@ async def soak(
             sample_rss()
             await asyncio.sleep(rss_every)
 
-    async with _clients(url, clients, connections, timeout) as pool:
+    async with _clients(url, clients, connections, client, timeout) as pool:
         languages = (await pool[0].get("/languages")).raise_for_status().json()
         pair = (languages[0]["source"], languages[0]["target"])
-        answered_before = await _server_answered(pool[0], server_url or url)
+        answered_before = await _server_answered(pool[0], server_url or url, http_error)
 
-        async def client(http: httpx.AsyncClient) -> None:
+        async def simulated_client(http: AsyncClient) -> None:
             while report.sent < requests and time.perf_counter() < end:
                 kind, body = request_body(report.sent, texts, pair)
                 report.sent += 1
                 sent = time.perf_counter()
                 try:
                     response = await http.post("/translate", json=body)
-                except httpx.HTTPError as e:  # connection errors and timeouts
+                except http_error as e:  # connection errors and timeouts
                     lost[type(e).__name__] += 1
                 else:
                     statuses[str(response.status_code)] += 1
@@ -180,12 +192,12 @@ async def soak(
         sampler = asyncio.create_task(sample_rss_periodically())
         start = time.perf_counter()
         end = start + max_seconds
-        await asyncio.gather(*(client(pool[i % len(pool)]) for i in range(clients)))
+        await asyncio.gather(*(simulated_client(pool[i % len(pool)]) for i in range(clients)))
         report.seconds = round(time.perf_counter() - start, 1)
         sampler.cancel()
         if warm.is_set():
             sample_rss()
-        answered_after = await _server_answered(pool[0], server_url or url)
+        answered_after = await _server_answered(pool[0], server_url or url, http_error)
     every = [v for values in latencies.values() for v in values]
     report.answered = len(every)
     report.lost = dict(sorted(lost.items()))
@@ -218,29 +230,32 @@ def rss_summary(report: Report) -> None:
 
 @contextlib.asynccontextmanager
 async def _clients(
-    url: str, clients: int, connections: Connections, timeout: float
-) -> AsyncIterator[list[httpx.AsyncClient]]:
+    url: str, clients: int, connections: Connections, library: Library, timeout: float
+) -> AsyncIterator[list[AsyncClient]]:
     """`pooled`: one client whose pool holds a connection per simulated client; `per-client`:
     one client with one connection each."""
     counts = [clients] if connections == "pooled" else [1] * clients
+    http = LIBRARIES[library]
     async with contextlib.AsyncExitStack() as stack:
         yield [
             await stack.enter_async_context(
-                httpx.AsyncClient(
+                http.AsyncClient(
                     base_url=url,
                     timeout=timeout,
-                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+                    limits=http.Limits(max_connections=n, max_keepalive_connections=n),
                 )
             )
             for n in counts
         ]
 
 
-async def _server_answered(http: httpx.AsyncClient, server_url: str) -> float | None:
+async def _server_answered(
+    http: AsyncClient, server_url: str, http_error: type[Exception]
+) -> float | None:
     """How many /translate requests the server answered with 200 so far (its /metrics)."""
     try:
         text = (await http.get(f"{server_url}/metrics")).text
-    except httpx.HTTPError:
+    except http_error:
         return None
     return metric(text, "mt_http_requests_total", route="/translate", status="200")
 
@@ -250,8 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = read_texts(args.texts)
     server_flags = shlex.split(args.server_args)
     with _target(args, server_flags) as (url, server):
-        print(f"soak: {args.requests} requests, {args.clients} clients ({args.connections}), "
-              f"{args.via} -> {url}", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"soak: {args.requests} requests, {args.clients} clients ({args.connections}, "
+              f"{args.client}), {args.via} -> {url}", file=sys.stderr, flush=True)  # fmt: skip
         report = asyncio.run(
             soak(
                 url,
@@ -259,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 clients=args.clients,
                 connections=args.connections,
                 texts=texts,
+                client=args.client,
                 via=args.via,
                 server_url=server.url,
                 server_pid=server.process.pid,
@@ -283,6 +299,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--clients", type=int, default=64, help="concurrent clients")
     p.add_argument("--connections", choices=["pooled", "per-client"], default="pooled")
+    p.add_argument("--client", choices=["httpx2", "httpx"], default="httpx2",
+                   help="HTTP client library (one API; httpx's shared pool is slow)")  # fmt: skip
     p.add_argument("--via", choices=["direct", "nginx"], default="direct")
     p.add_argument("--proxy-url", default=None, help="a loopback proxy in front of --port")
     p.add_argument("--port", type=int, default=None, help="the service's port (default: free)")
@@ -335,7 +353,7 @@ def _failures(report: Report, max_rss_growth: float) -> list[str]:
 def _print(r: Report, failures: list[str]) -> None:
     lost = ", ".join(f"{k}: {v}" for k, v in sorted(r.lost.items())) or "none"
     statuses = ", ".join(f"{k}: {v}" for k, v in r.statuses.items())
-    print(f"{r.requests} requests, {r.clients} clients ({r.connections}), via {r.via}: "
+    print(f"{r.requests} requests, {r.clients} clients ({r.connections}, {r.client}), via {r.via}: "
           f"{r.seconds} s, {r.requests_per_s} answered/s")  # fmt: skip
     print(f"  answered {r.answered}, lost {r.lost_total} ({lost}); statuses {statuses}; "
           f"the server counted {r.server_answered} answered")  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.servers import DEFAULT_TEXTS, nginx_binary
-from benchmarks.soak import Connections, Report, main, request_body, rss_summary, soak
+from benchmarks.soak import Connections, Library, Report, main, request_body, rss_summary, soak
 from tests.service.helpers import ServerProcess, server_process
 
 REQUESTS = 2000
@@ -44,8 +44,12 @@ def test_rss_growth_compares_the_first_and_last_tenth() -> None:
     assert report.rss_growth_pct == 19.0
 
 
-@pytest.mark.parametrize("connections", ["pooled", "per-client"])
-def test_a_soak_loses_nothing(server: ServerProcess, connections: Connections) -> None:
+@pytest.mark.parametrize(
+    ("connections", "client"), [("pooled", "httpx2"), ("per-client", "httpx2"), ("pooled", "httpx")]
+)
+def test_a_soak_loses_nothing(
+    server: ServerProcess, connections: Connections, client: Library
+) -> None:
     report = asyncio.run(
         soak(
             server.url,
@@ -53,12 +57,13 @@ def test_a_soak_loses_nothing(server: ServerProcess, connections: Connections) -
             clients=64,
             connections=connections,
             texts=DEFAULT_TEXTS,
+            client=client,
             server_pid=server.process.pid,
             warmup=200,
             rss_every=1.0,
         )
     )
-    assert report.lost == {}
+    assert (report.client, report.lost) == (client, {})
     assert report.statuses == {"200": REQUESTS}
     assert report.server_answered == REQUESTS  # the server answered what the clients counted
     assert report.by_kind["long"]["answered"] == REQUESTS // 6
