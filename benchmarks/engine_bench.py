@@ -515,6 +515,23 @@ def without_outputs(summary: dict[str, Any]) -> dict[str, Any]:
     return {**summary, "results": results}
 
 
+def tokens_per_s(summary: dict[str, Any]) -> dict[tuple[str, int, int], float]:
+    """Target tokens/s of every (system, batch size, beam size) the summary measured."""
+    return {
+        (r["system"], x["batch_size"], x["beam_size"]): x["target_tokens"] / x["seconds"]
+        for r in summary["results"]
+        if "runs" in r
+        for x in r["runs"]
+    }
+
+
+def emit(summary: dict[str, Any], json_path: Path | None) -> None:
+    """Write the summary to `json_path` (when given) and print it as the last stdout line."""
+    if json_path:
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(
         "python -m benchmarks.engine_bench",
@@ -536,10 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    summary = without_outputs(run(args))
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    emit(without_outputs(run(args)), args.json)
     return 0
 
 

@@ -16,14 +16,13 @@ runs the same systems on the CPU, which checks the command, not the GPU.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.engine_bench import parser, run, without_outputs
+from benchmarks.engine_bench import emit, parser, run, tokens_per_s, without_outputs
 
 GPU_SYSTEMS = (
     "engine-fp32",
@@ -34,13 +33,6 @@ GPU_SYSTEMS = (
     "torch-cached",
     "torch-uncached",
 )
-
-
-def _tokens_per_s(result: dict[str, Any], batch: int, beam: int) -> float | None:
-    for run_ in result.get("runs", []):
-        if (run_["batch_size"], run_["beam_size"]) == (batch, beam):
-            return float(run_["target_tokens"] / run_["seconds"])
-    return None
 
 
 def _agreement(a: dict[str, Any], b: dict[str, Any]) -> float | None:
@@ -58,9 +50,10 @@ def _agreement(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 def goals(summary: dict[str, Any]) -> list[str]:
     """The issue's goals, each with what this run measured."""
     by_name = {r["system"]: r for r in summary["results"]}
+    speeds = tokens_per_s(summary)
 
     def speed(system: str, batch: int, beam: int) -> float | None:
-        return _tokens_per_s(by_name.get(system, {}), batch, beam)
+        return speeds.get((system, batch, beam))
 
     def step_ms(system: str) -> float | None:
         for run_ in by_name.get(system, {}).get("runs", []):
@@ -126,10 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 export_bundle(args.checkpoint, out, dtype=dtype, cache=cache)  # type: ignore[arg-type]
                 setattr(args, f"bundle_{name}", out)
         summary = run(args)
-    print("\n".join(goals(summary)))
-    written = {**without_outputs(summary), "goals": goals(summary)}
-    args.json.write_text(json.dumps(written, indent=2) + "\n")
-    print(json.dumps(written))
+    lines = goals(summary)
+    print("\n".join(lines))
+    emit({**without_outputs(summary), "goals": lines}, args.json)
     return 0
 
 

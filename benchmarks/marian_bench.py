@@ -15,8 +15,8 @@ the uncached loop, on the same weights, in one run.
    ct2-fp32/int8 (CTranslate2's own TransformersConverter on the same weights), transformers
    (generate) and torch-uncached (model/search.py re-running the decoder on the whole prefix at
    every step, the loop this project started from). Each system runs in its own process; time
-   is the median of --repeat passes (one by default: the uncached loop alone takes about 20
-   minutes a pass on 2 cores), memory the process's peak RSS.
+   is the median of --repeat passes (one by default: the uncached loop alone takes 3 minutes a
+   pass on 2 idle cores, half an hour on loaded ones), memory the process's peak RSS.
 4. Prints engine_bench's table, then the goals: engine / CTranslate2 in every cell (fp32 vs
    fp32, int8 vs int8; goal >= 1.0) and engine-fp32 / torch-uncached at beam 4 (goal >= 8).
 
@@ -28,7 +28,6 @@ summary with the goal ratios added.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -69,12 +68,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
 
 def goals(summary: dict[str, Any]) -> dict[str, float]:
     """The issue's goal ratios from engine_bench's summary (tokens/s ratios)."""
-    speed = {
-        (r["system"], x["batch_size"], x["beam_size"]): x["target_tokens"] / x["seconds"]
-        for r in summary["results"]
-        if "runs" in r
-        for x in r["runs"]
-    }
+    speed = engine_bench.tokens_per_s(summary)
     out = {}
     for (system, batch, beam), tokens_per_s in sorted(speed.items()):
         if system.startswith("engine-"):
@@ -130,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, ratio in ratios.items():
         goal = 8.0 if "uncached" in name else 1.0
         print(f"{name}: {ratio:.2f}x ({'meets' if ratio >= goal else 'misses'} >= {goal:g}x)")
-    written = {**summary, "goals": ratios}
-    if args.json:
-        args.json.write_text(json.dumps(written, indent=2) + "\n")
-    print(json.dumps(written))
+    engine_bench.emit({**summary, "goals": ratios}, args.json)
     return 0
 
 
