@@ -1,7 +1,8 @@
 """The inference engine: a bundle's two ONNX Runtime graphs, its tokenizer, and the search.
 
 `Engine.generate` sorts the sources by length, cuts them into batches of at most
-`max_batch_size`, runs the encoder once per batch (memory and every layer's cross keys/values),
+`max_batch_size`, runs the encoder on each batch (every layer's cross keys/values; on the CPU
+in groups of similar length, each padded to its own longest: step_state.encoder_chunks),
 then lets `service.decoding.search` drive the decoder-step graph through a `StaticCacheState`
 (service/step_state.py): a key/value cache of fixed size per batch that each step writes in
 place, beams that follow their back-pointers through the cache indirection instead of copying
@@ -52,6 +53,7 @@ from service.step_state import (
     StaticCacheState,
     bucket,
     cross_inputs,
+    encoder_chunks,
     initial_capacity,
     source_bucket,
 )
@@ -299,10 +301,15 @@ class Engine:
     def _encode(self, input_ids: IntArray, attention_mask: IntArray) -> dict[str, Any]:
         """Every decoder layer's cross keys/values, (N, H, S, Dh) each: host arrays, or on a
         device pooled OrtValues, the same ones for the same shape."""
-        feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
         names = cross_names(self.manifest.model.decoder_layers)
         if not self._pool.on_device:
+            if not self.padded:
+                return cross_inputs(
+                    self.manifest, self._encode_chunked(names, input_ids, attention_mask)
+                )
+            feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
             return cross_inputs(self.manifest, self._encoder.run(names, feeds))
+        feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
         binding = self._encoder.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)
@@ -313,6 +320,31 @@ class Engine:
         for name, value in cross.items():
             binding.bind_ortvalue_output(name, value)
         self._encoder.run_with_iobinding(binding)
+        return cross
+
+    def _encode_chunked(
+        self, names: list[str], input_ids: IntArray, attention_mask: IntArray
+    ) -> list[Any]:
+        """The compact policy's encoding (step_state.encoder_chunks): the sources in groups of
+        similar length, each run padded to its own longest only, the results placed back into
+        (N, H, S, Dh) host arrays, zero past each group's longest. The decoder masks every
+        position past a source's end, so what is there is never read."""
+        lengths = attention_mask.sum(axis=1)
+        order = np.argsort(lengths, kind="stable")
+        n, width = input_ids.shape
+        cross: list[Any] = []
+        for start, end in encoder_chunks(lengths[order].tolist()):
+            rows = order[start:end]
+            length = int(lengths[rows[-1]])
+            feeds = {
+                INPUT_IDS: input_ids[rows, :length],
+                ATTENTION_MASK: attention_mask[rows, :length],
+            }
+            values = self._encoder.run(names, feeds)  # each (rows, H, length, Dh)
+            if not cross:
+                cross = [np.zeros((n, v.shape[1], width, v.shape[3]), v.dtype) for v in values]
+            for whole, part in zip(cross, values, strict=True):
+                whole[rows, :, :length] = part
         return cross
 
 

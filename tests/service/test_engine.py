@@ -4,6 +4,7 @@ torch reference, provider fallback, input checks without model calls, order, the
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import resource
 import sys
@@ -14,14 +15,17 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from model.search import generate
 from model.transformer import load_model
 from service import translate
-from service.bundle import BundleError
+from service.bundle import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
 from service.decoding import DecodingOptions, Hypothesis
 from service.engine import CPU_PROVIDER, Engine, InputTooLongError
 from service.settings import Settings
+from service.step_state import encoder_chunks
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +153,62 @@ def test_auto_picks_the_cpu_without_a_warning(
     assert engine.provider == CPU_PROVIDER
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(CPU_PROVIDER in r.getMessage() for r in caplog.records)
+
+
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=1, max_size=9).map(sorted),
+    run_cost=st.integers(0, 40),
+)
+def test_encoder_chunks_are_the_cheapest_cut(lengths: list[int], run_cost: int) -> None:
+    """Against every way to cut the sorted lengths into consecutive groups."""
+
+    def cost(groups: list[tuple[int, int]]) -> int:
+        return sum((end - start) * lengths[end - 1] + run_cost for start, end in groups)
+
+    n = len(lengths)
+    cheapest = min(
+        cost(list(itertools.pairwise([0, *cuts, n])))
+        for r in range(n)
+        for cuts in itertools.combinations(range(1, n), r)
+    )
+    groups = encoder_chunks(lengths, run_cost)
+    assert [start for start, _ in groups] == [0] + [end for _, end in groups[:-1]]
+    assert groups[-1][1] == n
+    assert cost(groups) == cheapest
+
+
+def test_encoder_chunks_need_sorted_lengths() -> None:
+    with pytest.raises(ValueError, match="ascending"):
+        encoder_chunks([3, 2])
+
+
+def test_the_cpu_encodes_groups_of_similar_length_as_one_padded_run_would(
+    engine: Engine, sources: list[list[int]], model_calls: list[str]
+) -> None:
+    """The compact policy's encoder runs once per length group (each padded to its longest);
+    every source's keys/values equal those of one run over the whole padded batch (past its
+    end the decoder masks them)."""
+    batch = sorted(sources[:16], key=len)
+    lengths = [len(s) for s in batch]
+    ids = np.full((len(batch), lengths[-1]), engine.manifest.special_ids.pad, np.int64)
+    mask = np.zeros_like(ids)
+    for row, source in enumerate(batch):
+        ids[row, : len(source)] = source
+        mask[row, : len(source)] = 1
+    groups = encoder_chunks(lengths)
+    assert len(groups) > 1, lengths
+
+    chunked = engine._encode(ids, mask)
+    assert model_calls == ["run"] * len(groups)
+
+    names = cross_names(engine.manifest.model.decoder_layers)
+    whole = engine._encoder.run(names, {INPUT_IDS: ids, ATTENTION_MASK: mask})
+    for name, expected in zip(names, whole, strict=True):
+        assert chunked[name].shape == expected.shape
+        for row, length in enumerate(lengths):
+            np.testing.assert_allclose(
+                chunked[name][row, :, :length], expected[row, :, :length], atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("padded", [False, True])
