@@ -28,6 +28,7 @@ summary with the goal ratios added.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +39,7 @@ from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.import_marian import import_marian
+from service.bundle import FORMAT_VERSION, MANIFEST_FILE
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
 BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)
@@ -61,7 +63,12 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
     if not (checkpoint / "config.json").is_file():
         import_marian(hf, checkpoint)
     for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
-        if not (bundle / "manifest.json").is_file():
+        manifest = bundle / MANIFEST_FILE
+        # A bundle left by an older version of the exporter is made again.
+        if (
+            not manifest.is_file()
+            or json.loads(manifest.read_text()).get("format_version") != FORMAT_VERSION
+        ):
             export_bundle(checkpoint, bundle, dtype=dtype)  # type: ignore[arg-type]
     return hf, checkpoint, *bundles
 

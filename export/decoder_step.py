@@ -1,4 +1,4 @@
-"""The decoder-step graph, built node by node from a model's weights (bundle format 4).
+"""The decoder-step graph, built node by node from a model's weights (bundle format 5).
 
 The encoder is traced from the torch model (export/onnx_export.py): it runs once per batch and
 its graph shape matters little. The decoder step runs once per generated token, so its graph is
@@ -258,9 +258,7 @@ def build_decoder_step(
         (logits,) = g.op("Add", [logits, g.weight("output_bias", model.output_bias)])
     if dtype != "fp32":
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
-    _log_softmax(g, model, logits)
-    # ONNX TopK returns ties lower index first, as the search's tie rule wants.
-    g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
+    _log_softmax_top_k(g, model, logits)
     return _model(g, model, onnx_float, opset, cache)
 
 
@@ -278,12 +276,23 @@ def _activation(g: _Graph, name: str, x: str) -> str:
     return y
 
 
-def _log_softmax(g: _Graph, model: Transformer, logits: str) -> None:
-    """log_probs (R, V) float32 from the logits, with the suppressed ids at -inf: added after the
-    log-softmax, or before it with renormalize_suppressed (Transformer.next_token_log_probs)."""
+def _log_softmax_top_k(g: _Graph, model: Transformer, logits: str) -> None:
+    """log_probs (R, V) float32 from the logits, and the top k of each row without the
+    suppressed ids (ModelConfig.suppressed_ids; ONNX TopK puts equal values lower id first, as
+    the search's tie rule wants).
+
+    With renormalize_suppressed the suppressed logits are -inf before the log-softmax
+    (transformers' renormalize_logits), so log_probs has them at -inf. Without (transformers'
+    bad_words_ids, applied after the log-softmax), log_probs is the log-softmax of every token
+    and the suppression is applied to the few candidates only: the top k + s of the row (s
+    suppressed ids) hold its top k unsuppressed ones, so those k + s are taken, the suppressed
+    among them set to -inf, and the top k of what is left kept. That spares a pass over the
+    (R, V) log-probs at every step (at 128 rows x 32,000 tokens on 2 cores, 3.3 of the 14 ms
+    that the log-softmax, mask and top-k took)."""
     config = model.config
     if not config.suppressed_ids:
         g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+        g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
         return
     suppressed = np.zeros(config.decoder_vocab_size, np.float32)
     suppressed[list(config.suppressed_ids)] = -np.inf
@@ -291,9 +300,19 @@ def _log_softmax(g: _Graph, model: Transformer, logits: str) -> None:
     if config.renormalize_suppressed:
         (logits,) = g.op("Add", [logits, minus_inf])
         g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
-    else:
-        (log_probs,) = g.op("LogSoftmax", [logits], axis=-1)
-        g.op("Add", [log_probs, minus_inf], [LOG_PROBS])
+        g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
+        return
+    g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+    more = g.constant("top_k.suppressed", np.array([len(config.suppressed_ids)], np.int64))
+    vocab = g.constant("top_k.vocab", np.array([config.decoder_vocab_size], np.int64))
+    (wider,) = g.op("Add", [TOP_K, more])
+    (wider,) = g.op("Min", [wider, vocab])  # k + s, at most V
+    values, ids = g.op("TopK", [LOG_PROBS, wider], 2, axis=-1)  # (R, k + s) each
+    (masks,) = g.op("Gather", [minus_inf, ids])  # (R, k + s): -inf on suppressed ids
+    (values,) = g.op("Add", [values, masks])
+    # Equal values keep their order (lower position first), so ties stay lower id first.
+    _, positions = g.op("TopK", [values, TOP_K], [TOP_LOG_PROBS, "top_k.positions"], axis=-1)
+    g.op("GatherElements", [ids, positions], [TOP_IDS], axis=-1)
 
 
 def _attend_through_indirection(

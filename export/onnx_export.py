@@ -302,6 +302,7 @@ def export_bundle(
             vocab_size=config.vocab_size,
             max_positions=config.max_positions,
             target_vocab_size=config.target_vocab_size,
+            suppressed_ids=config.suppressed_ids,
         ),
         special_ids=_special_ids(config),
         source_language=source_language,

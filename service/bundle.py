@@ -6,7 +6,7 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 4):
+Layout of a bundle directory (format version 5):
 
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file (this project's models), or, for Marian
@@ -40,15 +40,20 @@ Layout of a bundle directory (format version 4):
                          on the device, so a step can be captured as one CUDA graph per
                          shape. Positions >= T must hold finite values (the engine zeroes the
                          buffers it allocates).
-                       -> log_probs (R, V) float32,
+                       -> log_probs (R, V) float32: the log-softmax of every token; the
+                          manifest's suppressed_ids are -inf only in a model that renormalizes
+                          without them (see `ModelDims.suppressed_ids`),
                           top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
-                          probable next tokens, best first, ties by lower id,
+                          probable next tokens, never a suppressed one, best first, ties by
+                          lower id,
                           present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
                           row's new key/value at position T.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
 top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
-version 3 grew the cache by one position per step and gathered it by a cache_index.
+version 3 grew the cache by one position per step and gathered it by a cache_index; version 4
+set log_probs to -inf at every suppressed id (a pass over the (R, V) log-probs at every step)
+and had no suppressed_ids in the manifest.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -207,6 +212,9 @@ class ModelDims(_Frozen):
     vocab_size: int  # of the source (the joint vocabulary when target_vocab_size is None)
     max_positions: int  # source length and decoding steps are each limited to this
     target_vocab_size: int | None = None  # a separate target vocabulary (some Marian models)
+    # Target ids the model never generates (Marian: its pad): never among a step's top_k; in
+    # log_probs they keep their log-softmax unless the model renormalizes without them.
+    suppressed_ids: tuple[int, ...] = ()
 
     @property
     def output_vocab_size(self) -> int:

@@ -1,4 +1,4 @@
-"""One batch's decoder state over decoder_step.onnx (bundle format 4): the static key/value
+"""One batch's decoder state over decoder_step.onnx (bundle format 5): the static key/value
 cache, how beams follow their back-pointers through it, and the graph's inputs and outputs,
 bound once per batch.
 
@@ -210,6 +210,7 @@ class StaticCacheState:
         dims = manifest.model
         self.session, self.pool, self.padded = session, pool, padded
         self.vocab_size = dims.output_vocab_size  # the decoder's (a separate target one)
+        self._suppressed = dims.suppressed_ids
         self.beam_size = beam_size
         self.indirection = manifest.decoder_cache == "indirection"
         self.live = np.arange(sentences)  # slot of each live sentence, in the search's order
@@ -288,8 +289,11 @@ class StaticCacheState:
     # --- What the parity checks read ----------------------------------------------------------
 
     def log_probs(self) -> np.ndarray:
-        """The last step's log-probs of the live rows, (R, V)."""
-        return np.asarray(self._host(LOG_PROBS)[self._rows()])
+        """The last step's log-probs of the live rows as a search sees them, (R, V): the
+        suppressed ids at -inf (the graph leaves them out of its top-k only)."""
+        log_probs = np.array(self._host(LOG_PROBS)[self._rows()])
+        log_probs[:, list(self._suppressed)] = -np.inf
+        return log_probs
 
     def cache(self, name: str) -> np.ndarray:
         """The keys or values (`past_key(i)` / `past_value(i)`) of the live rows, as each one

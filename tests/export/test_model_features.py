@@ -61,6 +61,7 @@ def test_every_model_variant_exports_with_parity(
 
     if not model.config.suppressed_ids:
         return
+    assert ort_bundle.bundle.manifest.model.suppressed_ids == model.config.suppressed_ids
     engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
     for beam_size in (1, 4):
         options = DecodingOptions(beam_size=beam_size, num_hypotheses=min(beam_size, 2))
