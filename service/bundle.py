@@ -44,8 +44,8 @@ Layout of a bundle directory (format version 5):
                           manifest's suppressed_ids are -inf only in a model that renormalizes
                           without them (see `ModelDims.suppressed_ids`),
                           top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
-                          probable next tokens, never a suppressed one, best first, ties by
-                          lower id,
+                          probable next tokens, best first, ties by lower id, a suppressed one
+                          only past all the others (at -inf),
                           present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
                           row's new key/value at position T.
 
