@@ -52,6 +52,11 @@ class ModelConfig:
     activation_dropout: float = 0.0
     max_positions: int = 256
     norm: NormPlacement = "post"
+    # The residual branches' last weights (attention w_v and w_o, the feed-forward's w_2) start
+    # at this multiple of their Xavier initialisation. 0.5 keeps a post-norm encoder from
+    # mapping a sentence's tokens onto one vector early in training, after which it does not
+    # learn to align (benchmarks/RESULTS.md, issue 16); 1.0 is the plain initialisation.
+    branch_init_scale: float = 1.0
     # The fields below default to this project's own models; model/import_marian.py sets them
     # for Marian (OPUS-MT) checkpoints.
     activation: Activation = "relu"  # of the feed-forward's hidden layer; swish = x * sigmoid(x)
@@ -100,6 +105,8 @@ class ModelConfig:
             raise ValueError(f"suppressed_ids {self.suppressed_ids} outside the target vocabulary")
         if self.eos_id in self.suppressed_ids:
             raise ValueError("eos_id cannot be suppressed: no translation could end")
+        if not 0 < self.branch_init_scale < math.inf:
+            raise ValueError(f"branch_init_scale must be positive, got {self.branch_init_scale}")
 
     @property
     def d_k(self) -> int:
@@ -394,6 +401,13 @@ class Transformer(nn.Module):
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
+        with torch.no_grad():
+            for layer in [*self.encoder_layers, *self.decoder_layers]:
+                attentions = [layer.self_attn, getattr(layer, "cross_attn", None)]
+                for attention in filter(None, attentions):
+                    attention.w_v.weight.mul_(self.config.branch_init_scale)
+                    attention.w_o.weight.mul_(self.config.branch_init_scale)
+                layer.feed_forward.w_2.weight.mul_(self.config.branch_init_scale)
         # Embeddings are multiplied by sqrt(d_model), so start them at scale d_model^-0.5.
         for embedding in dict.fromkeys([self.embedding, self.decoder_embedding]):
             nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model**-0.5)
