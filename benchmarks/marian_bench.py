@@ -28,7 +28,6 @@ summary with the goal ratios added.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +38,8 @@ from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.import_marian import import_marian
-from service.bundle import FORMAT_VERSION, MANIFEST_FILE
+from service.bundle import MANIFEST_FILE
+from service.main import stale_reason
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
 BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)
@@ -63,12 +63,8 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
     if not (checkpoint / "config.json").is_file():
         import_marian(hf, checkpoint)
     for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
-        manifest = bundle / MANIFEST_FILE
-        # A bundle left by an older version of the exporter is made again.
-        if (
-            not manifest.is_file()
-            or json.loads(manifest.read_text()).get("format_version") != FORMAT_VERSION
-        ):
+        # Missing, of an older bundle format, or from other weights: exported (again).
+        if not (bundle / MANIFEST_FILE).is_file() or stale_reason(checkpoint, bundle):
             export_bundle(checkpoint, bundle, dtype=dtype)  # type: ignore[arg-type]
     return hf, checkpoint, *bundles
 

@@ -302,14 +302,13 @@ class Engine:
         """Every decoder layer's cross keys/values, (N, H, S, Dh) each: host arrays, or on a
         device pooled OrtValues, the same ones for the same shape."""
         names = cross_names(self.manifest.model.decoder_layers)
-        if not self._pool.on_device:
-            if not self.padded:
-                return cross_inputs(
-                    self.manifest, self._encode_chunked(names, input_ids, attention_mask)
-                )
-            feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
-            return cross_inputs(self.manifest, self._encoder.run(names, feeds))
+        if not self._pool.on_device and not self.padded:
+            return cross_inputs(
+                self.manifest, self._encode_chunked(names, input_ids, attention_mask)
+            )
         feeds = {INPUT_IDS: input_ids, ATTENTION_MASK: attention_mask}
+        if not self._pool.on_device:
+            return cross_inputs(self.manifest, self._encoder.run(names, feeds))
         binding = self._encoder.io_binding()
         for name, array in feeds.items():
             binding.bind_cpu_input(name, array)

@@ -114,7 +114,7 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     imports, so a serving image without it gets a clear error instead of an ImportError.
     """
     if (bundle / MANIFEST_FILE).is_file():
-        stale = _stale(checkpoint, bundle)
+        stale = stale_reason(checkpoint, bundle)
         if stale is None:
             return bundle
         log.warning("%s is stale (%s): exporting %s again", bundle, stale, checkpoint)
@@ -133,7 +133,7 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     return bundle
 
 
-def _stale(checkpoint: Path, bundle: Path) -> str | None:
+def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     """Why the bundle does not come from the checkpoint's weights; None when it does, or when
     there is no checkpoint to compare with (an image that ships only the bundle)."""
     weights = checkpoint / CHECKPOINT_WEIGHTS
