@@ -38,7 +38,6 @@ from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.import_marian import import_marian
-from service.bundle import MANIFEST_FILE
 from service.main import stale_reason
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
@@ -63,8 +62,9 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
     if not (checkpoint / "config.json").is_file():
         import_marian(hf, checkpoint)
     for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
-        # Missing, of an older bundle format, or from other weights: exported (again).
-        if not (bundle / MANIFEST_FILE).is_file() or stale_reason(checkpoint, bundle):
+        # Missing, of an older bundle format, or from other weights (the checkpoint exists
+        # here, so stale_reason names each of these): exported (again).
+        if stale_reason(checkpoint, bundle):
             export_bundle(checkpoint, bundle, dtype=dtype)  # type: ignore[arg-type]
     return hf, checkpoint, *bundles
 
