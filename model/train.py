@@ -2,12 +2,13 @@
 
     python -m model.train --src-train F --tgt-train F --src-valid F --tgt-valid F --out DIR
         [--preset tiny|base | --config FILE.json] [--max-updates N] [--max-tokens N]
-        [--device cpu|cuda] [--seed S] [--resume] [--average-last K]
+        [--device cpu|cuda] [--seed S] [--resume] [--average-last K] [--init-from MODEL_DIR]
 
 DIR receives model.safetensors (the average of the last K checkpoints), config.json (model
 config, training recipe, data files with their sha256), tokenizer.json, metrics.jsonl and
 training_curve.png; DIR/checkpoints/ holds the periodic checkpoints and the resumable state.
-Every input is checked before anything is written.
+--init-from starts from a trained model directory (its weights, architecture and tokenizer) to
+continue or fine-tune it under this run's recipe. Every input is checked before anything is written.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from model.data import (
 from model.evaluate import score_translations, translate
 from model.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from model.transformer import (
+    CONFIG_FILE,
     PAD_ID,
     PRESETS,
+    WEIGHTS_FILE,
     ModelConfig,
     Transformer,
     save_model,
@@ -385,7 +388,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tgt-valid", required=True)
     p.add_argument("--out", required=True, type=Path)
     arch = p.add_mutually_exclusive_group()
-    arch.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)}")
+    arch.add_argument("--preset", help=f"one of {sorted(PRESETS)} (default tiny)")
     arch.add_argument("--config", type=Path, help="JSON: {'model': {...}, 'training': {...}}")
     p.add_argument("--max-updates", type=int)
     p.add_argument("--max-tokens", type=int)
@@ -402,30 +405,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int)
     p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoints")
     p.add_argument("--average-last", type=int)
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        help="a trained model directory to start from (its weights, model config and tokenizer)",
+    )
     p.add_argument("--src-lang", help="default: from the file name, e.g. train.en.gz -> en")
     p.add_argument("--tgt-lang")
     return p.parse_args(argv)
 
 
+def init_model_fields(directory: Path) -> dict[str, Any]:
+    """The model config of the directory --init-from names, once its three files are there."""
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        if not (directory / name).is_file():
+            raise DataError(f"--init-from: {directory} has no {name}")
+    return dict(json.loads((directory / CONFIG_FILE).read_text())["model"])
+
+
 def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig]:
     """Model overrides (vocab size comes later, from the tokenizer) and the training recipe."""
     model_fields: dict[str, Any]
-    training: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
     if args.config is not None:
         if not args.config.is_file():
             raise DataError(f"no such config file: {args.config}")
         raw = json.loads(args.config.read_text())
+    training = dict(raw.get("training", {}))
+    if args.init_from is not None:
+        if args.preset is not None or "model" in raw:
+            raise DataError(
+                "--init-from takes the model from its directory: "
+                "drop --preset and the config's model section"
+            )
+        model_fields = init_model_fields(args.init_from)
+    elif args.config is not None:
         model_fields = dict(raw.get("model", {}))
-        training = dict(raw.get("training", {}))
-        if "preset" in model_fields:
-            name = model_fields.pop("preset")
-            if name not in PRESETS:
-                raise DataError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-            model_fields = {**PRESETS[name], **model_fields}
     else:
-        if args.preset not in PRESETS:
-            raise DataError(f"unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")
-        model_fields = dict(PRESETS[args.preset])
+        model_fields = {"preset": args.preset or "tiny"}
+    if "preset" in model_fields:
+        name = model_fields.pop("preset")
+        if name not in PRESETS:
+            raise DataError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        model_fields = {**PRESETS[name], **model_fields}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = set(training) - known
     if unknown:
@@ -477,9 +499,12 @@ def run(args: argparse.Namespace) -> int:
     src_lang = args.src_lang or language_of(args.src_train)
     tgt_lang = args.tgt_lang or language_of(args.tgt_train)
 
-    # 2. Tokenizer: trained once on both sides of the training text, reused on resume.
+    # 2. Tokenizer: trained once on both sides of the training text, reused on resume; a run
+    # started from a trained model keeps that model's.
     if args.resume:
         tokenizer = load_tokenizer(out / TOKENIZER_FILE)
+    elif args.init_from is not None:
+        tokenizer = load_tokenizer(args.init_from / TOKENIZER_FILE)
     else:
         log.info("training a joint BPE of %d tokens", config.vocab_size)
         tokenizer = train_tokenizer(src_train + tgt_train, config.vocab_size)
@@ -494,7 +519,13 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"max_len {config.max_len} > max_positions {model_config.max_positions}")
 
     torch.manual_seed(config.seed)
-    model = Transformer(model_config).to(device)
+    model = Transformer(model_config)
+    if args.init_from is not None:
+        try:
+            model.load_state_dict(load_file(str(args.init_from / WEIGHTS_FILE)))
+        except RuntimeError as e:
+            raise DataError(f"--init-from: {args.init_from} does not match its config: {e}") from e
+    model = model.to(device)
     log.info(
         "%s -> %s: %d train / %d valid pairs, %d parameters, %s on %s",
         src_lang,
@@ -550,6 +581,12 @@ def run(args: argparse.Namespace) -> int:
         "data": data,
         "train_pairs_used": len(train_examples),
         "parameters": model.num_parameters(),
+        "init_from": None
+        if args.init_from is None
+        else {
+            "path": str(args.init_from),
+            "sha256": sha256_file(args.init_from / WEIGHTS_FILE),
+        },
         "averaged_checkpoints": [p.name for p in paths],
         "valid_after_averaging": final,
         "device": str(device),

@@ -4,9 +4,12 @@ import copy
 import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from model import evaluate, train
 from model.train import TrainConfig, learning_rate
@@ -116,6 +119,68 @@ def test_tiny_preset_learns_to_reverse(trained, tmp_path, capsys) -> None:
     assert evaluate.main([*args, "--beam-size", "4", "--decoder", "uncached"]) == 0
     beam = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert beam["bleu"] == pytest.approx(result["bleu"], abs=2.0)
+
+
+def _first_train_loss(out: Path) -> float:
+    rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    return next(r["loss"] for r in rows if r["split"] == "train")
+
+
+def test_init_from_continues_the_trained_model(trained, tmp_path) -> None:
+    """--init-from starts from a trained model's weights, model config and tokenizer: at
+    learning rate 0 the result is that model bit for bit; with a small one it starts where the
+    model was, far below the same 25 updates from scratch."""
+    d, out, _, (valid_src, valid_tgt) = trained
+    recipe = tmp_path / "continue.json"
+    recipe.write_text(json.dumps({"training": {**RECIPE["training"], "warmup_updates": 10}}))
+    common = [
+        "--src-train", str(d / "rev1.src"), "--tgt-train", str(d / "rev1.tgt"),
+        "--src-valid", str(valid_src), "--tgt-valid", str(valid_tgt),
+        "--config", str(recipe), "--max-updates", "25",
+    ]  # fmt: skip
+    frozen, tuned, scratch = tmp_path / "frozen", tmp_path / "tuned", tmp_path / "scratch"
+    assert train.main([*common, "--init-from", str(out), "--lr", "0", "--out", str(frozen)]) == 0
+    before, after = load_file(out / "model.safetensors"), load_file(frozen / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert (frozen / "tokenizer.json").read_bytes() == (out / "tokenizer.json").read_bytes()
+    config = json.loads((frozen / "config.json").read_text())
+    assert config["model"] == json.loads((out / "config.json").read_text())["model"]
+    sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    assert config["init_from"] == {"path": str(out), "sha256": sha}
+
+    assert train.main([*common, "--init-from", str(out), "--lr", "3e-4", "--out", str(tuned)]) == 0
+    assert train.main([*common, "--lr", "3e-4", "--out", str(scratch)]) == 0
+    assert _first_train_loss(tuned) < 0.5 * _first_train_loss(scratch)
+    tuned_config = json.loads((tuned / "config.json").read_text())
+    assert tuned_config["valid_after_averaging"]["bleu"] > 90
+    assert json.loads((scratch / "config.json").read_text())["init_from"] is None
+
+
+def test_init_from_needs_a_whole_model_and_no_second_architecture(trained, tmp_path, capsys):
+    _, out, _, _ = trained
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    fresh = tmp_path / "out"
+    code, err = _run_cli(_args(src, tgt, fresh, "--init-from", str(tmp_path)), capsys)
+    assert code == 2 and "has no config.json" in err
+    init = ("--init-from", str(out))
+    code, err = _run_cli(_args(src, tgt, fresh, *init, "--preset", "tiny"), capsys)
+    assert code == 2 and "drop --preset" in err
+    recipe, training_only = tmp_path / "recipe.json", tmp_path / "training.json"
+    recipe.write_text(json.dumps(RECIPE))
+    training_only.write_text(json.dumps({"training": RECIPE["training"]}))
+    code, err = _run_cli(_args(src, tgt, fresh, *init, "--config", str(recipe)), capsys)
+    assert code == 2 and "model section" in err
+    # Weights that do not fit the config beside them.
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad, ignore=shutil.ignore_patterns("checkpoints"))
+    config = json.loads((bad / "config.json").read_text())
+    config["model"]["d_ff"] *= 2
+    (bad / "config.json").write_text(json.dumps(config))
+    bad_init = ("--init-from", str(bad), "--config", str(training_only))
+    code, err = _run_cli(_args(src, tgt, fresh, *bad_init), capsys)
+    assert code == 2 and "does not match its config" in err
+    assert not fresh.exists()
 
 
 @pytest.mark.slow
