@@ -420,7 +420,10 @@ def init_model_fields(directory: Path) -> dict[str, Any]:
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
             raise DataError(f"--init-from: {directory} has no {name}")
-    return dict(json.loads((directory / CONFIG_FILE).read_text())["model"])
+    model = json.loads((directory / CONFIG_FILE).read_text()).get("model")
+    if not isinstance(model, dict):
+        raise DataError(f"--init-from: {directory / CONFIG_FILE} has no model section")
+    return dict(model)
 
 
 def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig]:

@@ -163,6 +163,10 @@ def test_init_from_needs_a_whole_model_and_no_second_architecture(trained, tmp_p
     fresh = tmp_path / "out"
     code, err = _run_cli(_args(src, tgt, fresh, "--init-from", str(tmp_path)), capsys)
     assert code == 2 and "has no config.json" in err
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    code, err = _run_cli(_args(src, tgt, fresh, "--init-from", str(tmp_path)), capsys)
+    assert code == 2 and "has no model section" in err
     init = ("--init-from", str(out))
     code, err = _run_cli(_args(src, tgt, fresh, *init, "--preset", "tiny"), capsys)
     assert code == 2 and "drop --preset" in err
