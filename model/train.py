@@ -523,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
 
     torch.manual_seed(config.seed)
     model = Transformer(model_config)
-    if args.init_from is not None:
+    if args.init_from is not None and not args.resume:  # on resume the saved state has them
         try:
             model.load_state_dict(load_file(str(args.init_from / WEIGHTS_FILE)))
         except RuntimeError as e:

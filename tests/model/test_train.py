@@ -149,7 +149,12 @@ def test_init_from_continues_the_trained_model(trained, tmp_path) -> None:
     sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     assert config["init_from"] == {"path": str(out), "sha256": sha}
 
-    assert train.main([*common, "--init-from", str(out), "--lr", "3e-4", "--out", str(tuned)]) == 0
+    tune = [*common, "--init-from", str(out), "--lr", "3e-4", "--out", str(tuned)]
+    assert train.main(tune) == 0
+    # Resuming such a run continues from its own saved state, not from the starting model again.
+    assert train.main([*tune, "--max-updates", "50", "--resume"]) == 0
+    rows = map(json.loads, (tuned / "metrics.jsonl").read_text().splitlines())
+    assert [r["update"] for r in rows if r["split"] == "train"] == [25, 50]
     assert train.main([*common, "--lr", "3e-4", "--out", str(scratch)]) == 0
     assert _first_train_loss(tuned) < 0.5 * _first_train_loss(scratch)
     tuned_config = json.loads((tuned / "config.json").read_text())
