@@ -85,6 +85,14 @@ class TrainConfig:
     average_last: int = 10
     valid_bleu_sentences: int = 1014
     precision: str = "fp32"
+    # R-Drop (Liang et al., 2021): each batch goes through the model twice (two dropout masks)
+    # and the loss adds this multiple of the symmetric KL between the two output distributions.
+    # 0 trains on the plain cross-entropy, one pass per batch.
+    rdrop_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rdrop_alpha < math.inf:
+            raise ValueError(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
 
 
 @dataclass
@@ -216,6 +224,34 @@ class Trainer:
         )
         return loss, batch.n_tgt_tokens
 
+    def training_loss(self, batch: Batch) -> tuple[torch.Tensor, int]:
+        """The objective summed over target tokens, and their count.
+
+        With R-Drop, the batch is stacked on itself and run in one pass, so the two copies see
+        different dropout masks: the loss is both copies' label-smoothed cross-entropy plus
+        alpha * (KL(p1 || p2) + KL(p2 || p1)) / 2 per target token (the paper's L_NLL^1 +
+        L_NLL^2 + alpha * L_KL), over the doubled batch's 2N target tokens.
+        """
+        config = self.config
+        if config.rdrop_alpha == 0:
+            return self.loss(batch, config.label_smoothing)
+        doubled = Batch(*(torch.cat([t, t]) for t in (batch.src, batch.tgt_in, batch.tgt_out)))
+        with self.autocast():
+            logits = self.model(doubled.src, doubled.tgt_in)  # (2B, T, V)
+        log_probs = F.log_softmax(logits.float(), dim=-1)
+        cross_entropy = F.cross_entropy(
+            log_probs.flatten(0, 1),
+            doubled.tgt_out.flatten(),
+            ignore_index=PAD_ID,
+            label_smoothing=config.label_smoothing,
+            reduction="sum",
+        )
+        first, second = log_probs.chunk(2)
+        # KL(p1 || p2) + KL(p2 || p1) = sum_v (p1 - p2) * (log p1 - log p2), per position.
+        symmetric = ((first.exp() - second.exp()) * (first - second)).sum(-1)
+        kl = symmetric[batch.tgt_out != PAD_ID].sum() / 2
+        return cross_entropy + config.rdrop_alpha * kl, doubled.n_tgt_tokens
+
     # --- resumable state -------------------------------------------------------------------
 
     def save_state(self) -> None:
@@ -307,7 +343,7 @@ class Trainer:
                 lr = learning_rate(state.update + 1, config)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                loss, n_tokens = self.loss(batch, config.label_smoothing)
+                loss, n_tokens = self.training_loss(batch)
                 self.optimizer.zero_grad(set_to_none=True)
                 self.scaler.scale(loss / n_tokens).backward()
                 if config.clip_norm > 0:
@@ -400,6 +436,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int)
     p.add_argument("--valid-bleu-sentences", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--rdrop-alpha", type=float, help="R-Drop's KL weight (0: off)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int)

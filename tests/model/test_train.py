@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from model import evaluate, train
-from model.train import TrainConfig, learning_rate
+from model.data import Batch, Example
+from model.train import TrainConfig, Trainer, learning_rate
+from model.transformer import EOS_ID, ModelConfig, Transformer
 
 SYMBOLS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"]
 
@@ -227,6 +229,68 @@ def test_learning_rate_schedule_peaks_at_warmup() -> None:
     assert learning_rate(1000, config) == pytest.approx(0.0025)
     assert learning_rate(2000, config) == pytest.approx(0.005)
     assert learning_rate(8000, config) == pytest.approx(0.0025)  # lr * sqrt(2000 / 8000)
+
+
+def _rdrop_trainer(tmp_path, dropout: float, alpha: float) -> tuple[Trainer, Batch]:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40, d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=dropout, norm="pre",
+    )  # fmt: skip
+    rng = random.Random(0)
+
+    def sentence() -> list[int]:
+        return [rng.randrange(4, 40) for _ in range(rng.randint(2, 9))] + [EOS_ID]
+
+    examples = [Example(sentence(), sentence()) for _ in range(6)]
+    recipe = TrainConfig(rdrop_alpha=alpha, label_smoothing=0.1)
+    model = Transformer(config).train()
+    trainer = Trainer(
+        model, None, recipe, tmp_path, torch.device("cpu"), examples, [], [], [], "de"
+    )
+    return trainer, Batch.from_examples(examples)
+
+
+def test_rdrop_loss_is_both_passes_cross_entropy_plus_alpha_times_their_kl(tmp_path) -> None:
+    """R-Drop's objective, against torch's own kl_div and cross_entropy on the same two passes:
+    L_NLL^1 + L_NLL^2 + alpha * (KL(p1 || p2) + KL(p2 || p1)) / 2 over 2N target tokens."""
+    trainer, batch = _rdrop_trainer(tmp_path, dropout=0.3, alpha=5.0)
+    torch.manual_seed(7)
+    loss, n_tokens = trainer.training_loss(batch)
+    assert n_tokens == 2 * batch.n_tgt_tokens
+    torch.manual_seed(7)  # the same dropout masks
+    logits = trainer.model(torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in] * 2))
+    first, second = torch.log_softmax(logits, dim=-1).chunk(2)
+    mask = batch.tgt_out != 0
+    ce = sum(
+        torch.nn.functional.cross_entropy(
+            lp.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0, label_smoothing=0.1,
+            reduction="sum",
+        )
+        for lp in (first, second)
+    )  # fmt: skip
+    kl_12 = torch.nn.functional.kl_div(second, first, log_target=True, reduction="none")
+    kl_21 = torch.nn.functional.kl_div(first, second, log_target=True, reduction="none")
+    kl = (kl_12.sum(-1)[mask].sum() + kl_21.sum(-1)[mask].sum()) / 2
+    assert kl > 0.01  # dropout made the two passes differ
+    assert loss.item() == pytest.approx((ce + 5.0 * kl).item(), rel=1e-5)
+    loss.backward()  # and it trains: the KL term reaches the weights
+    assert all(p.grad is not None for p in trainer.model.parameters() if p.requires_grad)
+
+
+def test_rdrop_without_dropout_is_the_plain_cross_entropy(tmp_path) -> None:
+    trainer, batch = _rdrop_trainer(tmp_path, dropout=0.0, alpha=5.0)
+    rdrop, n_rdrop = trainer.training_loss(batch)
+    plain, n_plain = trainer.loss(batch, label_smoothing=0.1)
+    assert n_rdrop == 2 * n_plain
+    assert rdrop.item() / n_rdrop == pytest.approx(plain.item() / n_plain, rel=1e-5)
+
+
+def test_negative_rdrop_alpha_is_an_error(tmp_path, capsys) -> None:
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    code, err = _run_cli(_args(src, tgt, tmp_path / "out", "--rdrop-alpha", "-1"), capsys)
+    assert code == 2 and "rdrop_alpha must be >= 0" in err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture
