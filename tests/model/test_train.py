@@ -47,7 +47,10 @@ RECIPE = {
         "log_every": 25,
         "save_every": 50,
         "valid_every": 1000,
-        "average_last": 1,
+        # The last checkpoint alone swings between seeds and CPUs (greedy exact match at update
+        # 800: 0.86 for seed 1 on an AMD EPYC, 0.94 on another CPU, 1.0 for seed 2; 0.93 for
+        # seed 2 at 1,600); the average of the last four (650-800) had 1.0 for seeds 1-4.
+        "average_last": 4,
         "valid_bleu_sentences": 100,
     },
 }
@@ -81,9 +84,10 @@ def test_outputs_and_provenance(trained) -> None:
     for name in ("model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl"):
         assert (out / name).is_file(), name
     # Only the checkpoints being averaged and the single-file resumable state are kept.
+    averaged = [f"update_{n:06d}.safetensors" for n in (650, 700, 750, 800)]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "last_state.safetensors",
-        "update_000800.safetensors",
+        *averaged,
     ]
     assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     config = json.loads((out / "config.json").read_text())
@@ -92,7 +96,7 @@ def test_outputs_and_provenance(trained) -> None:
     src = config["data"]["src_train"]
     assert src["sha256"] == hashlib.sha256((d / "rev1.src").read_bytes()).hexdigest()
     assert src["lines"] == 4000
-    assert config["averaged_checkpoints"] == ["update_000800.safetensors"]
+    assert config["averaged_checkpoints"] == averaged
     assert not list(out.rglob("*.tmp"))
 
 
