@@ -104,10 +104,10 @@ class Settings(BaseSettings):
     default_beam_size: int = Field(4, ge=1, description="beam size when a request names none")
     max_beam_size: int = Field(8, ge=1, description="largest beam size a request may ask for")
     default_length_penalty: float = Field(
-        1.6,
+        1.0,
         ge=0.0,
         le=10.0,
-        description="length penalty when a request names none (the shipped model's, chosen on val)",
+        description="length penalty when a request names none (1.0: the shipped model's card)",
     )
     default_max_decoding_length: int = Field(
         256, ge=1, description="capped by the model's maximum positions"
