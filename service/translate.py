@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "--length-penalty",
         type=float,
         default=default_lp,
-        help=f"default {default_lp}, the service's (chosen for the shipped model on val)",
+        help=f"default {default_lp}, the service's (the shipped model's card says why)",
     )
     p.add_argument(
         "--max-decoding-length",
