@@ -18,10 +18,18 @@ CARD_VAL = {5: 41.95, 1: 41.09}
 TOLERANCE = 0.3
 
 
+@pytest.fixture(scope="module")
+def shipped_and_val(multi30k: Path) -> tuple:
+    """The model and tokenizer, and val's sources and references, read once for both cases."""
+    val = read_parallel(multi30k / "val.en.gz", multi30k / "val.de.gz")
+    return load_model(SHIPPED), load_tokenizer(SHIPPED), *val
+
+
 @pytest.mark.parametrize("beam_size", sorted(CARD_VAL))
-def test_the_shipped_model_scores_its_cards_val_figures(multi30k: Path, beam_size: int) -> None:
-    model, tokenizer = load_model(SHIPPED), load_tokenizer(SHIPPED)
-    src, ref = read_parallel(multi30k / "val.en.gz", multi30k / "val.de.gz")
+def test_the_shipped_model_scores_its_cards_val_figures(
+    shipped_and_val: tuple, beam_size: int
+) -> None:
+    model, tokenizer, src, ref = shipped_and_val
     length_penalty = Settings.model_fields["default_length_penalty"].default
     texts, _ = translate(
         model, tokenizer, src, beam_size=beam_size, length_penalty=length_penalty, batch_size=64
