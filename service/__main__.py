@@ -9,13 +9,16 @@ shutdown, bounded by `--drain-timeout-s` too.
 
 Keep-alive: an idle connection stays open `--keep-alive-timeout-s` (75 s), longer than the
 proxies and client pools in front keep theirs, so that they close idle connections, never the
-server (see service/settings.py).
+server (see service/settings.py). A connection's request head and body are bounded in size and
+time, and open connections in number (service/connections.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import resource
 import signal
 import socket
 import sys
@@ -27,7 +30,9 @@ from fastapi import FastAPI
 from pydantic_settings import CliApp
 
 from service.bundle import BundleError
+from service.connections import guarded_protocol
 from service.main import create_app, shipped_bundle
+from service.metrics import Metrics
 from service.pipeline import Runtime
 from service.settings import Settings
 
@@ -80,21 +85,80 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+# Descriptors the process needs besides its connections: models, threads' pipes, logs, the
+# listening socket, connections being refused.
+_SPARE_FILES = 256
+
+
+class RedactApiKeys(logging.Filter):
+    """Access-log lines show `api_key=***` for a key sent in the query string (LibreTranslate
+    clients may send it there): a key must not end up in log storage."""
+
+    _KEY = re.compile(r"((?:^|[?&])api_key=)[^&]*", re.IGNORECASE)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                self._KEY.sub(r"\1***", arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        return True
+
+
+def fit_open_files(max_connections: int) -> int:
+    """Raise the open-file limit to what `max_connections` needs (up to the hard limit); returns
+    the connection limit that fits, lowered (with a warning) when the hard limit is smaller."""
+    needed = max_connections + _SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit from %d: %s", soft, e)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        fitted = max(1, soft - _SPARE_FILES)
+        log.warning(
+            "max_connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
+            max_connections,
+            fitted,
+            soft,
+        )
+        return fitted
+    return max_connections
+
+
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings from ours. The graceful-shutdown bound is the drain's: the SIGTERM
-    drain narrows it to what is left of the drain; a SIGINT shutdown keeps all of it."""
-    return uvicorn.Config(
+    """uvicorn's settings from ours: the httptools protocol with our connection limits (see
+    service/connections.py). The graceful-shutdown bound is the drain's: the SIGTERM drain
+    narrows it to what is left of the drain; a SIGINT shutdown keeps all of it."""
+    metrics: Metrics = app.state.metrics
+    protocol = guarded_protocol(
+        max_connections=fit_open_files(settings.max_connections),
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        retry_after_s=settings.retry_after_s,
+        on_event=metrics.connection_event,
+    )
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         lifespan="on",
+        http=protocol,
+        ws="none",  # no WebSocket routes: an Upgrade request stays an HTTP request
+        server_header=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         backlog=settings.backlog,
         limit_concurrency=settings.limit_concurrency,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
     )
+    # After the Config: it (re)configures uvicorn's loggers.
+    logging.getLogger("uvicorn.access").addFilter(RedactApiKeys())
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,18 +11,20 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.decoding import FinishReason
-from service.errors import ErrorType, ServiceError
-from service.http import RuntimeDep, require_api_key, unless_disconnected
+from service.errors import ErrorType, ServiceError, describe_validation_errors
+from service.http import RuntimeDep, read_json, require_api_key, unless_disconnected
 from service.metrics import Metrics
 from service.pipeline import Runtime, TextTranslation
 
 
 class TranslateRequest(BaseModel):
+    # Strict: "8" is not a beam size, true is not 1.
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={"examples": [{"text": "A dog runs.", "source": "en", "target": "de"}]},
     )
 
@@ -93,13 +95,22 @@ router = APIRouter()
     response_model=TranslateResponse,
     response_model_exclude_none=True,
     responses=_ERRORS,
+    # The key is checked before the body is read: the body is parsed here, not by FastAPI.
     dependencies=[Depends(require_api_key)],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
+        }
+    },
 )
-async def translate(
-    body: TranslateRequest, request: Request, runtime: RuntimeDep
-) -> TranslateResponse:
+async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
+    try:
+        body = TranslateRequest.model_validate(await read_json(request))
+    except ValidationError as e:
+        raise ServiceError(ErrorType.INVALID_REQUEST, describe_validation_errors(e.errors())) from e
     with runtime.accept():
         model = runtime.model(body.source, body.target)
         texts = [body.text] if isinstance(body.text, str) else body.text

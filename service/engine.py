@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -65,6 +66,11 @@ Device = Literal["auto", "cpu", "cuda"]
 _ORT_ERROR = 3  # ONNX Runtime's log severity levels: 0 verbose .. 4 fatal
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
+# C0 and C1 control characters (category Cc: all below U+00A0) other than whitespace (tab, line
+# breaks), dropped before tokenizing.
+_CONTROL_CHARACTERS = dict.fromkeys(
+    c for c in range(0xA0) if unicodedata.category(chr(c)) == "Cc" and not chr(c).isspace()
+)
 
 
 class InputTooLongError(ValueError):
@@ -216,6 +222,9 @@ class Engine:
                 f"{self.name} translates into {', '.join(self.target_languages)}, not {target}"
             )
         prefix = self._prefixes.get(target, [])
+        # Control characters are not text: alone, they would be read as bytes the model then
+        # "translates" into an invented sentence.
+        texts = [text.translate(_CONTROL_CHARACTERS) for text in texts]
         return [[*prefix, *ids] if ids else [] for ids in self._tokenizer.encode(texts)]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from service.metrics import Metrics
 
@@ -29,6 +30,7 @@ class ErrorType(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    REQUEST_TIMEOUT = "request_timeout"
     QUEUE_FULL = "queue_full"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     CLIENT_DISCONNECTED = "client_disconnected"
@@ -40,16 +42,19 @@ class ErrorType(StrEnum):
 class ErrorRow:
     status: int
     retry_after: bool  # send Retry-After: the same request may succeed later
+    challenge: bool = False  # send WWW-Authenticate (a 401: how to authenticate)
 
 
 ERROR_TABLE: dict[ErrorType, ErrorRow] = {
     ErrorType.INVALID_REQUEST: ErrorRow(422, retry_after=False),
     ErrorType.UNSUPPORTED_LANGUAGE_PAIR: ErrorRow(422, retry_after=False),
     ErrorType.INPUT_TOO_LONG: ErrorRow(422, retry_after=False),
-    ErrorType.UNAUTHORIZED: ErrorRow(401, retry_after=False),
+    ErrorType.UNAUTHORIZED: ErrorRow(401, retry_after=False, challenge=True),
     ErrorType.NOT_FOUND: ErrorRow(404, retry_after=False),
     ErrorType.METHOD_NOT_ALLOWED: ErrorRow(405, retry_after=False),
     ErrorType.PAYLOAD_TOO_LARGE: ErrorRow(413, retry_after=False),
+    # Written by the server itself (service/connections.py) when a request's head is late.
+    ErrorType.REQUEST_TIMEOUT: ErrorRow(408, retry_after=False),
     ErrorType.QUEUE_FULL: ErrorRow(429, retry_after=True),
     ErrorType.DEADLINE_EXCEEDED: ErrorRow(503, retry_after=True),
     ErrorType.UNAVAILABLE: ErrorRow(503, retry_after=True),
@@ -89,11 +94,16 @@ class ErrorRenderer:
     def response(self, path: str, type: ErrorType, message: str) -> JSONResponse:
         row = ERROR_TABLE[type]
         self.metrics.rejected.labels(reason=type.value).inc()
-        headers = {"Retry-After": str(self.retry_after_s)} if row.retry_after else None
+        headers = {"Retry-After": str(self.retry_after_s)} if row.retry_after else {}
+        # A message may quote the client's input, which may hold lone surrogates: written as
+        # escapes, not as a failure to encode the answer.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         prefix = self.libretranslate_prefix
         if prefix and (path == prefix or path.startswith(prefix + "/")):
             status = _LIBRETRANSLATE_STATUS.get(row.status, row.status)
             return JSONResponse({"error": message}, status_code=status, headers=headers)
+        if row.challenge:
+            headers["WWW-Authenticate"] = 'Bearer realm="transformer-mt"'
         body = {"error": {"type": type.value, "message": message}}
         return JSONResponse(body, status_code=row.status, headers=headers)
 
@@ -113,6 +123,14 @@ def install_error_handlers(app: FastAPI, renderer: ErrorRenderer) -> None:
         type = _HTTP_STATUS_TYPES.get(exc.status_code, ErrorType.INVALID_REQUEST)
         return renderer.response(request.url.path, type, str(exc.detail))
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_disconnect(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The body stopped arriving (the client left, or the server closed a stalled body):
+        # nobody reads the answer; it labels the metrics.
+        return renderer.response(
+            request.url.path, ErrorType.CLIENT_DISCONNECTED, "the client closed the connection"
+        )
+
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         # Starlette re-raises after this response, so the server logs the stack; the client
@@ -124,10 +142,6 @@ def describe_validation_errors(errors: Sequence[Any]) -> str:
     """One line from pydantic's error list: `field: problem; field: problem`."""
     parts = []
     for error in errors:
-        if error.get("type") == "json_invalid":
-            problem = error.get("ctx", {}).get("error", "")
-            parts.append(f"the body is not valid JSON ({problem} at {error['loc'][-1]})")
-            continue
         location = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
         message = str(error.get("msg", "invalid"))
         parts.append(f"{location}: {message}" if location else message)

@@ -1,13 +1,15 @@
-"""HTTP plumbing the routers share: the runtime and API-key dependencies, answering only while
-the client is connected, and the metrics, draining and body-size middlewares."""
+"""HTTP plumbing the routers share: the runtime and API-key dependencies, reading a JSON body,
+answering only while the client is connected, and the metrics, draining, body-size and
+security-header middlewares."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import time
-from collections.abc import Awaitable
-from typing import Annotated, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -20,6 +22,7 @@ from service.metrics import Metrics
 from service.pipeline import Runtime
 
 T = TypeVar("T")
+Header = tuple[bytes, bytes]
 
 # --- Dependencies ------------------------------------------------------------------------------
 # All `async def`: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per
@@ -44,7 +47,17 @@ async def presented_key(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> str | None:
     """The API key from `X-API-Key: KEY` or `Authorization: Bearer KEY`."""
-    return header_key if header_key is not None else bearer.credentials if bearer else None
+    key = header_key if header_key is not None else bearer.credentials if bearer else None
+    return None if key is None else _utf8_header(key)
+
+
+def _utf8_header(value: str) -> str:
+    """A header value as the UTF-8 the client sent (HTTP hands header bytes over as Latin-1),
+    so that a non-ASCII key matches the same key sent in a body."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 PresentedKey = Annotated[str | None, Depends(presented_key)]
@@ -67,6 +80,52 @@ def check_api_key(runtime: Runtime, key: str | None) -> None:
 
 async def require_api_key(runtime: RuntimeDep, key: PresentedKey) -> None:
     check_api_key(runtime, key)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or a ServiceError (never a 500) for anything else:
+    not UTF-8, not JSON, NaN or Infinity (not JSON either), nested deeper than the parser's
+    recursion limit (about 1,000 levels: a pathological body costs microseconds), not an
+    object, or holding a lone surrogate (an escape such as \\ud800: not text)."""
+    body = await request.body()
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST, "the JSON body is nested too deeply"
+        ) from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError among them
+        raise ServiceError(ErrorType.INVALID_REQUEST, f"the body is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ServiceError(ErrorType.INVALID_REQUEST, "the JSON body must be an object")
+    check_text(data)
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_text(value: object) -> None:
+    """Every string in `value` (nested lists and dicts, keys included) encodes to UTF-8; else a
+    ServiceError naming the first lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as e:
+                bad = item[e.start].encode("utf-8", "backslashreplace").decode()
+                raise ServiceError(
+                    ErrorType.INVALID_REQUEST,
+                    f"the request holds a lone surrogate ({bad}), which is not text",
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -124,29 +183,40 @@ class HttpMetricsMiddleware:
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
 
 
-class CloseWhenDrainingMiddleware:
-    """While the service drains, every answer says `Connection: close`. A keep-alive client or
-    proxy then opens a new connection for its next request, which the load balancer sends to a
-    replica that is not shutting down; otherwise the kept connection stays pinned to this one,
-    and gets its 503s, for as long as the keep-alive lasts."""
+class ResponseHeadersMiddleware:
+    """Adds the headers that `headers(scope)` returns to every answer as it starts."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, *, headers: Callable[[Scope], list[Header]]) -> None:
+        self.app, self.headers = app, headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def send_closing(message: Message) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
-                if runtime is not None and runtime.draining:
-                    headers = [*message.get("headers", []), (b"connection", b"close")]
-                    message = {**message, "headers": headers}
+                extra = self.headers(scope)
+                if extra:
+                    message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
-        await self.app(scope, receive, send_closing)
+        await self.app(scope, receive, send_with_headers)
+
+
+def close_when_draining(scope: Scope) -> list[Header]:
+    """While the service drains, every answer says `Connection: close`. A keep-alive client or
+    proxy then opens a new connection for its next request, which the load balancer sends to a
+    replica that is not shutting down; otherwise the kept connection stays pinned to this one,
+    and gets its 503s, for as long as the keep-alive lasts."""
+    runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
+    return [(b"connection", b"close")] if runtime is not None and runtime.draining else []
+
+
+def security_headers(scope: Scope) -> list[Header]:
+    """`nosniff`: a browser never reads a JSON error that quotes the client's input as HTML or
+    script."""
+    return [(b"x-content-type-options", b"nosniff")]
 
 
 class BodyLimitMiddleware:
@@ -181,3 +251,56 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, receive_within_limit, send)
+
+
+class LargeBodyGate:
+    """Requests with a body over `threshold` bytes (by Content-Length) are let in one at a time,
+    each held until its answer starts or `hold_s` after its body arrived (reading, parsing and
+    checking it: all of a refused one's work), and the next waits as long again as that took,
+    up to `hold_s`. A flood of large bodies then gets about half of the event loop, and normal
+    requests the rest: at eight clients posting 1 MB bodies, a short /translate's p50 went from
+    5.8x to 1.6x its unloaded value (benchmarks/RESULTS.md). Waiting requests are not read:
+    their clients are held back by TCP."""
+
+    def __init__(self, app: ASGIApp, *, threshold: int, hold_s: float) -> None:
+        self.app, self.threshold, self.hold_s = app, threshold, hold_s
+        self._lock: asyncio.Lock | None = None  # made in the server's event loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = Headers(scope=scope).get("content-length", "") if scope["type"] == "http" else ""
+        if not (declared.isdigit() and int(declared) > self.threshold):
+            await self.app(scope, receive, send)
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        lock, loop = self._lock, asyncio.get_running_loop()
+        await lock.acquire()
+        start = time.perf_counter()
+        held = True
+        timer: asyncio.TimerHandle | None = None
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                if timer is not None:
+                    timer.cancel()
+                loop.call_later(min(time.perf_counter() - start, self.hold_s), lock.release)
+
+        async def receive_and_time() -> Message:
+            nonlocal timer
+            message = await receive()
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            if body_done and held and timer is None:
+                timer = loop.call_later(self.hold_s, release)
+            return message
+
+        async def send_and_release(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive_and_time, send_and_release)
+        finally:
+            release()

@@ -11,7 +11,14 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, ValidationError
 
 from service.errors import ErrorType, ServiceError, describe_validation_errors
-from service.http import PresentedKey, RuntimeDep, check_api_key, unless_disconnected
+from service.http import (
+    PresentedKey,
+    RuntimeDep,
+    check_api_key,
+    check_text,
+    read_json,
+    unless_disconnected,
+)
 from service.pipeline import Runtime
 
 # English names for the codes LibreTranslate clients display; others show their code.
@@ -109,12 +116,13 @@ async def libretranslate_translate(
     """LibreTranslate's /translate: JSON or form body; `q` a string or a list."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     with runtime.accept():
+        fields, strict = await _libretranslate_fields(request, runtime, header_key)
+        _check_key(runtime, fields, header_key)
         try:
-            body = LibreTranslateRequest.model_validate(await _libretranslate_fields(request))
+            body = LibreTranslateRequest.model_validate(fields, strict=strict)
         except ValidationError as e:
             message = describe_validation_errors(e.errors())
             raise ServiceError(ErrorType.INVALID_REQUEST, message) from e
-        check_api_key(runtime, body.api_key if body.api_key is not None else header_key)
         q, source, target = body.q, body.source, body.target
         if not q:
             raise _missing("q")
@@ -166,19 +174,29 @@ def _missing(name: str) -> ServiceError:
     return ServiceError(ErrorType.INVALID_REQUEST, f"Invalid request: missing {name} parameter")
 
 
-async def _libretranslate_fields(request: Request) -> dict[str, Any]:
-    """JSON when the client says so, else query parameters and form fields as Flask's
+def _check_key(runtime: Runtime, fields: dict[str, Any], header_key: str | None) -> None:
+    """The key in the body (LibreTranslate's `api_key`), else the header's: checked before the
+    fields are validated, so that a client without a key learns nothing about the API."""
+    api_key = fields.get("api_key")
+    check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+
+
+async def _libretranslate_fields(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> tuple[dict[str, Any], bool]:
+    """The fields, and whether to validate them strictly (JSON has types; form fields are all
+    strings). JSON when the client says so, else query parameters and form fields as Flask's
     `request.values` in LibreTranslate: the query string first, then the form, and the first
     value of a repeated name wins (line endings made \\n)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
-            data = await request.json()
-        except ValueError:
-            raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid JSON format") from None
-        if not isinstance(data, dict):
-            raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid JSON format")
-        return data
+            return await read_json(request), True
+        except ServiceError as e:
+            # No key can be read from this body: the header's decides first, then the body's
+            # problem, in LibreTranslate's words and ours.
+            check_api_key(runtime, header_key)
+            raise ServiceError(e.type, f"Invalid JSON format: {e.message}") from None
     form = await request.form()
     fields: dict[str, Any] = {}
     for key, value in [*request.query_params.multi_items(), *form.multi_items()]:
@@ -186,7 +204,8 @@ async def _libretranslate_fields(request: Request) -> dict[str, Any]:
             fields.setdefault(key, value)
     if "q" in fields:
         fields["q"] = "\n".join(fields["q"].splitlines())
-    return fields
+    check_text(fields)
+    return fields, False
 
 
 def _libretranslate_source(runtime: Runtime, source: str) -> str:
@@ -214,9 +233,8 @@ async def libretranslate_detect(
     """LibreTranslate's /detect, for clients that call it: no detector, the server's only
     source language with confidence 100 (400 when it serves several)."""
     with runtime.accept():  # refused while draining, like every request that carries text
-        fields = await _libretranslate_fields(request)
-        api_key = fields.get("api_key")
-        check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+        fields, _ = await _libretranslate_fields(request, runtime, header_key)
+        _check_key(runtime, fields, header_key)
         if not fields.get("q"):
             raise _missing("q")
         language = _libretranslate_source(runtime, "auto")

@@ -26,8 +26,16 @@ from service.bundle import (
     replace_directory,
     sha256_file,
 )
+from service.docs_ui import docs_router
 from service.errors import ErrorRenderer, install_error_handlers
-from service.http import BodyLimitMiddleware, CloseWhenDrainingMiddleware, HttpMetricsMiddleware
+from service.http import (
+    BodyLimitMiddleware,
+    HttpMetricsMiddleware,
+    LargeBodyGate,
+    ResponseHeadersMiddleware,
+    close_when_draining,
+    security_headers,
+)
 from service.libretranslate import libretranslate_router
 from service.metrics import Metrics
 from service.pipeline import Runtime, TranslationModel
@@ -38,6 +46,9 @@ log = logging.getLogger(__name__)
 # model/transformer.py's WEIGHTS_FILE, which the manifest's provenance hashes (the service does
 # not import the model package: it needs torch).
 CHECKPOINT_WEIGHTS = "model.safetensors"
+# Bodies over this (64 KiB: some 15,000 words) take turns (service.http.LargeBodyGate).
+LARGE_BODY_BYTES = 1 << 16
+LARGE_BODY_HOLD_S = 0.05
 
 
 def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
@@ -65,14 +76,22 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         description="Machine translation with a from-scratch Transformer on ONNX Runtime.",
         version="0.1.0",
         lifespan=lifespan,
+        # /translate/ is a 404, not a redirect whose Location echoes the Host header and the
+        # query string (which may hold an api_key).
+        redirect_slashes=False,
+        # Swagger UI from the package (service/static), not from a CDN: the service runs offline.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.metrics = metrics
     app.include_router(router)
+    app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     if settings.libretranslate_prefix:
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
     install_error_handlers(app, renderer)
     # The last added is the outermost: metrics see every answer, CORS and 413s included.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
+    app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -80,7 +99,8 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
-    app.add_middleware(CloseWhenDrainingMiddleware)
+    app.add_middleware(ResponseHeadersMiddleware, headers=close_when_draining)
+    app.add_middleware(ResponseHeadersMiddleware, headers=security_headers)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app

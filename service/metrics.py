@@ -86,12 +86,33 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.open_connections = Gauge(
+            "mt_open_connections", "HTTP connections open (refused ones not counted)", registry=r
+        )
+        self.closed_connections = Counter(
+            "mt_closed_connections",
+            "Connections the server closed or refused on its own: evicted (the longest waiting "
+            "for its client, to make room for a new one at max_connections), over_limit (a new "
+            "one refused: all busy), idle_timeout (nothing sent), header_timeout, body_timeout, "
+            "bad_request (e.g. a head over max_header_bytes)",
+            ["reason"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "mt_model_info",
             "Loaded models (value 1)",
             ["model", "source", "target", "provider"],
             registry=r,
         )
+
+    def connection_event(self, kind: str) -> None:
+        """service.connections' events: the open-connections gauge and the closures."""
+        if kind == "opened":
+            self.open_connections.inc()
+        elif kind == "closed":
+            self.open_connections.dec()
+        else:
+            self.closed_connections.labels(reason=kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

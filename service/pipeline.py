@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -96,6 +97,10 @@ class Runtime:
             name: Batcher(model.generate, model=name, limits=limits, metrics=metrics)
             for name, model in names.items()
         }
+        # Large texts are split and tokenized here, one request at a time (a burst of large
+        # bodies takes at most this thread's core, and waits in a short line, not in memory).
+        self._preparation = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
+        self._preparing = 0  # requests in that line, the one being prepared included
         self.warmed_up = False
         self.draining = False
         self._drain_end = math.inf
@@ -156,6 +161,7 @@ class Runtime:
         await self.finish_requests(timeout)
         for batcher in self.batchers.values():
             await batcher.stop(self._drain_left())
+        self._preparation.shutdown(wait=False, cancel_futures=True)
 
     def _drain_left(self) -> float:
         return max(0.0, self._drain_end - time.monotonic())
@@ -217,8 +223,46 @@ class Runtime:
                 ErrorType.INVALID_REQUEST,
                 f"{count} sentences in one request; the limit is {limit} (max_queue_segments)",
             )
+        longest = self.settings.max_segment_characters
+        for t, layout in enumerate(layouts):
+            for n, sentence in enumerate(layout.segments):
+                if len(sentence) > longest:
+                    raise ServiceError(
+                        ErrorType.INPUT_TOO_LONG,
+                        f"text {t}, sentence {n}: {len(sentence)} characters, more than the "
+                        f"limit of {longest} (max_segment_characters); split it into shorter "
+                        "sentences",
+                    )
         segments = [s for layout in layouts for s in layout.segments]
         return layouts, model.encode(segments, target)
+
+    async def _prepare(
+        self, model: TranslationModel, texts: Sequence[str], target: str
+    ) -> tuple[list[segment.Layout], list[list[int]]]:
+        """Split and tokenize, after the cheap limits: the characters of the request first."""
+        characters = sum(len(text) for text in texts)
+        if characters > self.settings.max_characters:
+            raise ServiceError(
+                ErrorType.INPUT_TOO_LONG,
+                f"{characters} characters in one request; the limit is "
+                f"{self.settings.max_characters} (max_characters)",
+            )
+        if characters <= _INLINE_CHARACTERS:
+            return self._split_and_encode(model, texts, target)
+        # Off the event loop: splitting and tokenising a large body takes CPU time that would
+        # stall every other request (and /health) meanwhile.
+        if self._preparing >= PREPARATION_LINE:
+            raise ServiceError(
+                ErrorType.QUEUE_FULL,
+                f"{self._preparing} large requests are being split and tokenized; try again",
+            )
+        self._preparing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._preparation, self._split_and_encode, model, texts, target
+            )
+        finally:
+            self._preparing -= 1
 
     async def translate(
         self,
@@ -230,14 +274,7 @@ class Runtime:
     ) -> list[TextTranslation]:
         model = self.models[pair]
         batcher = self.batchers[model.name]
-        if sum(len(text) for text in texts) <= _INLINE_CHARACTERS:
-            layouts, sources = self._split_and_encode(model, texts, pair[1])
-        else:
-            # Off the event loop: splitting and tokenising a large body takes CPU time that
-            # would stall every other request (and /health) meanwhile.
-            layouts, sources = await asyncio.to_thread(
-                self._split_and_encode, model, texts, pair[1]
-            )
+        layouts, sources = await self._prepare(model, texts, pair[1])
         # Where each segment comes from: (text index, sentence index).
         origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
         limit = model.max_input_tokens
@@ -268,6 +305,9 @@ _NOTHING = Hypothesis([], 0.0, "eos")
 # Texts up to this many characters in all are split and tokenised on the event loop: well under
 # a millisecond, less than the hop to a worker thread and back costs under load.
 _INLINE_CHARACTERS = 2000
+# Large requests waiting for (or in) the preparation thread; one more gets 429. With at most
+# max_characters each, the line is a fraction of a second long.
+PREPARATION_LINE = 16
 
 
 def _assemble(

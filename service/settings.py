@@ -60,6 +60,17 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(1 << 20, ge=1, description="larger request bodies get 413")
     max_texts: int = Field(128, ge=1, description="texts per request")
+    max_characters: int = Field(
+        100_000,
+        ge=1,
+        description="characters in all the texts of one request, checked before any work",
+    )
+    max_segment_characters: int = Field(
+        4000,
+        ge=1,
+        description="characters per sentence, checked before tokenizing (the model's token limit "
+        "per sentence is checked after)",
+    )
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="accepted API keys (comma-separated in the environment); none: no key needed",
@@ -93,6 +104,31 @@ class Settings(BaseSettings):
         description="open connections (idle keep-alive ones included) or requests above which "
         "uvicorn answers 503 before the app sees the request, health probes included; none: no "
         "limit (the queue bound, max_queue_segments, is the admission control)",
+    )
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="open connections; one more closes the open one that has waited longest "
+        "for its client, or gets 503 at once when every one has a request being answered (the "
+        "open-file limit is raised to fit, or this is lowered to fit it, at start)",
+    )
+    max_header_bytes: int = Field(
+        16384,
+        ge=1024,
+        description="request line and headers; a larger head gets 400 and the connection closed",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="the request line and headers must arrive within this, counted from the "
+        "connection's opening (or the first byte of the next request on a kept-alive one); else "
+        "408 and the connection closed (closed silently if nothing was sent)",
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        description="longest pause between two reads of a request body; then the connection is "
+        "closed",
     )
     forwarded_allow_ips: str = Field(
         "127.0.0.1,::1",
@@ -140,7 +176,18 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
+            parts = [part.strip() for part in value.split(",") if part.strip()]
+            if value and not parts:
+                # " , " is a mistake, not "no value": for api_keys it would turn auth off.
+                raise ValueError(f"{value!r} names nothing; leave it empty for none")
+            return parts
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_not_blank(cls, value: list[SecretStr]) -> list[SecretStr]:
+        if any(not key.get_secret_value().strip() for key in value):
+            raise ValueError("an API key is empty or only whitespace")
         return value
 
     @field_validator("libretranslate_prefix")

@@ -4,9 +4,10 @@
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
         [--max-decoding-length N] < in.txt > out.txt
 
-One output line per input line, in order; empty lines stay empty. Every line is checked against
-the model's input limit before anything is translated, so a too-long line fails the run (exit
-status 2, naming the line) instead of being truncated or leaving a partial output. Progress goes
+One output line per input line, in order; empty lines stay empty. The input must be UTF-8, and
+every line is checked against the model's input limit before anything is translated, so a bad
+byte or a too-long line fails the run (exit status 2, naming the line) instead of being truncated
+or leaving a partial output. Progress goes
 to stderr when it is a terminal; a summary is logged at the end.
 """
 
@@ -85,6 +86,20 @@ def translate_lines(
     return tokens
 
 
+def read_utf8(data: bytes) -> str:
+    """`data` as UTF-8, or a ValueError naming the line and column of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise ValueError(
+            f"the input is not UTF-8: line {line}, byte "
+            f"{e.start - line_start + 1} ({data[e.start : e.start + 1]!r}: {e.reason}); "
+            "nothing was translated"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m service.translate",
@@ -131,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         # Lines end at "\n" only (str.splitlines would also split at U+2028 and friends, and
         # the output would no longer line up with the input).
-        lines = sys.stdin.read().split("\n")
+        lines = read_utf8(sys.stdin.buffer.read()).split("\n")
         if lines[-1] == "":
             lines.pop()
         start = time.perf_counter()

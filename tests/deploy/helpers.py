@@ -1,5 +1,6 @@
 """Helpers for the deployment-file tests (their fixtures: conftest.py): the repository's paths,
-YAML loading, a small Dockerfile reader (stages, COPY, ENV) and the serving requirements list.
+YAML loading, a small Dockerfile reader (stages, COPY, ENV), a small nginx configuration reader
+and the serving requirements list.
 
 No Docker engine runs in CI, so the Dockerfile is read, linted (hadolint) and its runtime stage
 rehearsed in a venv (test_runtime_stage.py) rather than built."""
@@ -109,6 +110,33 @@ def parse_dockerfile(path: Path = DOCKERFILE) -> list[Stage]:
             assert stages, f"{keyword} before FROM"
             stages[-1].instructions.append(Instruction(keyword, rest))
     return stages
+
+
+# --- nginx configuration -----------------------------------------------------------------------
+
+NginxBlock = dict[str, Any]  # directive name -> list of argument lists; "{name}" -> child blocks
+
+
+def parse_nginx(text: str) -> NginxBlock:
+    """nginx's configuration syntax, enough for deploy/nginx: directives and nested blocks."""
+    tokens = re.findall(r'"[^"]*"|[{};]|[^\s{};]+', re.sub(r"#.*", "", text))
+    stack: list[NginxBlock] = [{}]
+    words: list[str] = []
+    for token in tokens:
+        if token == ";":
+            stack[-1].setdefault(words[0], []).append(words[1:])
+            words = []
+        elif token == "{":
+            child: NginxBlock = {}
+            stack[-1].setdefault("{" + words[0] + "}", []).append(child)
+            stack.append(child)
+            words = []
+        elif token == "}":
+            stack.pop()
+        else:
+            words.append(token)
+    assert len(stack) == 1 and not words, "unbalanced braces or a missing ';'"
+    return stack[0]
 
 
 # --- requirements ------------------------------------------------------------------------------

@@ -1,10 +1,15 @@
 """deploy/nginx/transformer-mt.conf: its timeouts and limits agree with the service's settings
-and the deployment files (the keep-alive rule, the body limit, the read timeout), and a real
-nginx runs it in front of a real service (benchmarks/servers.py starts it on loopback)."""
+and the deployment files (the keep-alive rule, the body limit, the read timeout, the slow-client
+timeouts, the request head's size), and a real nginx runs it in front of a real service, or of a
+recording stand-in (benchmarks/servers.py starts it on loopback)."""
 
 from __future__ import annotations
 
 import re
+import select
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,34 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.servers import NGINX_CONF, Running, nginx, nginx_binary
+from benchmarks.servers import HOST, NGINX_CONF, Running, nginx, nginx_binary
 from service.settings import Settings
-from tests.deploy.helpers import REPO, k8s_objects, load_yaml
+from tests.deploy.helpers import REPO, NginxBlock, k8s_objects, load_yaml, parse_nginx
 from tests.service.helpers import server_process
-
-Block = dict[str, Any]  # directive name -> list of argument lists; "{name}" -> child blocks
-
-
-def parse(text: str) -> Block:
-    """nginx's configuration syntax, enough for this file: directives and nested blocks."""
-    tokens = re.findall(r'"[^"]*"|[{};]|[^\s{};]+', re.sub(r"#.*", "", text))
-    stack: list[Block] = [{}]
-    words: list[str] = []
-    for token in tokens:
-        if token == ";":
-            stack[-1].setdefault(words[0], []).append(words[1:])
-            words = []
-        elif token == "{":
-            child: Block = {}
-            stack[-1].setdefault("{" + words[0] + "}", []).append(child)
-            stack.append(child)
-            words = []
-        elif token == "}":
-            stack.pop()
-        else:
-            words.append(token)
-    assert len(stack) == 1 and not words, "unbalanced braces or a missing ';'"
-    return stack[0]
 
 
 def seconds(value: str) -> float:
@@ -55,11 +36,11 @@ def size(value: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def conf() -> Block:
-    return parse(NGINX_CONF.read_text())
+def conf() -> NginxBlock:
+    return parse_nginx(NGINX_CONF.read_text())
 
 
-def one(block: Block, name: str) -> list[str]:
+def one(block: NginxBlock, name: str) -> list[str]:
     (args,) = block[name]
     return args  # type: ignore[no-any-return]
 
@@ -75,7 +56,7 @@ def keep_alive_values() -> dict[str, int]:
     }
 
 
-def test_nginx_closes_idle_upstream_connections_before_the_service(conf: Block) -> None:
+def test_nginx_closes_idle_upstream_connections_before_the_service(conf: NginxBlock) -> None:
     (upstream,) = conf["{upstream}"]
     assert upstream["keepalive"], "no upstream keep-alive"
     idle = seconds(one(upstream, "keepalive_timeout")[0])
@@ -89,7 +70,7 @@ def test_nginx_closes_idle_upstream_connections_before_the_service(conf: Block) 
     assert ["Connection", '""'] in location["proxy_set_header"]
 
 
-def test_body_limit_and_read_timeout_fit_the_service(conf: Block) -> None:
+def test_body_limit_and_read_timeout_fit_the_service(conf: NginxBlock) -> None:
     (server,) = conf["{server}"]
     (location,) = server["{location}"]
     settings = Settings()
@@ -97,6 +78,43 @@ def test_body_limit_and_read_timeout_fit_the_service(conf: Block) -> None:
     assert seconds(one(location, "proxy_read_timeout")[0]) > settings.request_timeout_s
     forwarded = {args[0] for args in location["proxy_set_header"]}
     assert {"Host", "X-Forwarded-For", "X-Forwarded-Proto"} <= forwarded
+
+
+def service_default(name: str) -> Any:
+    """A field's default in service.settings.Settings."""
+    field = Settings.model_fields.get(name)
+    assert field is not None, f"service.settings.Settings has no {name}"
+    return field.default
+
+
+# Headers nginx adds to what it forwards, at most: X-Forwarded-Proto, X-Forwarded-For's ", " and
+# an IPv6 address (or the whole header when the client sent none), Host when the client sent
+# none.
+NGINX_ADDED_HEADER_BYTES = 256
+
+
+def test_slow_clients_meet_the_services_timeouts(conf: NginxBlock) -> None:
+    (server,) = conf["{server}"]
+    header = seconds(one(server, "client_header_timeout")[0])
+    body = seconds(one(server, "client_body_timeout")[0])
+    assert header == service_default("header_timeout_s")
+    assert body == service_default("body_timeout_s")
+    # Clients that stop reading their answer: tighter than nginx's default (60 s).
+    assert 0 < seconds(one(server, "send_timeout")[0]) < 60
+    assert one(server, "reset_timedout_connection") == ["on"]
+
+
+def test_header_buffers_fit_the_services_limit(conf: NginxBlock) -> None:
+    """nginx refuses any request head the service would: the longest head it reads, grown by its
+    rewriting (CRLF for a bare LF, "a: " for "a:": 3-byte lines grow by 5/3) and by the headers
+    it adds, stays within MT_MAX_HEADER_BYTES."""
+    (server,) = conf["{server}"]
+    limit = service_default("max_header_bytes")
+    first = size(one(server, "client_header_buffer_size")[0])
+    number, each = one(server, "large_client_header_buffers")
+    longest = first + int(number) * size(each)
+    assert first <= limit and size(each) <= limit and longest <= limit
+    assert longest * 5 // 3 + NGINX_ADDED_HEADER_BYTES <= limit, longest
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +139,136 @@ def test_through_nginx_the_body_limit_is_the_services(proxy: Running) -> None:
     assert response.status_code == 413
     # nginx's own page (the service answers JSON): refused before reaching the service.
     assert response.headers["content-type"].startswith("text/html"), response.text
+
+
+def read_answer(sock: socket.socket, timeout: float) -> bytes:
+    """One answer: its head and its Content-Length body, or what the peer sends before it
+    closes (or resets) the connection or `timeout` passes."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+            head, blank, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length: *(\d+)", head)
+            if blank and length and len(body) >= int(length[1]):
+                break
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return data
+
+
+def test_through_nginx_a_trickled_header_is_refused(proxy: Running) -> None:
+    """A header sent piece by piece, never ending: nginx refuses it once it outgrows its buffers,
+    long before the service's limit, while other clients are served at once. (Its 10 s
+    client_header_timeout would end it too; the size limit comes first here.)"""
+    limit = service_default("max_header_bytes")
+    start = time.monotonic()
+    with socket.create_connection((HOST, proxy.port), timeout=5) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent, answer, served = 0, b"", False
+        while time.monotonic() - start < 5:
+            if select.select([sock], [], [], 0.01)[0]:
+                answer = read_answer(sock, 1)
+                break
+            try:
+                sock.sendall(b"y" * 512)
+            except OSError:  # closed or reset: what it answered, if anything, is buffered
+                answer = read_answer(sock, 1)
+                break
+            sent += 512
+            if sent == 4096:  # halfway through nginx's buffers: another client is served
+                began = time.monotonic()
+                response = httpx.get(f"{proxy.url}/health", timeout=5)
+                assert response.status_code == 200
+                assert time.monotonic() - began < 1
+                served = True
+        else:
+            pytest.fail(f"still reading the header after {sent} bytes")
+    assert served and sent < limit, sent
+    # nginx's own refusal (400 "Request Header Or Cookie Too Large", or 414), or just a close.
+    assert answer == b"" or re.match(rb"HTTP/1\.1 (400|414|494) ", answer), answer[:200]
+    assert answer == b"" or b"text/html" in answer.split(b"\r\n\r\n")[0], answer[:200]
+    response = httpx.get(f"{proxy.url}/health", timeout=5)
+    assert response.status_code == 200
+    assert time.monotonic() - start < 5
+
+
+class Recorder:
+    """A stand-in for the service on 127.0.0.1 that answers every request with 200 and keeps
+    the request heads it received, exactly as received."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.listener = socket.create_server((HOST, 0))
+        self.port: int = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        buffer = b""
+        with connection:
+            while chunk := connection.recv(65536):
+                buffer += chunk
+                while b"\r\n\r\n" in buffer:  # no bodies: GET requests only
+                    head, buffer = buffer.split(b"\r\n\r\n", 1)
+                    self.heads.append(head + b"\r\n\r\n")
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+@pytest.fixture(scope="module")
+def recording_proxy() -> Iterator[tuple[Running, Recorder]]:
+    if nginx_binary() is None:
+        pytest.skip("nginx not installed (apt-get install nginx)")
+    recorder = Recorder()
+    try:
+        with nginx(recorder.port) as running:
+            yield running, recorder
+    finally:
+        recorder.listener.close()
+
+
+def heads_to_try() -> Iterator[bytes]:
+    """Request heads around nginx's limits: bare-LF 3-byte header lines (which nginx's
+    rewriting grows the most), long header lines, a long request line."""
+    for lines in (1000, 2000, 2900, 3000, 3050, 3100, 4000, 6000):
+        yield b"GET / HTTP/1.1\nHost: x\n" + b"a:\n" * lines + b"\n"
+    # Lines that just fit a buffer, after a short or a long request line: most of each buffer
+    # used, and the most in all.
+    for path in (b"/", b"/" + b"u" * 1000):
+        for length in (1020, 4090, 8180):
+            line = b"X-Big: " + b"y" * (length - 9) + b"\r\n"
+            for count in range(1, 20_000 // length + 2):
+                yield b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + line * count + b"\r\n"
+    for length in (4000, 8100, 8200, 17_000):
+        yield b"GET /" + b"u" * length + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_nginx_forwards_no_head_the_service_would_refuse(
+    recording_proxy: tuple[Running, Recorder],
+) -> None:
+    running, recorder = recording_proxy
+    limit = service_default("max_header_bytes")
+    forwarded: list[int] = []
+    for head in heads_to_try():
+        recorder.heads.clear()
+        with socket.create_connection((HOST, running.port), timeout=5) as sock:
+            sock.sendall(head)
+            answer = read_answer(sock, 0.5)
+        status = answer.split(b"\r\n", 1)[0]
+        if status.startswith(b"HTTP/1.1 200 "):
+            (received,) = recorder.heads
+            forwarded.append(len(received))
+            assert len(received) <= limit, (len(head), len(received))
+        else:
+            assert re.match(rb"HTTP/1\.1 (400|414|494) ", status), (len(head), answer[:200])
+            assert recorder.heads == []
+    # Not vacuous: heads of 8 KB went through.
+    assert max(forwarded) >= 8000, forwarded

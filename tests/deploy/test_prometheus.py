@@ -87,5 +87,7 @@ def test_compose_scrapes_the_compose_service() -> None:
     (job,) = config["scrape_configs"]
     (static,) = job["static_configs"]
     host, port = static["targets"][0].split(":")
-    assert host in compose["services"]
-    assert f"{port}:{port}" in compose["services"][host]["ports"]
+    # The service itself, inside the compose network (not nginx in front of it): exposed there,
+    # not published to the host.
+    assert compose["services"][host]["build"] == "."
+    assert port in [str(p) for p in compose["services"][host]["expose"]]

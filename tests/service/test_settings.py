@@ -5,14 +5,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import resource
 import shutil
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from pydantic_settings import CliApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.__main__ import main, uvicorn_config
+from service.__main__ import fit_open_files, main, uvicorn_config
 from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, load_bundle, sha256_file
 from service.main import create_app, shipped_bundle
 from service.settings import Settings
@@ -56,6 +58,42 @@ def test_connection_settings_reach_uvicorn(monkeypatch: pytest.MonkeyPatch) -> N
     assert (config.timeout_keep_alive, config.backlog, config.limit_concurrency) == (620, 512, 1000)
     assert config.forwarded_allow_ips == "10.0.0.7"
     assert config.timeout_graceful_shutdown == 12  # a SIGINT waits no longer than a drain
+
+
+def test_hostile_client_limits_reach_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_MAX_HEADER_BYTES", "8192")
+    settings = CliApp.run(Settings, cli_args=["--header-timeout-s", "2.5"])
+    config = uvicorn_config(create_app(settings, models=[FakeModel()]), settings)
+    assert config.server_header is False  # no "server: uvicorn"
+    assert isinstance(config.http, type) and issubclass(config.http, HttpToolsProtocol)
+
+
+def test_the_connection_cap_fits_the_open_file_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = {"soft": 1024, "hard": 4096}
+
+    def getrlimit(resource_id: int) -> tuple[int, int]:
+        return limits["soft"], limits["hard"]
+
+    def setrlimit(resource_id: int, values: tuple[int, int]) -> None:
+        limits["soft"] = values[0]
+
+    monkeypatch.setattr(resource, "getrlimit", getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert fit_open_files(1024) == 1024 and limits["soft"] == 1024 + 256  # raised to fit
+    assert fit_open_files(8192) == 4096 - 256  # the hard limit: lowered to fit
+    assert fit_open_files(100) == 100
+
+
+@pytest.mark.parametrize("value", [" , ", " ", ","])
+def test_api_keys_that_name_nothing_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """A templating slip must not turn authentication off."""
+    monkeypatch.setenv("MT_API_KEYS", value)
+    with pytest.raises(ValidationError, match="names nothing"):
+        Settings()
+    monkeypatch.setenv("MT_API_KEYS", "")
+    assert Settings().api_keys == []  # empty: explicitly none
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,204 @@
+"""service/connections.py in a real `python -m service` process: the head size limit, the head
+and body deadlines, the connection cap, and what the server says (and logs) meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from benchmarks import servers
+from service.connections import guarded_protocol
+from tests.service.helpers import ServerProcess, server_process, wait_for
+
+EN_DE = {"source": "en", "target": "de"}
+HEAD_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 40
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    return servers.metric(httpx.get(f"{url}/metrics", timeout=5).text, name, **labels)
+
+
+@pytest.fixture(scope="module")
+def server(eos_bundle: Path) -> Iterator[ServerProcess]:
+    args = [
+        "--bundle", str(eos_bundle), "--intra-op-threads", "1", "--default-beam-size", "1",
+        "--header-timeout-s", str(HEAD_TIMEOUT_S), "--body-timeout-s", str(HEAD_TIMEOUT_S),
+        "--max-connections", str(MAX_CONNECTIONS), "--max-header-bytes", "4096",
+        "--log-level", "info",
+    ]  # fmt: skip
+    with server_process(args) as running:
+        yield running
+
+
+def connect(server: ServerProcess) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a reset counts as closed)."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def test_a_head_over_the_limit_gets_400_and_is_closed(server: ServerProcess) -> None:
+    before = metric(server.url, "mt_closed_connections_total", reason="bad_request")
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        with pytest.raises(OSError):  # the server closes before the trickle ends
+            for _ in range(64):
+                sock.sendall(b"a" * 1024)
+                # Meanwhile another client is answered.
+                assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 400")
+    assert metric(server.url, "mt_closed_connections_total", reason="bad_request") == before + 1
+
+
+def test_the_head_limit_is_exact_for_a_head_sent_at_once(server: ServerProcess) -> None:
+    def status_for(header_bytes: int) -> bytes:
+        # Request line (18 bytes counted: the URL) and "Host: x" (9): the rest is X-Pad's.
+        pad = b"p" * (header_bytes - len(b"/health") - 9 - len(b"X-Pad") - 4)
+        with connect(server) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + pad + b"\r\n\r\n")
+            return sock.recv(12)
+
+    assert status_for(4096) == b"HTTP/1.1 200"
+    assert status_for(4097) == b"HTTP/1.1 400"
+
+
+def test_heads_and_bodies_that_stall_are_cut_off(server: ServerProcess) -> None:
+    reasons = ("idle_timeout", "header_timeout", "body_timeout")
+    before = {r: metric(server.url, "mt_closed_connections_total", reason=r) for r in reasons}
+    start = time.monotonic()
+    silent, half_head, half_body = connect(server), connect(server), connect(server)
+    half_head.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Ty")
+    half_body.sendall(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"text": '
+    )
+    answers = [read_until_closed(sock) for sock in (silent, half_head, half_body)]
+    elapsed = time.monotonic() - start
+    for sock in (silent, half_head, half_body):
+        sock.close()
+    assert answers[0] == b""  # nothing asked, nothing answered
+    assert answers[1].startswith(b"HTTP/1.1 408") and b'"request_timeout"' in answers[1]
+    assert answers[2] == b""  # the app's answer to a vanished body is not sent
+    assert elapsed < 10 * HEAD_TIMEOUT_S
+    for reason in reasons:
+        assert metric(server.url, "mt_closed_connections_total", reason=reason) == (
+            before[reason] + 1
+        ), reason
+    # The request whose body stalled is counted as a client disconnect, not a server error.
+    assert metric(server.url, "mt_http_requests_total", route="/translate", status="499") >= 1
+    assert metric(server.url, "mt_http_requests_total", route="/translate", status="500") == 0
+
+
+def test_a_kept_alive_connection_gets_a_fresh_head_deadline(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        assert client.get("/health").status_code == 200
+        time.sleep(2 * HEAD_TIMEOUT_S)  # idle between requests: the keep-alive timeout's
+        assert client.get("/health").status_code == 200
+
+
+def test_at_the_cap_the_longest_waiting_connection_makes_room(server: ServerProcess) -> None:
+    """Connections that keep the server waiting (here: silent ones) cannot lock others out: at
+    the cap, a new connection closes the one that has waited longest for its client."""
+    wait_for(lambda: metric(server.url, "mt_open_connections") <= 1)
+    evicted = metric(server.url, "mt_closed_connections_total", reason="evicted")
+    held = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with httpx.Client(base_url=server.url, timeout=5) as client:
+            for _ in range(5):
+                assert client.get("/health", headers={"connection": "close"}).status_code == 200
+        assert read_until_closed(held[0]) == b""  # the oldest made room
+        assert metric(server.url, "mt_closed_connections_total", reason="evicted") >= evicted + 1
+    finally:
+        for sock in held:
+            sock.close()
+
+
+@pytest.fixture
+def busy_server() -> Iterator[int]:
+    """uvicorn in a thread with the guarded protocol (cap 3) over an app whose /slow takes
+    2 s: connections with a request in the app are busy, not waiting for their client."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":
+            await asyncio.sleep(2)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    events: list[str] = []
+    protocol = guarded_protocol(
+        max_connections=3,
+        max_header_bytes=4096,
+        header_timeout_s=5,
+        body_timeout_s=5,
+        retry_after_s=7,
+        on_event=events.append,
+    )
+    port = servers.free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503(busy_server: int) -> None:
+    busy = [socket.create_connection(("127.0.0.1", busy_server)) for _ in range(3)]
+    try:
+        for sock in busy:
+            sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)  # the three requests are in the app
+        with socket.create_connection(("127.0.0.1", busy_server), timeout=5) as extra:
+            extra.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = read_until_closed(extra)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"retry-after: 7" in answer and b"its limit" in answer
+        for sock in busy:  # the busy ones were not touched
+            sock.settimeout(5)
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in busy:
+            sock.close()
+
+
+def test_headers_and_access_log(eos_bundle: Path) -> None:
+    args = ["--bundle", str(eos_bundle), "--intra-op-threads", "1", "--log-level", "info"]
+    with server_process(args) as running:
+        response = httpx.post(
+            f"{running.url}/libretranslate/translate?api_key=s3cret-key",
+            content=json.dumps({"q": "\ud800 dog", **EN_DE}),
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 400
+        assert "server" not in response.headers
+        assert response.headers["x-content-type-options"] == "nosniff"
+        response = httpx.post(f"{running.url}/translate", json={"text": "A dog.", **EN_DE})
+        assert response.status_code == 200
+    log = running.output()
+    assert "api_key=***" in log and "s3cret-key" not in log
+    assert "Traceback" not in log
