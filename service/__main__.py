@@ -94,7 +94,7 @@ class RedactApiKeys(logging.Filter):
     """Access-log lines show `api_key=***` for a key sent in the query string (LibreTranslate
     clients may send it there): a key must not end up in log storage."""
 
-    _KEY = re.compile(r"((?:^|[?&])api_key=)[^&]*", re.IGNORECASE)
+    _KEY = re.compile(r"((?:^|[?&])api(?:_|%5f)key=)[^&]*", re.IGNORECASE)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):

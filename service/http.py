@@ -254,21 +254,29 @@ class BodyLimitMiddleware:
 
 
 class LargeBodyGate:
-    """Requests with a body over `threshold` bytes (by Content-Length) are let in one at a time,
-    each held until its answer starts or `hold_s` after its body arrived (reading, parsing and
-    checking it: all of a refused one's work), and the next waits as long again as that took,
-    up to `hold_s`. A flood of large bodies then gets about half of the event loop, and normal
-    requests the rest: at eight clients posting 1 MB bodies, a short /translate's p50 went from
-    5.8x to 1.6x its unloaded value (benchmarks/RESULTS.md). Waiting requests are not read:
-    their clients are held back by TCP."""
+    """Requests with a large body (over `threshold` bytes by Content-Length, or chunked) are let
+    in one at a time, each held until its answer starts (after reading, parsing and checking
+    its body: all of a refused one's work) or `hold_s` after it was let in, and the next waits
+    twice as long as that took (at most `hold_s`). A flood of large bodies then gets about a
+    third of the event loop, and normal requests the rest: at eight clients posting 1 MB
+    bodies, a short /translate's p50 went from 5.8x to 1.5-1.6x its unloaded value
+    (benchmarks/RESULTS.md). A client that trickles its body holds the others for `hold_s` at
+    most. Waiting requests are not read: their clients are held back by TCP."""
 
     def __init__(self, app: ASGIApp, *, threshold: int, hold_s: float) -> None:
         self.app, self.threshold, self.hold_s = app, threshold, hold_s
         self._lock: asyncio.Lock | None = None  # made in the server's event loop
 
+    def _large(self, scope: Scope) -> bool:
+        if scope["type"] != "http":
+            return False
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        return chunked or (declared.isdigit() and int(declared) > self.threshold)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        declared = Headers(scope=scope).get("content-length", "") if scope["type"] == "http" else ""
-        if not (declared.isdigit() and int(declared) > self.threshold):
+        if not self._large(scope):
             await self.app(scope, receive, send)
             return
         if self._lock is None:
@@ -277,23 +285,15 @@ class LargeBodyGate:
         await lock.acquire()
         start = time.perf_counter()
         held = True
-        timer: asyncio.TimerHandle | None = None
 
         def release() -> None:
             nonlocal held
             if held:
                 held = False
-                if timer is not None:
-                    timer.cancel()
-                loop.call_later(min(time.perf_counter() - start, self.hold_s), lock.release)
+                timer.cancel()
+                loop.call_later(min(2 * (time.perf_counter() - start), self.hold_s), lock.release)
 
-        async def receive_and_time() -> Message:
-            nonlocal timer
-            message = await receive()
-            body_done = message["type"] != "http.request" or not message.get("more_body", False)
-            if body_done and held and timer is None:
-                timer = loop.call_later(self.hold_s, release)
-            return message
+        timer = loop.call_later(self.hold_s, release)
 
         async def send_and_release(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -301,6 +301,6 @@ class LargeBodyGate:
             await send(message)
 
         try:
-            await self.app(scope, receive_and_time, send_and_release)
+            await self.app(scope, receive, send_and_release)
         finally:
             release()

@@ -90,8 +90,9 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
     install_error_handlers(app, renderer)
     # The last added is the outermost: metrics see every answer, CORS and 413s included.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
+    # Inside the body limit: a body over it is refused at once, not after waiting its turn.
     app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -94,7 +94,7 @@ class Metrics:
             "Connections the server closed or refused on its own: evicted (the longest waiting "
             "for its client, to make room for a new one at max_connections), over_limit (a new "
             "one refused: all busy), idle_timeout (nothing sent), header_timeout, body_timeout, "
-            "bad_request (e.g. a head over max_header_bytes)",
+            "send_timeout (the answer not read), bad_request (e.g. a head over max_header_bytes)",
             ["reason"],
             registry=r,
         )

@@ -127,8 +127,8 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         10.0,
         gt=0.0,
-        description="longest pause between two reads of a request body; then the connection is "
-        "closed",
+        description="longest pause between two reads of a request body, or of a client in "
+        "reading an answer; then the connection is closed",
     )
     forwarded_allow_ips: str = Field(
         "127.0.0.1,::1",

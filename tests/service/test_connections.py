@@ -17,6 +17,7 @@ import pytest
 import uvicorn
 
 from benchmarks import servers
+from service import connections
 from service.connections import guarded_protocol
 from tests.service.helpers import ServerProcess, server_process, wait_for
 
@@ -133,24 +134,27 @@ def test_at_the_cap_the_longest_waiting_connection_makes_room(server: ServerProc
 
 
 @pytest.fixture
-def busy_server() -> Iterator[int]:
-    """uvicorn in a thread with the guarded protocol (cap 3) over an app whose /slow takes
-    2 s: connections with a request in the app are busy, not waiting for their client."""
+def busy_server() -> Iterator[tuple[int, list[str]]]:
+    """uvicorn in a thread with the guarded protocol (cap 3, 0.5 s body and send timeouts) over
+    an app whose /slow takes 2 s, /early answers without reading its body and /big sends 8 MB:
+    connections with a request in the app are busy, not waiting for their client. Yields the
+    port and the protocol's events."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         if scope["path"] == "/slow":
             await asyncio.sleep(2)
+        body = b"x" * (8 << 20) if scope["path"] == "/big" else b"ok"
         await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await send({"type": "http.response.body", "body": body})
 
     events: list[str] = []
     protocol = guarded_protocol(
         max_connections=3,
         max_header_bytes=4096,
         header_timeout_s=5,
-        body_timeout_s=5,
+        body_timeout_s=0.5,
         retry_after_s=7,
         on_event=events.append,
     )
@@ -161,19 +165,26 @@ def busy_server() -> Iterator[int]:
     thread.start()
     wait_for(lambda: server.started)
     try:
-        yield port
+        yield port, events
     finally:
         server.should_exit = True
         thread.join(10)
 
 
-def test_when_every_connection_is_busy_a_new_one_gets_503(busy_server: int) -> None:
-    busy = [socket.create_connection(("127.0.0.1", busy_server)) for _ in range(3)]
+def open_to(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503(
+    busy_server: tuple[int, list[str]],
+) -> None:
+    port, _ = busy_server
+    busy = [open_to(port) for _ in range(3)]
     try:
         for sock in busy:
             sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
         time.sleep(0.3)  # the three requests are in the app
-        with socket.create_connection(("127.0.0.1", busy_server), timeout=5) as extra:
+        with open_to(port) as extra:
             extra.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = read_until_closed(extra)
         assert answer.startswith(b"HTTP/1.1 503"), answer
@@ -202,3 +213,88 @@ def test_headers_and_access_log(eos_bundle: Path) -> None:
     log = running.output()
     assert "api_key=***" in log and "s3cret-key" not in log
     assert "Traceback" not in log
+
+
+def test_a_connection_answering_pipelined_requests_is_never_evicted(
+    busy_server: tuple[int, list[str]],
+) -> None:
+    port, events = busy_server
+    pipelining = open_to(port)  # the oldest connection, but busy
+    pipelining.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+    time.sleep(0.2)
+    silent = [open_to(port) for _ in range(2)]
+    newcomers = [open_to(port) for _ in range(2)]  # each makes room: the silent ones go
+    try:
+        for sock in silent:
+            assert read_until_closed(sock) == b""
+        answers = b""
+        pipelining.settimeout(10)
+        while answers.count(b"HTTP/1.1 200") < 2:
+            chunk = pipelining.recv(4096)
+            assert chunk, answers  # not closed before both answers
+            answers += chunk
+        assert events.count("evicted") == 2
+    finally:
+        for sock in [pipelining, *silent, *newcomers]:
+            sock.close()
+
+
+def test_a_body_sent_after_an_early_answer_leaves_the_connection_timed(
+    busy_server: tuple[int, list[str]],
+) -> None:
+    """/early answers before reading its body; the rest of the body arrives later. The
+    connection is then idle again, with the keep-alive clock running, and can make room."""
+    port, events = busy_server
+    with open_to(port) as sock:
+        sock.sendall(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n12345")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"67890")
+        held = [open_to(port) for _ in range(2)]  # at the cap: the next one needs room
+        try:
+            with open_to(port) as newcomer:
+                newcomer.sendall(b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert newcomer.recv(4096).startswith(b"HTTP/1.1 200")
+            assert read_until_closed(sock) == b""  # the longest waiting: made room
+        finally:
+            for other in held:
+                other.close()
+    assert "evicted" in events
+
+
+def test_a_pipelined_head_is_bounded_while_a_request_is_answered(
+    busy_server: tuple[int, list[str]],
+) -> None:
+    port, events = busy_server
+    with open_to(port) as sock:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /x HTTP/1.1\r\nX-Big: ")
+        time.sleep(0.1)
+        with pytest.raises(OSError):
+            for _ in range(64):
+                sock.sendall(b"a" * 1024)
+                time.sleep(0.005)
+        read_until_closed(sock)
+    assert "bad_request" in events
+
+
+def test_a_client_that_does_not_read_its_answer_is_cut_off(
+    busy_server: tuple[int, list[str]],
+) -> None:
+    port, events = busy_server
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    try:
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: "send_timeout" in events, 10)
+    finally:
+        sock.close()
+
+
+def test_memory_is_handed_back_after_a_wave_of_connections(
+    busy_server: tuple[int, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trims: list[int] = []
+    monkeypatch.setattr(connections, "release_memory", trims.append)
+    for _ in range(connections._TRIM_AFTER_CLOSED + 10):
+        open_to(busy_server[0]).close()
+    wait_for(lambda: trims == [0], 5)

@@ -280,12 +280,13 @@ def test_query_string_keys_are_redacted_in_the_access_log() -> None:
         __file__,
         1,
         '%s - "%s %s HTTP/%s" %d',
-        ("1.2.3.4:5", "POST", "/libretranslate/translate?q=x&API_KEY=s3cret&b=1", "1.1", 200),
+        ("1.2.3.4:5", "POST", "/lt/translate?q=x&API_KEY=s3cret&b=1&api%5Fkey=other", "1.1", 200),
         None,
     )
     assert RedactApiKeys().filter(record)
     line = record.getMessage()
     assert "s3cret" not in line and "API_KEY=***&b=1" in line and "?q=x" in line
+    assert "other" not in line and "api%5Fkey=***" in line
 
 
 def test_the_cli_names_a_bad_byte_instead_of_a_traceback(eos_bundle: Path) -> None:
@@ -340,3 +341,37 @@ async def test_large_bodies_take_turns_and_small_ones_pass() -> None:
         assert await post("small", 10) == 422
         assert not large.done()  # the small one was not held behind the large one
         assert await large == 422
+
+
+@pytest.mark.anyio
+async def test_a_trickled_large_body_holds_the_others_briefly() -> None:
+    entered: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        entered.append(scope["path"])
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = LargeBodyGate(app, threshold=10, hold_s=0.05)
+    scope = {"type": "http", "headers": [(b"content-length", b"1000")]}
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def trickle() -> dict[str, Any]:
+        await asyncio.sleep(1.0)  # the body's next bytes are slow to come
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": False}
+
+    async def at_once() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": False}
+
+    slow = asyncio.ensure_future(gate({**scope, "path": "/slow"}, trickle, send))
+    await asyncio.sleep(0.01)
+    fast = asyncio.ensure_future(gate({**scope, "path": "/fast"}, at_once, send))
+    await asyncio.wait_for(asyncio.shield(fast), 0.5)  # in after about 2 x hold_s, not 1 s
+    assert entered == ["/slow", "/fast"] and not slow.done()
+    await slow
+    chunked = {"type": "http", "path": "/c", "headers": [(b"transfer-encoding", b"chunked")]}
+    assert gate._large(chunked) and not gate._large({**scope, "headers": []})
