@@ -11,11 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.decoding import FinishReason
-from service.errors import ErrorType, ServiceError, describe_validation_errors
-from service.http import RuntimeDep, read_json, require_api_key, unless_disconnected
+from service.errors import ErrorType, ServiceError
+from service.http import RuntimeDep, read_json, require_api_key, unless_disconnected, validate
 from service.metrics import Metrics
 from service.pipeline import Runtime, TextTranslation
 
@@ -107,10 +107,7 @@ router = APIRouter()
 async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
-    try:
-        body = TranslateRequest.model_validate(await read_json(request))
-    except ValidationError as e:
-        raise ServiceError(ErrorType.INVALID_REQUEST, describe_validation_errors(e.errors())) from e
+    body = validate(TranslateRequest, await read_json(request))
     with runtime.accept():
         model = runtime.model(body.source, body.target)
         texts = [body.text] if isinstance(body.text, str) else body.text

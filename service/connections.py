@@ -32,9 +32,12 @@ import ctypes.util
 import json
 from collections import OrderedDict
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from service.errors import ERROR_TABLE, ErrorType
 
 # How long a refused connection is read (and dropped) after its 503, so that the client's request
 # bytes do not make the kernel answer with a reset that would discard the 503 before it is read.
@@ -70,12 +73,15 @@ class _HeadTooLarge(Exception):
     """Raised in a parser callback: httptools turns it into the 400 of a bad request."""
 
 
-def _raw_response(status: str, type: str, message: str, extra: str = "") -> bytes:
-    """A complete HTTP/1.1 response with the native API's error body, written where no request
-    was parsed to answer through."""
-    body = json.dumps({"error": {"type": type, "message": message}}).encode()
+def _raw_response(type: ErrorType, message: str, retry_after_s: int) -> bytes:
+    """A complete HTTP/1.1 response with the native API's error body and the error table's
+    status, written where no request was parsed to answer through."""
+    row = ERROR_TABLE[type]
+    status = HTTPStatus(row.status)
+    extra = f"retry-after: {retry_after_s}\r\n" if row.retry_after else ""
+    body = json.dumps({"error": {"type": type.value, "message": message}}).encode()
     head = (
-        f"HTTP/1.1 {status}\r\n"
+        f"HTTP/1.1 {status.value} {status.phrase}\r\n"
         "content-type: application/json\r\n"
         "x-content-type-options: nosniff\r\n"
         f"{extra}"
@@ -96,15 +102,14 @@ def guarded_protocol(
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol class with the limits above (pass it as uvicorn's `http`)."""
     refusal = _raw_response(
-        "503 Service Unavailable",
-        "unavailable",
+        ErrorType.UNAVAILABLE,
         f"the server has {max_connections} connections open, its limit; try again",
-        f"retry-after: {retry_after_s}\r\n",
+        retry_after_s,
     )
     header_timeout = _raw_response(
-        "408 Request Timeout",
-        "request_timeout",
+        ErrorType.REQUEST_TIMEOUT,
         f"the request headers did not arrive within {header_timeout_s:g} s",
+        retry_after_s,
     )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):

@@ -8,21 +8,22 @@ import asyncio
 import hmac
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ErrorRenderer, ErrorType, ServiceError
+from service.errors import ErrorRenderer, ErrorType, ServiceError, describe_validation_errors
 from service.metrics import Metrics
 from service.pipeline import Runtime
 
 T = TypeVar("T")
-Header = tuple[bytes, bytes]
+M = TypeVar("M", bound=BaseModel)
 
 # --- Dependencies ------------------------------------------------------------------------------
 # All `async def`: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per
@@ -100,6 +101,14 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise ServiceError(ErrorType.INVALID_REQUEST, "the JSON body must be an object")
     check_text(data)
     return data
+
+
+def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = None) -> M:
+    """`fields` as a `model`, or a ServiceError listing every invalid field."""
+    try:
+        return model.model_validate(fields, strict=strict)
+    except ValidationError as e:
+        raise ServiceError(ErrorType.INVALID_REQUEST, describe_validation_errors(e.errors())) from e
 
 
 def _no_constant(name: str) -> Any:
@@ -184,10 +193,15 @@ class HttpMetricsMiddleware:
 
 
 class ResponseHeadersMiddleware:
-    """Adds the headers that `headers(scope)` returns to every answer as it starts."""
+    """Headers on every answer: `X-Content-Type-Options: nosniff` (a browser never reads a JSON
+    error that quotes the client's input as HTML or script), and while the service drains,
+    `Connection: close`. A keep-alive client or proxy then opens a new connection for its next
+    request, which the load balancer sends to a replica that is not shutting down; otherwise
+    the kept connection stays pinned to this one, and gets its 503s, for as long as the
+    keep-alive lasts."""
 
-    def __init__(self, app: ASGIApp, *, headers: Callable[[Scope], list[Header]]) -> None:
-        self.app, self.headers = app, headers
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -196,27 +210,14 @@ class ResponseHeadersMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                extra = self.headers(scope)
-                if extra:
-                    message = {**message, "headers": [*message.get("headers", []), *extra]}
+                headers = [*message.get("headers", []), (b"x-content-type-options", b"nosniff")]
+                runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
+                if runtime is not None and runtime.draining:
+                    headers.append((b"connection", b"close"))
+                message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-def close_when_draining(scope: Scope) -> list[Header]:
-    """While the service drains, every answer says `Connection: close`. A keep-alive client or
-    proxy then opens a new connection for its next request, which the load balancer sends to a
-    replica that is not shutting down; otherwise the kept connection stays pinned to this one,
-    and gets its 503s, for as long as the keep-alive lasts."""
-    runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
-    return [(b"connection", b"close")] if runtime is not None and runtime.draining else []
-
-
-def security_headers(scope: Scope) -> list[Header]:
-    """`nosniff`: a browser never reads a JSON error that quotes the client's input as HTML or
-    script."""
-    return [(b"x-content-type-options", b"nosniff")]
 
 
 class BodyLimitMiddleware:

@@ -8,9 +8,9 @@ import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from service.errors import ErrorType, ServiceError, describe_validation_errors
+from service.errors import ErrorType, ServiceError
 from service.http import (
     PresentedKey,
     RuntimeDep,
@@ -18,6 +18,7 @@ from service.http import (
     check_text,
     read_json,
     unless_disconnected,
+    validate,
 )
 from service.pipeline import Runtime
 
@@ -118,11 +119,7 @@ async def libretranslate_translate(
     with runtime.accept():
         fields, strict = await _libretranslate_fields(request, runtime, header_key)
         _check_key(runtime, fields, header_key)
-        try:
-            body = LibreTranslateRequest.model_validate(fields, strict=strict)
-        except ValidationError as e:
-            message = describe_validation_errors(e.errors())
-            raise ServiceError(ErrorType.INVALID_REQUEST, message) from e
+        body = validate(LibreTranslateRequest, fields, strict=strict)
         q, source, target = body.q, body.source, body.target
         if not q:
             raise _missing("q")

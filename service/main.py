@@ -33,8 +33,6 @@ from service.http import (
     HttpMetricsMiddleware,
     LargeBodyGate,
     ResponseHeadersMiddleware,
-    close_when_draining,
-    security_headers,
 )
 from service.libretranslate import libretranslate_router
 from service.metrics import Metrics
@@ -100,8 +98,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
         )
-    app.add_middleware(ResponseHeadersMiddleware, headers=close_when_draining)
-    app.add_middleware(ResponseHeadersMiddleware, headers=security_headers)
+    app.add_middleware(ResponseHeadersMiddleware)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app
