@@ -4,12 +4,12 @@
         [--src ../shared/data/multi30k/val.en.gz] [--n N] [--beam-sizes 1 4] \\
         [--batch-size 32] [--threads 2]
 
-For an fp32 bundle exported from the checkpoint, `Engine.generate` (ONNX Runtime + the numpy
-search of service/decoding.py) must give model.search.generate's tokens for every sentence and
-its scores within 1e-4. The tests check this on a tiny random model; this is the same check on a
-real one. Both sides get the same id sequences (the engine's tokenizer; lines over the model's
-input limit are left out) and the same batches. Mismatches are listed with both texts; the last
-stdout line is a JSON summary; the exit status is 1 when anything differs.
+For an fp32 bundle exported from the checkpoint, `Engine.generate` (ONNX Runtime + the numpy search
+of service/inference/search.py) must give model.search.generate's tokens for every sentence and its
+scores within 1e-4. The tests check this on a tiny random model; this is the same check on a real
+one. Both sides get the same id sequences (the engine's tokenizer; lines over the model's input
+limit are left out) and the same batches. Mismatches are listed with both texts; the last stdout
+line is a JSON summary; the exit status is 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from model.data import read_lines
 from model.search import generate
 from model.transformer import WEIGHTS_FILE, load_model
-from service.bundle import sha256_file
-from service.decoding import DecodingOptions
-from service.engine import Engine
+from service.bundle.decoding import DecodingOptions
+from service.bundle.manifest import sha256_file
+from service.inference.engine import Engine
 
 REPO = Path(__file__).resolve().parents[1]
 SCORE_TOLERANCE = 1e-4
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         differ = [
             i
             for i, (e, o) in enumerate(zip(expected, ours, strict=True))
-            if (e[0].tokens, e[0].finish_reason) != (o[0].ids, o[0].finish_reason)
+            if (e[0].ids, e[0].finish_reason) != (o[0].ids, o[0].finish_reason)
         ]
         score_diff = max(
             (abs(e[0].score - o[0].score) for e, o in zip(expected, ours, strict=True)),
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"beam {beam}: {len(sources) - len(differ)}/{len(sources)} equal, "
               f"max score difference {score_diff:.2e}")  # fmt: skip
         for i in differ[:_MAX_EXAMPLES]:
-            print(f"  sentence {i}:\n    torch  {engine.decode(expected[i][0].tokens)}\n"
+            print(f"  sentence {i}:\n    torch  {engine.decode(expected[i][0].ids)}\n"
                   f"    engine {engine.decode(ours[i][0].ids)}")  # fmt: skip
         if differ:
             problems.append(f"beam {beam}: {len(differ)} of {len(sources)} sentences differ")

@@ -137,7 +137,7 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
                 max_decoding_length=max_length,
                 min_decoding_length=min_length,
             )
-            return [n[0].tokens for n in nbest]
+            return [n[0].ids for n in nbest]
 
         return decode_torch
 
@@ -145,8 +145,8 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
         return _load_transformers(args, min_length, max_length)
 
     if system.startswith("engine-"):
-        from service.decoding import DecodingOptions
-        from service.engine import Engine
+        from service.bundle.decoding import DecodingOptions
+        from service.inference.engine import Engine
 
         dtype = system.split("-")[1]  # engine-DTYPE[-graphs|-cpu]
         on_cpu = system.endswith("-cpu")
@@ -286,7 +286,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int, int]:
     """Tokenize the sentences once; returns the sources file, its size and the lines left out."""
-    from service.engine import Engine
+    from service.inference.engine import Engine
 
     engine = Engine.load(args.bundle_fp32, device="cpu", intra_op_threads=1)
     lines = _read_lines(args.src)[: args.n]

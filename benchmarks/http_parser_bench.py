@@ -1,5 +1,5 @@
 """What the HTTP layer's protection costs: the service on its own protocol (uvicorn's httptools
-protocol with the limits of service/connections.py) against uvicorn's plain httptools protocol
+protocol with the limits of service/http/connections.py) against uvicorn's plain httptools protocol
 (no limits) and uvicorn's h11 protocol (the pure-Python parser, which has a head size limit of
 its own), the same app and settings, driven by wrk on 127.0.0.1.
 
@@ -45,7 +45,7 @@ def serve(parser: str, bundle: Path, port: int) -> None:
     import uvicorn
 
     from service.__main__ import uvicorn_config
-    from service.main import create_app
+    from service.http.app import create_app
     from service.settings import Settings
 
     settings = Settings(

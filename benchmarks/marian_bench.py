@@ -38,7 +38,7 @@ from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.import_marian import import_marian
-from service.main import stale_reason
+from service.inference.models import stale_reason
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
 BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)

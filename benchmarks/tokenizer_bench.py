@@ -1,6 +1,6 @@
 """Marian tokenization: the `sentencepiece` package (what the service runs) against a `tokenizers`
 file converted from the same .spm model, both held to transformers' MarianTokenizer: equality,
-then speed. The evidence behind service/tokenizer.py's choice.
+then speed. The evidence behind service/bundle/tokenizer.py's choice.
 
     python -m benchmarks.tokenizer_bench [--dir MARIAN_DIR] [--random-texts 20000]
 
@@ -13,7 +13,7 @@ without it, one is built with SentencePiece models trained on Multi30k en and de
   and random code points (fixed seed).
 Texts that spell a special token or start with a language code (">>fr<<") are left out:
 MarianTokenizer turns those into tokens, which the service deliberately does not
-(service/tokenizer.py). The conversion is transformers' own SpmConverter (Unigram model,
+(service/bundle/tokenizer.py). The conversion is transformers' own SpmConverter (Unigram model,
 Precompiled normaliser, Metaspace); its pieces map to ids through vocab.json as MarianTokenizer
 maps SentencePiece's. MarianTokenizer is run on the texts where the two differ and on a sample.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from benchmarks.marian_checkpoint import write_checkpoint
 from model.data import read_lines
-from service.bundle import SentencePieceFiles, SpecialIds
-from service.tokenizer import SentencePieceTokenizer
+from service.bundle.manifest import SentencePieceFiles, SpecialIds
+from service.bundle.tokenizer import SentencePieceTokenizer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 SPECIAL = ("</s>", "<unk>", "<pad>")

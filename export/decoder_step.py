@@ -18,7 +18,7 @@ written out here, for the few fused kernels ONNX Runtime has for exactly this wo
 
 The torch model (model/transformer.py) stays the reference: export/parity.py holds this graph to
 its log-probs and tokens, and the shipped checkpoint's graph is checked against it in the tests.
-Every tensor name comes from service/bundle.py.
+Every tensor name comes from service/bundle/manifest.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from model.transformer import DecoderLayer, Transformer
-from service.bundle import (
+from service.bundle.manifest import (
     BEAM_AXIS,
     BEAM_ROWS,
     CACHE_INDIRECTION,
@@ -131,11 +131,11 @@ def build_decoder_step(
     cache: DecoderCache = "indirection",
     opset: int = OPSET,
 ) -> onnx.ModelProto:
-    """The decoder-step graph of `model` in `dtype` ("fp32" or "fp16"; int8 is quantized from
-    fp32 by export/quantize.py) with this `cache` (service/bundle.py). In fp16 the weights, the
-    activations, the cache and the cross keys/values are float16; the logits are cast to
-    float32 before LogSoftmax and TopK, so the scores a beam sums keep their precision. The
-    gather cache needs opset 24 (TensorScatter): it is built at max(opset, 24)."""
+    """The decoder-step graph of `model` in `dtype` ("fp32" or "fp16"; int8 is quantized from fp32
+    by export/quantize.py) with this `cache` (service/bundle/manifest.py). In fp16 the weights, the
+    activations, the cache and the cross keys/values are float16; the logits are cast to float32
+    before LogSoftmax and TopK, so the scores a beam sums keep their precision. The gather cache
+    needs opset 24 (TensorScatter): it is built at max(opset, 24)."""
     if opset < OPSET:
         raise ValueError(f"the decoder step needs opset {OPSET} or later, got {opset}")
     if cache == "gather":

@@ -2,11 +2,11 @@
 
     python -m export --checkpoint DIR --out BUNDLE [--dtype fp32|fp16|int8] [--opset N]
 
-The bundle layout and every tensor name come from `service/bundle.py` (the serving side owns the
-contract). Two graphs, no merged decoder: the encoder runs once per batch and also returns the
-cross-attention keys/values of every decoder layer; the decoder step takes one token per row, a
-static key/value cache it writes in place, and attends with all the rows (beams) of a sentence
-over that sentence's one copy of the cross keys/values.
+The bundle layout and every tensor name come from `service/bundle/manifest.py` (the serving side
+owns the contract). Two graphs, no merged decoder: the encoder runs once per batch and also returns
+the cross-attention keys/values of every decoder layer; the decoder step takes one token per row, a
+static key/value cache it writes in place, and attends with all the rows (beams) of a sentence over
+that sentence's one copy of the cross keys/values.
 
 The encoder is traced with the TorchScript exporter (`dynamo=False`): on this graph it gives
 clean dynamic batch and source axes. Tracing records one concrete run, so the dummy input is a
@@ -44,7 +44,7 @@ from model.transformer import (
     Transformer,
     load_model,
 )
-from service.bundle import (
+from service.bundle.manifest import (
     ATTENTION_MASK,
     DECODER_STEP_FILE,
     ENCODER_FILE,
@@ -72,7 +72,7 @@ from service.bundle import (
     sha256_file,
     tokenizer_files,
 )
-from service.tokenizer import SentencePieceTokenizer
+from service.bundle.tokenizer import SentencePieceTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -34,9 +35,10 @@ import torch
 from torch import Tensor
 
 from model.data import DataError, pad, read_lines
-from model.search import Hypothesis, decode_batches, generate
+from model.search import decode_batches, generate
 from model.transformer import WEIGHTS_FILE, Transformer, load_model
-from service.bundle import (
+from service.bundle.decoding import Hypothesis, options_within
+from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
@@ -55,8 +57,8 @@ from service.bundle import (
     present_value,
     sha256_file,
 )
-from service.step_state import BufferPool, StaticCacheState, cross_inputs
-from service.tokenizer import load_tokenizer
+from service.bundle.tokenizer import load_tokenizer
+from service.inference.step_state import BufferPool, StaticCacheState, cross_inputs
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +163,14 @@ def ort_generate(
     ort_bundle: OrtBundle,
     sources: Sequence[Sequence[int]],
     *,
-    beam_size: int = 1,
-    num_hypotheses: int = 1,
-    length_penalty: float = 1.0,
-    max_decoding_length: int | None = None,
-    min_decoding_length: int = 0,
     batch_size: int = 64,
+    **options: Any,
 ) -> list[list[Hypothesis]]:
     """model.search.generate with ONNX Runtime in place of the model: same sorting, batching and
     search functions, so its n-best lists must equal torch's token for token."""
-    limit = ort_bundle.bundle.manifest.model.max_positions
-    max_len = limit if max_decoding_length is None else min(max_decoding_length, limit)
-
-    ids = ort_bundle.bundle.manifest.special_ids
+    manifest = ort_bundle.bundle.manifest
+    decoding = options_within(manifest.model.max_positions, **options)
+    ids = manifest.special_ids
 
     def make_stepper(batch: Tensor) -> OrtStepper:
         src = batch.numpy()  # (B, S)
@@ -182,18 +179,14 @@ def ort_generate(
             ort_bundle,
             ort_bundle.encode(src, mask),
             mask,
-            beam_size=beam_size,
-            max_decoding_length=max_len,
+            beam_size=decoding.beam_size,
+            max_decoding_length=decoding.max_decoding_length,
         )
 
     return decode_batches(
         make_stepper,
         sources,
-        beam_size=beam_size,
-        num_hypotheses=num_hypotheses,
-        length_penalty=length_penalty,
-        max_decoding_length=max_len,
-        min_decoding_length=min_decoding_length,
+        decoding,
         batch_size=batch_size,
         pad_id=ids.pad,
         bos_id=ids.bos,
@@ -230,7 +223,7 @@ def decode_texts(
     """Translate with ONNX Runtime: (texts, token ids, indices of the lines translated)."""
     sources, kept = encode_sources(ort_bundle, lines)
     nbest = ort_generate(ort_bundle, sources, beam_size=beam_size, batch_size=batch_size)
-    tokens = [hyps[0].tokens for hyps in nbest]
+    tokens = [hyps[0].ids for hyps in nbest]
     tokenizer = load_tokenizer(ort_bundle.bundle)
     return [tokenizer.decode(t) for t in tokens], tokens, kept
 
@@ -312,16 +305,14 @@ def _check_tokens(
     mismatched = [
         i
         for i, (e, a) in enumerate(zip(expected, actual, strict=True))
-        if [h.tokens for h in e] != [h.tokens for h in a]
+        if [h.ids for h in e] != [h.ids for h in a]
     ]
     report.mismatched_sentences[kind] = len(mismatched)
     if mismatched:
         report.tokens_equal = False
         report.fail(f"{kind}: {len(mismatched)} of {len(sources)} sentences differ")
     for i in mismatched[:_MAX_EXAMPLES]:
-        report.fail(
-            f"{kind}: sentence {i}: torch {expected[i][0].tokens} onnx {actual[i][0].tokens}"
-        )
+        report.fail(f"{kind}: sentence {i}: torch {expected[i][0].ids} onnx {actual[i][0].ids}")
 
 
 def _probe_batch(sources: Sequence[Sequence[int]], rows: int) -> list[Sequence[int]]:

@@ -39,7 +39,13 @@ from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_floa
 from export.parity import decode_texts, open_bundle
 from model.data import DataError, read_parallel
 from model.evaluate import score_translations
-from service.bundle import DECODER_STEP_FILE, ENCODER_FILE, LOG_PROBS, TOP_LOG_PROBS, BundleError
+from service.bundle.manifest import (
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    LOG_PROBS,
+    TOP_LOG_PROBS,
+    BundleError,
+)
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],

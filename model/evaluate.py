@@ -24,9 +24,10 @@ from sacremoses import MosesTokenizer
 from tokenizers import Tokenizer
 
 from model.data import DataError, read_parallel
-from model.search import Hypothesis, generate
+from model.search import generate
 from model.tokenizer import load_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, Transformer, load_model
+from service.bundle.decoding import Hypothesis
 
 
 def lc_tok(lines: Sequence[str], language: str) -> list[str]:
@@ -60,7 +61,7 @@ def translate(
                 f"line {number} has {len(source)} tokens; the model's limit is {limit}"
             )
     nbest = generate(model, sources, **options)
-    return tokenizer.decode_batch([h[0].tokens for h in nbest]), nbest
+    return tokenizer.decode_batch([h[0].ids for h in nbest]), nbest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         **score_translations(hyps, ref, language),
         "n_sentences": len(src),
         "seconds": round(seconds, 3),
-        "target_tokens": sum(len(h[0].tokens) + 1 for h in nbest),
+        "target_tokens": sum(len(h[0].ids) + 1 for h in nbest),
         "beam_size": args.beam_size,
         "length_penalty": args.length_penalty,
         "decoder": args.decoder,

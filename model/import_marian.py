@@ -47,14 +47,14 @@ import torch
 from torch import Tensor
 
 from model.transformer import ModelConfig, Transformer, save_model
-from service.bundle import (
+from service.bundle.manifest import (
     BundleError,
     SentencePieceFiles,
     SpecialIds,
     replace_directory,
     sha256_file,
 )
-from service.tokenizer import SentencePieceTokenizer
+from service.bundle.tokenizer import SentencePieceTokenizer
 
 CARD_FILE = "MODEL_CARD.md"
 _SAFETENSORS, _SAFETENSORS_INDEX, _PICKLE = (

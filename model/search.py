@@ -5,11 +5,9 @@ every live row into log-probs for the next one. Two steppers wrap the model: `Ca
 (decode_step with a key/value cache) and `UncachedStepper` (re-runs the whole decoder on the
 prefix each step, the seeds' loop, kept as the baseline).
 
-Conventions (shared with the ONNX engine, which must match this token for token):
-- A hypothesis's tokens exclude </s>; it has at most `max_decoding_length` of them and ends with
-  finish_reason "eos" or "length".
-- Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
-  length ** length_penalty, where length counts </s> too.
+The options, the hypothesis and the per-step rules (`StepPolicy`: banned tokens, score
+normalization) come from service/bundle/decoding.py, shared with the service's numpy search
+(service/inference/search.py), which must match this one token for token. The search itself:
 - Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, whose
   rows are then expanded beam_size times (CTranslate2's expand_after_first_step: at the start
   all beams are the same); the 2*beam_size best candidates per sentence are scanned, a </s>
@@ -17,30 +15,22 @@ Conventions (shared with the ONNX engine, which must match this token for token)
   beam_size finished hypotheses, and leaves the batch. After the expansion only the
   self-attention cache is reordered by the back-pointers; the cached stepper keeps one row of
   cross-attention keys/values per sentence, shared by its beams.
-- beam_size=1 gives the same tokens as greedy search.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from model.data import pad
 from model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
+from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy, options_within
 
 DecoderKind = Literal["cached", "uncached"]
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]
-    score: float
-    finish_reason: Literal["eos", "length"]
 
 
 class Stepper(Protocol):
@@ -97,31 +87,27 @@ class UncachedStepper:
         self.prefix = self.prefix.index_select(0, rows)
 
 
-def _normalized(score: float, length: int, length_penalty: float) -> float:
-    return score / (length**length_penalty)
-
-
 def greedy_search(
     stepper: Stepper,
     batch_size: int,
+    options: DecodingOptions,
     *,
-    max_decoding_length: int,
-    min_decoding_length: int = 0,
-    length_penalty: float = 1.0,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
 ) -> list[Hypothesis]:
-    """Pick the most probable token at each step; finished rows leave the batch."""
+    """Pick the most probable token at each step; finished rows leave the batch.
+
+    Uses the length options only (beam_size and num_hypotheses are beam_search's).
+    """
+    policy = StepPolicy(options, eos_id)
     alive = list(range(batch_size))  # sentence index of each live row
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
     scores = [0.0] * batch_size
     results: list[Hypothesis | None] = [None] * batch_size
-    for step in range(max_decoding_length):
-        log_probs = stepper.step(tokens)  # (R, V)
-        if step < min_decoding_length:
-            log_probs[:, eos_id] = -math.inf
+    for step in range(options.max_decoding_length):
+        log_probs = _without(stepper.step(tokens), policy.banned(step))  # (R, V)
         best_scores, best = log_probs.max(dim=-1)  # (R,)
         keep = []
         for row, (sentence, token, score) in enumerate(
@@ -131,7 +117,7 @@ def greedy_search(
             if token == eos_id:
                 results[sentence] = Hypothesis(
                     outputs[sentence],
-                    _normalized(scores[sentence], step + 1, length_penalty),
+                    policy.normalized(scores[sentence], step + 1),
                     "eos",
                 )
             else:
@@ -149,7 +135,7 @@ def greedy_search(
         if results[sentence] is None:
             results[sentence] = Hypothesis(
                 outputs[sentence],
-                _normalized(scores[sentence], max_decoding_length, length_penalty),
+                policy.normalized(scores[sentence], options.max_decoding_length),
                 "length",
             )
     return [r for r in results if r is not None]
@@ -158,21 +144,16 @@ def greedy_search(
 def beam_search(
     stepper: Stepper,
     batch_size: int,
+    options: DecodingOptions,
     *,
-    beam_size: int,
-    num_hypotheses: int = 1,
-    max_decoding_length: int,
-    min_decoding_length: int = 0,
-    length_penalty: float = 1.0,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
     sentence (sentence-major) from the second step on: it expands them itself (`select`)."""
-    if not 1 <= num_hypotheses <= beam_size:
-        raise ValueError(f"num_hypotheses must be in 1..beam_size ({beam_size})")
-    k = beam_size
+    policy = StepPolicy(options, eos_id)
+    k = options.beam_size
     alive = list(range(batch_size))  # sentence index of each live block of rows
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = torch.zeros(batch_size, 1, device=device)  # (N, beams)
@@ -180,10 +161,8 @@ def beam_search(
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
-    for step in range(max_decoding_length):
-        log_probs = stepper.step(tokens)  # (N*beams, V)
-        if step < min_decoding_length:
-            log_probs[:, eos_id] = -math.inf
+    for step in range(options.max_decoding_length):
+        log_probs = _without(stepper.step(tokens), policy.banned(step))  # (N*beams, V)
         n, beams, vocab = len(alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
@@ -204,7 +183,7 @@ def beam_search(
                         finished[sentence].append(
                             Hypothesis(
                                 history[i * beams + beam].tolist(),
-                                _normalized(score, step + 1, length_penalty),
+                                policy.normalized(score, step + 1),
                                 "eos",
                             )
                         )
@@ -258,22 +237,28 @@ def beam_search(
                 finished[sentence].append(
                     Hypothesis(
                         history[i * k + beam].tolist(),
-                        _normalized(score, max_decoding_length, length_penalty),
+                        policy.normalized(score, options.max_decoding_length),
                         "length",
                     )
                 )
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:num_hypotheses] for hyps in finished]
+    return [
+        sorted(hyps, key=lambda h: h.score, reverse=True)[: options.num_hypotheses]
+        for hyps in finished
+    ]
+
+
+def _without(log_probs: Tensor, banned: tuple[int, ...]) -> Tensor:
+    """The step's log-probs with the `banned` tokens at -inf (never chosen)."""
+    if banned:
+        log_probs[:, list(banned)] = -math.inf
+    return log_probs
 
 
 def decode_batches(
     make_stepper: Callable[[Tensor], Stepper],
     sources: Sequence[Sequence[int]],
+    options: DecodingOptions,
     *,
-    beam_size: int = 1,
-    num_hypotheses: int = 1,
-    length_penalty: float = 1.0,
-    max_decoding_length: int,
-    min_decoding_length: int = 0,
     batch_size: int = 64,
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
@@ -292,33 +277,15 @@ def decode_batches(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         stepper = make_stepper(pad([sources[i] for i in chunk], pad_id=pad_id))  # (B, S) -> B rows
-        if beam_size > 1:
+        if options.beam_size > 1:
             nbest = beam_search(
-                stepper,
-                len(chunk),
-                beam_size=beam_size,
-                num_hypotheses=num_hypotheses,
-                max_decoding_length=max_decoding_length,
-                min_decoding_length=min_decoding_length,
-                length_penalty=length_penalty,
-                bos_id=bos_id,
-                eos_id=eos_id,
-                device=device,
+                stepper, len(chunk), options, bos_id=bos_id, eos_id=eos_id, device=device
             )
         else:
-            nbest = [
-                [h]
-                for h in greedy_search(
-                    stepper,
-                    len(chunk),
-                    max_decoding_length=max_decoding_length,
-                    min_decoding_length=min_decoding_length,
-                    length_penalty=length_penalty,
-                    bos_id=bos_id,
-                    eos_id=eos_id,
-                    device=device,
-                )
-            ]
+            greedy = greedy_search(
+                stepper, len(chunk), options, bos_id=bos_id, eos_id=eos_id, device=device
+            )
+            nbest = [[h] for h in greedy]
         for i, hyps in zip(chunk, nbest, strict=True):
             results[i] = hyps
     return results
@@ -329,18 +296,15 @@ def generate(
     model: Transformer,
     sources: Sequence[Sequence[int]],
     *,
-    beam_size: int = 1,
-    num_hypotheses: int = 1,
-    length_penalty: float = 1.0,
-    max_decoding_length: int | None = None,
-    min_decoding_length: int = 0,
     batch_size: int = 64,
     decoder: DecoderKind = "cached",
+    **options: Any,
 ) -> list[list[Hypothesis]]:
-    """Decode source id sequences (each ending in </s>) with the torch model; n-best lists."""
+    """Decode source id sequences (each ending in </s>) with the torch model; n-best lists.
+
+    `options` are `DecodingOptions` fields; max_decoding_length is at most the model's positions
+    (all of them when not given)."""
     device = next(model.parameters()).device
-    limit = model.config.max_positions
-    max_len = limit if max_decoding_length is None else min(max_decoding_length, limit)
     stepper_cls = CachedStepper if decoder == "cached" else UncachedStepper
 
     def make_stepper(src: Tensor) -> Stepper:
@@ -352,11 +316,7 @@ def generate(
     return decode_batches(
         make_stepper,
         sources,
-        beam_size=beam_size,
-        num_hypotheses=num_hypotheses,
-        length_penalty=length_penalty,
-        max_decoding_length=max_len,
-        min_decoding_length=min_decoding_length,
+        options_within(model.config.max_positions, **options),
         batch_size=batch_size,
         pad_id=model.config.pad_id,
         bos_id=model.config.bos_id,

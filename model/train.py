@@ -53,7 +53,7 @@ from model.transformer import (
     Transformer,
     save_model,
 )
-from service.bundle import sha256_file
+from service.bundle.manifest import sha256_file
 
 log = logging.getLogger("model.train")
 

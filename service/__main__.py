@@ -10,7 +10,7 @@ shutdown, bounded by `--drain-timeout-s` too.
 Keep-alive: an idle connection stays open `--keep-alive-timeout-s` (75 s), longer than the
 proxies and client pools in front keep theirs, so that they close idle connections, never the
 server (see service/settings.py). A connection's request head and body are bounded in size and
-time, and open connections in number (service/connections.py).
+time, and open connections in number (service/http/connections.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic_settings import CliApp
 
-from service.bundle import BundleError
-from service.connections import guarded_protocol
-from service.main import create_app, shipped_bundle
+from service.bundle.manifest import BundleError
+from service.http.app import create_app
+from service.http.connections import guarded_protocol
+from service.inference.models import shipped_bundle
 from service.metrics import Metrics
-from service.pipeline import Runtime
+from service.scheduling.runtime import Runtime
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -130,7 +131,7 @@ def fit_open_files(max_connections: int) -> int:
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     """uvicorn's settings from ours: the httptools protocol with our connection limits (see
-    service/connections.py). The graceful-shutdown bound is the drain's: the SIGTERM drain
+    service/http/connections.py). The graceful-shutdown bound is the drain's: the SIGTERM drain
     narrows it to what is left of the drain; a SIGINT shutdown keeps all of it."""
     metrics: Metrics = app.state.metrics
     protocol = guarded_protocol(

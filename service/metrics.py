@@ -106,7 +106,7 @@ class Metrics:
         )
 
     def connection_event(self, kind: str) -> None:
-        """service.connections' events: the open-connections gauge and the closures."""
+        """service.http.connections' events: the open-connections gauge and the closures."""
         if kind == "opened":
             self.open_connections.inc()
         elif kind == "closed":

@@ -9,7 +9,8 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.engine import Device
+Device = Literal["auto", "cpu", "cuda"]  # ONNX Runtime's device: "auto" takes CUDA when it can
+
 
 ENV_PREFIX = "MT_"
 

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from service.bundle import BundleError
-from service.decoding import DecodingOptions
-from service.engine import Engine
+from service.bundle.decoding import DecodingOptions
+from service.bundle.manifest import BundleError
+from service.inference.engine import Engine
 from service.settings import Settings
 
 log = logging.getLogger(__name__)

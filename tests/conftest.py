@@ -67,7 +67,7 @@ def fp32_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def gather_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """fp32 with the portable cache (service/bundle.py): the CUDA graph, run on the CPU."""
+    """fp32 with the portable cache (service/bundle/manifest.py): the CUDA graph, run on the CPU."""
     out = tmp_path_factory.mktemp("bundle_gather")
     export_bundle(tiny_checkpoint, out, cache="gather")
     return out

@@ -159,7 +159,7 @@ def test_dockerignore_lets_every_copy_source_through(stages: dict[str, Stage]) -
         assert not dockerignored(source, patterns), f"{source} is excluded from the context"
         assert (REPO / source).exists() or source.startswith("checkpoints/"), source
     # ...and what lies inside them.
-    for inside in ("service/api.py", "deploy/docker/entrypoint.sh", "model/transformer.py"):
+    for inside in ("service/http/routes.py", "deploy/docker/entrypoint.sh", "model/transformer.py"):
         assert not dockerignored(inside, patterns), inside
 
 

@@ -137,7 +137,7 @@ def test_torch_and_training_code_are_absent(image: Path) -> None:
     done = run([python, "-c", probe], cwd=image / "app", env=clean_env(), timeout=60)
     assert done.returncode == 0, f"importable in the runtime venv: {done.stderr.strip()}"
     # ...while the service and ONNX Runtime are, from any directory.
-    probe = "import onnxruntime, service.engine; print(onnxruntime.__version__)"
+    probe = "import onnxruntime, service.inference.engine; print(onnxruntime.__version__)"
     done = run([python, "-c", probe], cwd=image, env=clean_env(), timeout=120)
     assert done.returncode == 0, done.stderr
     (ort,) = [r for r in cpu_requirements() if requirement_name(r) == "onnxruntime"]

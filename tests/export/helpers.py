@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import LOG_PROBS, TOP_IDS, TOP_LOG_PROBS, past_names, present_names
+from service.bundle.manifest import LOG_PROBS, TOP_IDS, TOP_LOG_PROBS, past_names, present_names
 
 
 def run_step(

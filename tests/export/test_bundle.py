@@ -1,4 +1,4 @@
-"""service/bundle.py: a damaged bundle fails to load, with a message naming the file."""
+"""service/bundle/manifest.py: a damaged bundle fails to load, with a message naming the file."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from export.parity import open_bundle
-from service.bundle import (
+from service.bundle.manifest import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
     MANIFEST_FILE,

@@ -23,8 +23,8 @@ from model.transformer import (
     load_model,
     save_model,
 )
-from service.decoding import DecodingOptions
-from service.engine import Engine
+from service.bundle.decoding import DecodingOptions
+from service.inference.engine import Engine
 
 FAVOURED = 7  # a token the output bias makes the likeliest everywhere; suppressed below
 # name: (config fields, cache variant)

@@ -17,7 +17,7 @@ from model.transformer import (
     ModelConfig,
     load_model,
 )
-from service.bundle import (
+from service.bundle.manifest import (
     BEAM_ROWS,
     CACHE_INDIRECTION,
     DECODER_STEP_FILE,

@@ -22,7 +22,7 @@ from export.parity import (
 from model.data import pad
 from model.search import generate
 from model.transformer import BOS_ID, DecoderCache, Transformer, load_model, padding_mask
-from service.bundle import (
+from service.bundle.manifest import (
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
@@ -80,7 +80,7 @@ def test_eos_bundle_exercises_finished_rows(
     model = load_model(eos_checkpoint)
     for beam_size in (1, 4):
         hyps = [h[0] for h in generate(model, sources, beam_size=beam_size)]
-        assert len({len(h.tokens) for h in hyps if h.finish_reason == "eos"}) > 1
+        assert len({len(h.ids) for h in hyps if h.finish_reason == "eos"}) > 1
 
 
 def _step_inputs(

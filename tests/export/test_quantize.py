@@ -15,7 +15,14 @@ from export.parity import OrtBundle, OrtStepper, encode_sources, open_bundle, or
 from export.quantize import compare_bleu, main
 from model.data import pad, read_parallel
 from model.transformer import BOS_ID
-from service.bundle import LOG_PROBS, MEMORY, TOP_LOG_PROBS, cross_key, past_key, present_key
+from service.bundle.manifest import (
+    LOG_PROBS,
+    MEMORY,
+    TOP_LOG_PROBS,
+    cross_key,
+    past_key,
+    present_key,
+)
 
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-en-de"
 
@@ -57,7 +64,7 @@ def test_reduced_bundle_keeps_float32_scores_and_decodes(
     hyps = ort_generate(reduced, sources, beam_size=4)
     assert len(hyps) == len(sources)
     vocab = manifest.model.vocab_size
-    assert all(0 <= t < vocab for h in hyps for t in h[0].tokens)
+    assert all(0 <= t < vocab for h in hyps for t in h[0].ids)
     assert all(math.isfinite(h[0].score) for h in hyps)
 
 

@@ -85,7 +85,7 @@ def test_search_gives_the_tokens_and_scores_of_generate(
         max_decoding_length=MAX_LENGTH,
         length_penalty=length_penalty,
     )
-    assert [h[0].tokens for h in actual] == [ids for ids, _ in expected]
+    assert [h[0].ids for h in actual] == [ids for ids, _ in expected]
     if beam_size > 1:
         for (_, score), hyps in zip(expected, actual, strict=True):
             assert hyps[0].score == pytest.approx(score, abs=1e-4)

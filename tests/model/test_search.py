@@ -8,6 +8,7 @@ import torch
 from model.data import pad
 from model.search import CachedStepper, beam_search, generate, greedy_search
 from model.transformer import BOS_ID, EOS_ID, ModelConfig, Transformer, padding_mask
+from service.bundle.decoding import DecodingOptions
 
 V = 8  # pad, bos, eos, unk, then tokens 4..7
 A, B, C, D = 4, 5, 6, 7
@@ -56,15 +57,17 @@ GARDEN_PATH = {
 
 
 def test_greedy_picks_the_argmax_each_step() -> None:
-    [hyp] = greedy_search(TableStepper([GARDEN_PATH]), 1, max_decoding_length=10)
-    assert hyp.tokens == [A]
+    [hyp] = greedy_search(TableStepper([GARDEN_PATH]), 1, DecodingOptions(max_decoding_length=10))
+    assert hyp.ids == [A]
     assert hyp.finish_reason == "eos"
     assert hyp.score == pytest.approx(math.log(0.6 * 0.35) / 2, abs=1e-4)
 
 
 def test_beam_finds_the_better_sequence_greedy_misses() -> None:
-    [[best]] = beam_search(TableStepper([GARDEN_PATH]), 1, beam_size=2, max_decoding_length=10)
-    assert best.tokens == [B]
+    [[best]] = beam_search(
+        TableStepper([GARDEN_PATH]), 1, DecodingOptions(beam_size=2, max_decoding_length=10)
+    )
+    assert best.ids == [B]
     assert best.score == pytest.approx(math.log(0.4 * 0.95) / 2, abs=1e-4)
     assert best.score > math.log(0.6 * 0.35) / 2
 
@@ -86,44 +89,46 @@ def test_length_penalty_changes_the_winner_as_computed() -> None:
         [[best]] = beam_search(
             TableStepper([table]),
             1,
-            beam_size=2,
-            length_penalty=alpha,
-            max_decoding_length=10,
+            DecodingOptions(beam_size=2, length_penalty=alpha, max_decoding_length=10),
         )
-        assert best.tokens == expected
+        assert best.ids == expected
         assert best.score == pytest.approx(max(short / 2**alpha, long / 4**alpha), abs=1e-4)
 
 
 def test_finish_reasons_eos_and_length() -> None:
     loop = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {A: 0.9}}
-    [hyp] = greedy_search(TableStepper([loop]), 1, max_decoding_length=3)
-    assert hyp.tokens == [A, A, A] and hyp.finish_reason == "length"
-    [[hyp]] = beam_search(TableStepper([loop]), 1, beam_size=2, max_decoding_length=3)
-    assert hyp.finish_reason == "length" and len(hyp.tokens) == 3
+    [hyp] = greedy_search(TableStepper([loop]), 1, DecodingOptions(max_decoding_length=3))
+    assert hyp.ids == [A, A, A] and hyp.finish_reason == "length"
+    [[hyp]] = beam_search(
+        TableStepper([loop]), 1, DecodingOptions(beam_size=2, max_decoding_length=3)
+    )
+    assert hyp.finish_reason == "length" and len(hyp.ids) == 3
 
 
 def test_min_decoding_length_forbids_early_eos() -> None:
     [hyp] = greedy_search(
-        TableStepper([GARDEN_PATH]), 1, max_decoding_length=10, min_decoding_length=3
+        TableStepper([GARDEN_PATH]),
+        1,
+        DecodingOptions(max_decoding_length=10, min_decoding_length=3),
     )
-    assert len(hyp.tokens) >= 3
+    assert len(hyp.ids) >= 3
 
 
 def test_nbest_is_ordered_by_score() -> None:
     nbest = beam_search(
         TableStepper([GARDEN_PATH]),
         1,
-        beam_size=4,
-        num_hypotheses=4,
-        max_decoding_length=5,
+        DecodingOptions(beam_size=4, num_hypotheses=4, max_decoding_length=5),
     )[0]
     assert len(nbest) == 4
     scores = [h.score for h in nbest]
     assert scores == sorted(scores, reverse=True)
-    assert nbest[0].tokens == [B]
+    assert nbest[0].ids == [B]
     with pytest.raises(ValueError, match="num_hypotheses"):
         beam_search(
-            TableStepper([GARDEN_PATH]), 1, beam_size=2, num_hypotheses=3, max_decoding_length=5
+            TableStepper([GARDEN_PATH]),
+            1,
+            DecodingOptions(beam_size=2, num_hypotheses=3, max_decoding_length=5),
         )
 
 
@@ -131,12 +136,12 @@ def test_finished_sentences_leave_the_batch() -> None:
     short = {(): {EOS_ID: 0.9, A: 0.1}}
     long = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {EOS_ID: 0.9}}
     stepper = TableStepper([short, long, short])
-    hyps = greedy_search(stepper, 3, max_decoding_length=10)
-    assert [h.tokens for h in hyps] == [[], [A, A, A], []]
+    hyps = greedy_search(stepper, 3, DecodingOptions(max_decoding_length=10))
+    assert [h.ids for h in hyps] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 1  # only the long sentence was still being decoded
     stepper = TableStepper([short, long, short])
-    nbest = beam_search(stepper, 3, beam_size=2, max_decoding_length=10)
-    assert [n[0].tokens for n in nbest] == [[], [A, A, A], []]
+    nbest = beam_search(stepper, 3, DecodingOptions(beam_size=2, max_decoding_length=10))
+    assert [n[0].ids for n in nbest] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 2
 
 
@@ -157,9 +162,11 @@ def _random_table(seed: int, depth: int = 4) -> dict[tuple[int, ...], dict[int, 
 
 def test_beam_size_one_equals_greedy_on_random_tables() -> None:
     tables = [_random_table(s) for s in range(12)]
-    greedy = greedy_search(TableStepper(tables), 12, max_decoding_length=6)
-    beam = beam_search(TableStepper(tables), 12, beam_size=1, max_decoding_length=6)
-    assert [g.tokens for g in greedy] == [b[0].tokens for b in beam]
+    greedy = greedy_search(TableStepper(tables), 12, DecodingOptions(max_decoding_length=6))
+    beam = beam_search(
+        TableStepper(tables), 12, DecodingOptions(beam_size=1, max_decoding_length=6)
+    )
+    assert [g.ids for g in greedy] == [b[0].ids for b in beam]
     assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])
 
 
@@ -187,17 +194,17 @@ def test_model_beam_one_equals_greedy_and_cached_equals_uncached(random_model) -
     uncached = generate(
         random_model, SOURCES, beam_size=1, max_decoding_length=12, decoder="uncached"
     )
-    assert [g[0].tokens for g in greedy] == [u[0].tokens for u in uncached]
+    assert [g[0].ids for g in greedy] == [u[0].ids for u in uncached]
     # The batched beam code with K=1, through the model, picks the same tokens as greedy.
     nonempty = [s for s in SOURCES if s]
     src = pad(nonempty)
     mask = padding_mask(src)
     with torch.no_grad():
         stepper = CachedStepper(random_model, random_model.encode(src, mask), mask)
-        beam = beam_search(stepper, len(nonempty), beam_size=1, max_decoding_length=12)
-    assert [b[0].tokens for b in beam] == [
-        g[0].tokens for g, s in zip(greedy, SOURCES, strict=True) if s
-    ]
+        beam = beam_search(
+            stepper, len(nonempty), DecodingOptions(beam_size=1, max_decoding_length=12)
+        )
+    assert [b[0].ids for b in beam] == [g[0].ids for g, s in zip(greedy, SOURCES, strict=True) if s]
 
 
 def test_model_beam_cached_equals_uncached_and_order_is_kept(random_model) -> None:
@@ -212,11 +219,11 @@ def test_model_beam_cached_equals_uncached_and_order_is_kept(random_model) -> No
         max_decoding_length=12,
         decoder="uncached",
     )
-    assert [[h.tokens for h in n] for n in cached] == [[h.tokens for h in n] for n in uncached]
-    assert cached[1][0].tokens == [] and cached[1][0].finish_reason == "eos"
+    assert [[h.ids for h in n] for n in cached] == [[h.ids for h in n] for n in uncached]
+    assert cached[1][0].ids == [] and cached[1][0].finish_reason == "eos"
     # Each sentence decoded alone gives the same result as in the batch (order restored).
     for source, nbest in zip(SOURCES, cached, strict=True):
         alone = generate(
             random_model, [source], beam_size=4, num_hypotheses=2, max_decoding_length=12
         )
-        assert [h.tokens for h in alone[0]] == [h.tokens for h in nbest]
+        assert [h.ids for h in alone[0]] == [h.ids for h in nbest]

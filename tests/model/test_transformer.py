@@ -444,7 +444,7 @@ def test_searches_never_emit_a_suppressed_id(renormalize: bool, beam_size: int) 
         with torch.no_grad():
             model.output_bias[49] = 50.0
             nbest = generate(model, sources, beam_size=beam_size, max_decoding_length=8)
-        return [n[0].tokens for n in nbest]
+        return [n[0].ids for n in nbest]
 
     assert all(49 not in tokens and len(tokens) > 0 for tokens in outputs((49,)))
     assert all(49 in tokens for tokens in outputs(()))

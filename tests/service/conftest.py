@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.engine import Engine
-from service.main import create_app
+from service.http.app import create_app
+from service.inference.engine import Engine
 from tests.service.helpers import FakeModel, fast_settings, running
 
 

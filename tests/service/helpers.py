@@ -23,7 +23,7 @@ import httpx
 from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
-from service.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,10 +15,11 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.errors import ERROR_TABLE, ErrorType
-from service.main import create_app
+from service.errors import ErrorType
+from service.http.app import create_app
+from service.http.errors import ERROR_TABLE
 from service.metrics import Metrics
-from service.pipeline import Runtime
+from service.scheduling.runtime import Runtime
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio

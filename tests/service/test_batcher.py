@@ -1,5 +1,5 @@
-"""service/batcher.py alone, over a fake engine: batching, limits, cancellation, deadlines,
-failures and shutdown."""
+"""service/scheduling/batcher.py alone, over a fake engine: batching, limits, cancellation,
+deadlines, failures and shutdown."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.batcher import Batcher, BatchLimits
-from service.decoding import DecodingOptions
+from service.bundle.decoding import DecodingOptions
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
+from service.scheduling.batcher import Batcher, BatchLimits
 from tests.service.helpers import FakeModel, async_wait_for
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""service/connections.py in a real `python -m service` process: the head size limit, the head
+"""service/http/connections.py in a real `python -m service` process: the head size limit, the head
 and body deadlines, the connection cap, and what the server says (and logs) meanwhile."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 import uvicorn
 
 from benchmarks import servers
-from service import connections
-from service.connections import guarded_protocol
+from service.http import connections
+from service.http.connections import guarded_protocol
 from tests.service.helpers import ServerProcess, server_process, wait_for
 
 EN_DE = {"source": "en", "target": "de"}

@@ -14,8 +14,8 @@ import pytest
 
 from export.onnx_export import export_bundle
 from model.data import read_lines
-from service.decoding import DecodingOptions, Hypothesis
-from service.engine import CUDA_PROVIDER, Engine
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.inference.engine import CUDA_PROVIDER, Engine
 from tests.conftest import REPO
 
 pytestmark = [

@@ -1,5 +1,5 @@
-"""service/decoding.py: numpy greedy and beam search on hand-built log-prob tables, and token
-for token against the torch reference (model/search.py) on random tables."""
+"""service/inference/search.py: numpy greedy and beam search on hand-built log-prob tables, and
+token for token against the torch reference (model/search.py) on random tables."""
 
 from __future__ import annotations
 
@@ -14,15 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model import search as reference
-from service.decoding import (
-    DecodingOptions,
-    FloatArray,
-    Hypothesis,
-    IntArray,
-    beam_search,
-    greedy_search,
-    search,
-)
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.inference.search import FloatArray, IntArray, beam_search, greedy_search, search
 
 BOS, EOS = 1, 2  # the fixed special ids of model/transformer.py
 V = 8  # pad, bos, eos, unk, then tokens 4..7
@@ -299,22 +292,11 @@ class TorchStepper:
 
 def _reference(
     seed: int, vocab: int, sentences: int, opts: DecodingOptions
-) -> list[list[reference.Hypothesis]]:
+) -> list[list[Hypothesis]]:
     stepper = TorchStepper(RandomModel(seed, vocab, sentences))
-    lengths = {
-        "max_decoding_length": opts.max_decoding_length,
-        "min_decoding_length": opts.min_decoding_length,
-        "length_penalty": opts.length_penalty,
-    }
     if opts.beam_size == 1:
-        return [[h] for h in reference.greedy_search(stepper, sentences, **lengths)]  # type: ignore[arg-type]
-    return reference.beam_search(
-        stepper,
-        sentences,
-        beam_size=opts.beam_size,
-        num_hypotheses=opts.num_hypotheses,
-        **lengths,  # type: ignore[arg-type]
-    )
+        return [[h] for h in reference.greedy_search(stepper, sentences, opts)]
+    return reference.beam_search(stepper, sentences, opts)
 
 
 @settings(max_examples=60, deadline=None)
@@ -340,7 +322,7 @@ def test_numpy_search_equals_the_torch_reference(
     ours = search(state, sentences, opts, bos_id=BOS, eos_id=EOS)
     expected = _reference(seed, vocab, sentences, opts)
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
-        [(h.tokens, h.finish_reason) for h in n] for n in expected
+        [(h.ids, h.finish_reason) for h in n] for n in expected
     ]
     for n, m in zip(ours, expected, strict=True):
         assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)

@@ -1,6 +1,6 @@
-"""/docs from the package (service/docs_ui.py): the page names only local URLs, each of them is
+"""/docs from the package (service/http/docs_ui.py): the page names only local URLs, each of them is
 served with its media type and a day's caching, nothing outside the allow-list is served, and
-/openapi.json is untouched. Once on a small app wired the way service/main.py wires it, once on
+/openapi.json is untouched. Once on a small app wired the way service/http/app.py wires it, once on
 the service itself."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service import docs_ui
-from service.docs_ui import docs_router
-from service.main import create_app
+from service.http import docs_ui
+from service.http.app import create_app
+from service.http.docs_ui import docs_router
 from tests.service.helpers import FakeModel, fast_settings
 
 # What each asset must be served as, and the least it can weigh (the bundle is ~1.7 MB, the CSS
@@ -48,7 +48,7 @@ def referenced_urls(html: str) -> list[str]:
 
 
 def small_app() -> FastAPI:
-    """An app wired as service/main.py wires its docs, with one route to document."""
+    """An app wired as service/http/app.py wires its docs, with one route to document."""
     app = FastAPI(title="docs-test", docs_url=None, redoc_url=None)
 
     @app.get("/ping")
@@ -156,8 +156,8 @@ def test_a_build_without_the_assets_fails_when_the_app_is_built(
 
 
 def test_the_service_serves_its_docs_offline() -> None:
-    # Passes once service/main.py builds FastAPI(..., docs_url=None, redoc_url=None) and includes
-    # docs_router(app.openapi_url, app.title); FastAPI's own /docs points at a CDN.
+    # Passes once service/http/app.py builds FastAPI(..., docs_url=None, redoc_url=None) and
+    # includes docs_router(app.openapi_url, app.title); FastAPI's own /docs points at a CDN.
     app = create_app(fast_settings(), models=[FakeModel()])
     with TestClient(app) as client:
         check_docs(client)

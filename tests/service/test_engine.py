@@ -1,5 +1,5 @@
-"""service/engine.py and service/translate.py on the tiny bundles: token for token with the
-torch reference, provider fallback, input checks without model calls, order, the CLI."""
+"""service/inference/engine.py and service/translate.py on the tiny bundles: token for token with
+the torch reference, provider fallback, input checks without model calls, order, the CLI."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from model.search import generate
 from model.transformer import load_model
 from service import translate
-from service.bundle import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
-from service.decoding import DecodingOptions, Hypothesis
-from service.engine import CPU_PROVIDER, Engine, InputTooLongError
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
+from service.inference.engine import CPU_PROVIDER, Engine, InputTooLongError
+from service.inference.step_state import encoder_chunks
 from service.settings import Settings
-from service.step_state import encoder_chunks
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def model_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(("beam_size", "num_hypotheses"), [(1, 1), (4, 2)])
 # Compacted batches (the CPU's policy) of 8, and padded ones (CUDA's) of 6: padded to 8 sentences
 # and to a multiple of 8 source positions, with finished rows staying in the batch. The gather
-# bundles are the CUDA graphs (service/bundle.py), here on the CPU.
+# bundles are the CUDA graphs (service/bundle/manifest.py), here on the CPU.
 @pytest.mark.parametrize(
     ("bundle_name", "checkpoint_name", "padded", "batch_size"),
     [
@@ -102,7 +102,7 @@ def test_engine_equals_the_torch_reference(
     )
 
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
-        [(h.tokens, h.finish_reason) for h in n] for n in expected
+        [(h.ids, h.finish_reason) for h in n] for n in expected
     ]
     for n, m in zip(ours, expected, strict=True):
         assert [h.score for h in n] == pytest.approx([h.score for h in m], abs=1e-4)
@@ -119,7 +119,7 @@ def test_cuda_asked_for_without_cuda_falls_back_to_cpu_with_a_warning(
 ) -> None:
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this ONNX Runtime has CUDA")
-    with caplog.at_level(logging.INFO, logger="service.engine"):
+    with caplog.at_level(logging.INFO, logger="service.inference.engine"):
         engine = Engine.load(fp32_bundle, device="cuda", intra_op_threads=1)
     assert engine.provider == CPU_PROVIDER
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -137,7 +137,7 @@ def test_a_cpu_only_decoder_step_is_kept_off_cuda(
     monkeypatch.setattr(ort, "get_available_providers", lambda: available)
     with pytest.raises(BundleError, match="--cache gather"):
         Engine.load(fp32_bundle, device="cuda")
-    with caplog.at_level(logging.INFO, logger="service.engine"):
+    with caplog.at_level(logging.INFO, logger="service.inference.engine"):
         engine = Engine.load(fp32_bundle, intra_op_threads=1)
     assert engine.provider == CPU_PROVIDER
     assert any("runs on the CPU only" in r.getMessage() for r in caplog.records)
@@ -148,7 +148,7 @@ def test_auto_picks_the_cpu_without_a_warning(
 ) -> None:
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this ONNX Runtime has CUDA")
-    with caplog.at_level(logging.INFO, logger="service.engine"):
+    with caplog.at_level(logging.INFO, logger="service.inference.engine"):
         engine = Engine.load(fp32_bundle, intra_op_threads=1)
     assert engine.provider == CPU_PROVIDER
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.__main__ import RedactApiKeys
-from service.engine import Engine
-from service.http import LargeBodyGate
-from service.main import create_app
-from service.pipeline import PREPARATION_LINE
+from service.http.app import create_app
+from service.http.middleware import LargeBodyGate
+from service.inference.engine import Engine
+from service.scheduling.runtime import PREPARATION_LINE
 from tests.service.helpers import REPO, FakeModel, fast_settings, running
 
 EN_DE = {"source": "en", "target": "de"}

@@ -16,12 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from export.onnx_export import main as export_main
 from model.data import read_lines
-from service import segment
-from service.bundle import SentencePieceFiles, load_bundle
-from service.decoding import DecodingOptions
-from service.engine import Engine
-from service.main import create_app
-from service.tokenizer import SentencePieceTokenizer, load_tokenizer
+from service.bundle.decoding import DecodingOptions
+from service.bundle.manifest import SentencePieceFiles, load_bundle
+from service.bundle.tokenizer import SentencePieceTokenizer, load_tokenizer
+from service.http.app import create_app
+from service.inference.engine import Engine
+from service.text import segment
 from service.translate import translate_lines
 from tests.service.helpers import fast_settings, running
 from tests.transformers_reference import decode, reference, source_texts
@@ -73,7 +73,7 @@ def test_ids_equal_marian_tokenizer_on_the_multi30k_files(
 def test_ids_equal_marian_tokenizer_on_any_unicode(
     text: str, marian_bundle: Path, marian_dir: Path
 ) -> None:
-    # The two deliberate differences (service/tokenizer.py): text spelling a special token or
+    # The two deliberate differences (service/bundle/tokenizer.py): text spelling a special token or
     # a language code stays text here.
     assume(not any(s in text for s in SPECIAL) and not text.startswith(">>"))
     ours = load_tokenizer(load_bundle(marian_bundle)).encode([text])[0]

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.python.asgi import shutdown_lifespans
 
-from service.engine import Engine
-from service.main import create_app
+from service.http.app import create_app
+from service.inference.engine import Engine
 from tests.service.helpers import fast_settings, running
 
 EN_DE = {"source": "en", "target": "de"}

@@ -1,4 +1,4 @@
-"""service/segment.py: sentences and lines out, the exact layout back in."""
+"""service/text/segment.py: sentences and lines out, the exact layout back in."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service import segment
-from service.segment import split
+from service.text import segment
+from service.text.segment import split
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ _ADVERSARIAL = {
 @pytest.mark.parametrize("expression", _ADVERSARIAL.values(), ids=list(_ADVERSARIAL))
 def test_long_runs_of_sentence_marks_split_in_linear_time(expression: str) -> None:
     program = (
-        "from service.segment import split\n"
+        "from service.text.segment import split\n"
         f"text = {expression}\n"
         "assert len(text) >= 200_000\n"
         "layout = split(text)\n"

@@ -15,8 +15,15 @@ from pydantic_settings import CliApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.__main__ import fit_open_files, main, uvicorn_config
-from service.bundle import FORMAT_VERSION, MANIFEST_FILE, BundleError, load_bundle, sha256_file
-from service.main import create_app, shipped_bundle
+from service.bundle.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    BundleError,
+    load_bundle,
+    sha256_file,
+)
+from service.http.app import create_app
+from service.inference.models import shipped_bundle
 from service.settings import Settings
 from tests.service.helpers import FakeModel
 

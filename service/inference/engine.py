@@ -3,11 +3,11 @@
 `Engine.generate` sorts the sources by length, cuts them into batches of at most
 `max_batch_size`, runs the encoder on each batch (every layer's cross keys/values; on the CPU
 in groups of similar length, each padded to its own longest: step_state.encoder_chunks),
-then lets `service.decoding.search` drive the decoder-step graph through a `StaticCacheState`
-(service/step_state.py): a key/value cache of fixed size per batch that each step writes in
-place, beams that follow their back-pointers through the cache indirection instead of copying
-the cache, and inputs and outputs bound once per batch. The hypotheses come back in the input
-order.
+then lets `service.inference.search.search` drive the decoder-step graph through a
+`StaticCacheState` (service/inference/step_state.py): a key/value cache of fixed size per batch that
+each step writes in place, beams that follow their back-pointers through the cache indirection
+instead of copying the cache, and inputs and outputs bound once per batch. The hypotheses come back
+in the input order.
 
 Two policies for the rows of a batch (step_state.py): on the CPU finished sentences leave the
 batch (their rows are compacted away), so each step computes only live rows; on CUDA a batch
@@ -34,12 +34,13 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import (
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
     Bundle,
@@ -48,8 +49,9 @@ from service.bundle import (
     cross_names,
     load_bundle,
 )
-from service.decoding import DecodingOptions, Hypothesis, IntArray, search
-from service.step_state import (
+from service.bundle.tokenizer import TextTokenizer, load_tokenizer
+from service.inference.search import IntArray, search
+from service.inference.step_state import (
     BufferPool,
     StaticCacheState,
     bucket,
@@ -58,11 +60,10 @@ from service.step_state import (
     initial_capacity,
     source_bucket,
 )
-from service.tokenizer import TextTokenizer, load_tokenizer
+from service.settings import Device
 
 log = logging.getLogger(__name__)
 
-Device = Literal["auto", "cpu", "cuda"]
 _ORT_ERROR = 3  # ONNX Runtime's log severity levels: 0 verbose .. 4 fatal
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -150,17 +151,17 @@ class Engine:
     ) -> Engine:
         """Verify the bundle (hashes, tensor names) and open its graphs.
 
-        device "auto" takes CUDA when this ONNX Runtime has it and the bundle's decoder step
-        can run there (its cache is "gather", service/bundle.py), else the CPU; "cuda" logs a
-        warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the
-        CPU only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX
-        Runtime choose (one per physical core). `intra_op_spinning` lets those threads spin between
-        kernels instead of sleeping: off by default, because between two decoder steps this
-        process runs the search in Python, and spinning threads take the cores it needs (on
-        2 cores, spinning made greedy decoding 30-45 % slower). `padded` None pads batches
-        on CUDA and compacts them on the CPU (step_state.py); True or False forces one policy.
-        `cuda_graphs` captures each decoder-step shape as a CUDA graph and replays it (CUDA,
-        padded batches and a gather cache only; ignored, with a warning, elsewhere).
+        device "auto" takes CUDA when this ONNX Runtime has it and the bundle's decoder step can run
+        there (its cache is "gather", service/bundle/manifest.py), else the CPU; "cuda" logs a
+        warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the CPU
+        only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX Runtime
+        choose (one per physical core). `intra_op_spinning` lets those threads spin between kernels
+        instead of sleeping: off by default, because between two decoder steps this process runs the
+        search in Python, and spinning threads take the cores it needs (on 2 cores, spinning made
+        greedy decoding 30-45 % slower). `padded` None pads batches on CUDA and compacts them on the
+        CPU (step_state.py); True or False forces one policy. `cuda_graphs` captures each
+        decoder-step shape as a CUDA graph and replays it (CUDA, padded batches and a gather cache
+        only; ignored, with a warning, elsewhere).
         """
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest

@@ -18,9 +18,10 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ErrorRenderer, ErrorType, ServiceError, describe_validation_errors
+from service.errors import ErrorType, ServiceError
+from service.http.errors import ErrorRenderer, describe_validation_errors
 from service.metrics import Metrics
-from service.pipeline import Runtime
+from service.scheduling.runtime import Runtime
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

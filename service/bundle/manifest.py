@@ -11,7 +11,7 @@ Layout of a bundle directory (format version 5):
     manifest.json      this schema, written last by the exporter
     tokenizer.json     Hugging Face tokenizers file (this project's models), or, for Marian
                        (OPUS-MT) models, source.spm, target.spm and vocab.json (target_vocab.json
-                       with separate vocabularies): see service/tokenizer.py
+                       with separate vocabularies): see service/bundle/tokenizer.py
     encoder.onnx       input_ids, attention_mask (N, S) int64 -> memory (N, S, d_model),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh) for every decoder layer i
     decoder_step.onnx  one token for each of R = N * G rows: G per sentence (its beams), and a

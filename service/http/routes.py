@@ -1,6 +1,6 @@
 """The native HTTP routes: /translate, /languages, /health, /ready, /metrics, with their
-request and response models. The pipeline they call is service/pipeline.py; the LibreTranslate
-surface is service/libretranslate.py."""
+request and response models. The pipeline they call is service/scheduling/runtime.py; the
+LibreTranslate surface is service/http/libretranslate.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,17 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.decoding import FinishReason
+from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
-from service.http import RuntimeDep, read_json, require_api_key, unless_disconnected, validate
+from service.http.middleware import (
+    RuntimeDep,
+    read_json,
+    require_api_key,
+    unless_disconnected,
+    validate,
+)
 from service.metrics import Metrics
-from service.pipeline import Runtime, TextTranslation
+from service.scheduling.runtime import Runtime, TextTranslation
 
 
 class TranslateRequest(BaseModel):

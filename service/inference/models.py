@@ -1,9 +1,8 @@
-"""`create_app(settings)`: the FastAPI app, its routers and middlewares, and a lifespan that loads
-the models, starts the batchers, warms up, and on shutdown answers what was accepted."""
+"""The served models: the bundles `--bundle` names loaded as engines, or the shipped model's
+bundle, exported from its checkpoint on first start and whenever it is stale."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import logging
@@ -11,32 +10,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
-
-from service.api import router
-from service.bundle import (
+from service.bundle.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
     replace_directory,
     sha256_file,
 )
-from service.docs_ui import docs_router
-from service.errors import ErrorRenderer, install_error_handlers
-from service.http import (
-    BodyLimitMiddleware,
-    HttpMetricsMiddleware,
-    LargeBodyGate,
-    ResponseHeadersMiddleware,
-)
-from service.libretranslate import libretranslate_router
-from service.metrics import Metrics
-from service.pipeline import Runtime, TranslationModel
+from service.inference.engine import Engine
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,70 +27,9 @@ log = logging.getLogger(__name__)
 # model/transformer.py's WEIGHTS_FILE, which the manifest's provenance hashes (the service does
 # not import the model package: it needs torch).
 CHECKPOINT_WEIGHTS = "model.safetensors"
-# Bodies over this (64 KiB: some 15,000 words) take turns (service.http.LargeBodyGate).
-LARGE_BODY_BYTES = 1 << 16
-LARGE_BODY_HOLD_S = 0.05
 
 
-def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
-    """The service for `settings`. `models` replaces loading the bundles (tests pass fakes or
-    engines they already hold)."""
-    metrics = Metrics()
-    renderer = ErrorRenderer(metrics, settings.retry_after_s, settings.libretranslate_prefix)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = models
-        if loaded is None:
-            loaded = await asyncio.to_thread(load_models, settings)
-        runtime = Runtime(settings, metrics, loaded)
-        try:
-            await runtime.start()
-            app.state.runtime = runtime
-            log.info("ready: %s", ", ".join(f"{s} -> {t}" for s, t in runtime.models))
-            yield
-        finally:
-            await runtime.shutdown(settings.drain_timeout_s)
-
-    app = FastAPI(
-        title="transformer-mt",
-        description="Machine translation with a from-scratch Transformer on ONNX Runtime.",
-        version="0.1.0",
-        lifespan=lifespan,
-        # /translate/ is a 404, not a redirect whose Location echoes the Host header and the
-        # query string (which may hold an api_key).
-        redirect_slashes=False,
-        # Swagger UI from the package (service/static), not from a CDN: the service runs offline.
-        docs_url=None,
-        redoc_url=None,
-    )
-    app.state.metrics = metrics
-    app.include_router(router)
-    app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
-    if settings.libretranslate_prefix:
-        app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
-    install_error_handlers(app, renderer)
-    # The last added is the outermost: metrics see every answer, CORS and 413s included.
-    # Inside the body limit: a body over it is refused at once, not after waiting its turn.
-    app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-API-Key"],
-        )
-    app.add_middleware(ResponseHeadersMiddleware)
-    routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
-    return app
-
-
-def load_models(settings: Settings) -> list[TranslationModel]:
-    # Imported here: the engine pulls in ONNX Runtime, which apps built on fakes never need.
-    from service.engine import Engine
-
+def load_models(settings: Settings) -> list[Engine]:
     directories = settings.bundle or [shipped_bundle(settings.checkpoint, settings.shipped_bundle)]
     return [
         Engine.load(

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from service.errors import ErrorType, ServiceError
-from service.http import (
+from service.http.middleware import (
     PresentedKey,
     RuntimeDep,
     check_api_key,
@@ -20,7 +20,7 @@ from service.http import (
     unless_disconnected,
     validate,
 )
-from service.pipeline import Runtime
+from service.scheduling.runtime import Runtime
 
 # English names for the codes LibreTranslate clients display; others show their code.
 _LANGUAGE_NAMES = {

@@ -37,7 +37,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.errors import ERROR_TABLE, ErrorType
+from service.errors import ErrorType
+from service.http.errors import ERROR_TABLE
 
 # How long a refused connection is read (and dropped) after its 503, so that the client's request
 # bytes do not make the kernel answer with a reset that would discard the 503 before it is read.

@@ -5,7 +5,7 @@ bound once per batch.
 The cache of each layer is one (R, H, C, Dh) buffer per key and value, R = N * G rows (G per
 sentence: its beams), C positions. It is bound as both the step's past input and its present
 output, so each step writes its key/value at position T in place. How beams follow their
-back-pointers depends on the bundle's `decoder_cache` (service/bundle.py):
+back-pointers depends on the bundle's `decoder_cache` (service/bundle/manifest.py):
 - "indirection": only `cache_indirection` (N, G, C) changes: entry [n, g, t] names the beam of
   sentence n whose row holds position t of beam g. No step copies the cache.
 - "gather": `beam_rows` (R,) names the row each row continues; the next step gathers the cache
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle import (
+from service.bundle.manifest import (
     BEAM_ROWS,
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
@@ -172,7 +172,7 @@ class BufferPool:
 
 
 class StaticCacheState:
-    """`service.decoding.DecoderState` over decoder_step.onnx with a static, in-place cache.
+    """`service.inference.search.DecoderState` over decoder_step.onnx with a static, in-place cache.
 
     Rows as the search sees them: one per live sentence before beam search expands them, then
     G per live sentence, in the order of `self.live` (the sentences' slots in the buffers).

@@ -1,5 +1,5 @@
 """`docs_router(openapi_url, title)`: the Swagger UI page at /docs, with its JavaScript, CSS and
-favicon served from the package (service/static/swagger-ui/, see its README.md) instead of
+favicon served from the package (service/http/static/swagger-ui/, see its README.md) instead of
 FastAPI's default CDN: the service runs offline, and a page that pulls scripts from a third-party
 host without integrity checks would run whatever that host serves.
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from service.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 

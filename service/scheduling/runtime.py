@@ -20,12 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from service import segment
-from service.batcher import Batcher, BatchLimits
-from service.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
+from service.scheduling.batcher import Batcher, BatchLimits
 from service.settings import Settings
+from service.text import segment
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ WARM_UP_TEXT = "A man is riding a bike."
 
 
 class TranslationModel(Protocol):
-    """What the service needs of an engine (service.engine.Engine, or a test's fake)."""
+    """What the service needs of an engine (service.inference.engine.Engine, or a test's fake)."""
 
     name: str  # unique among the served models: the metrics' model label
     source_language: str

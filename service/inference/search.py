@@ -7,12 +7,9 @@ candidates per row instead of the whole vocabulary), the tests over hand-built l
 
 This is a deliberate mirror of model/search.py, the torch reference: `service/` may not import
 torch or `model/`, yet the service must give the reference's tokens exactly (its scores within
-float rounding), so both follow the same conventions step for step:
-- A hypothesis's ids exclude </s>; it has at most `max_decoding_length` of them and ends with
-  finish_reason "eos" or "length".
-- Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
-  length ** length_penalty, where length counts </s> too. Greedy search sums in float64, beam
-  search keeps running scores in float32, as the reference does.
+float rounding). Both take their options and per-step rules from one place,
+service/bundle/decoding.py (`DecodingOptions`, `StepPolicy`), and follow its conventions; the
+search itself:
 - Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, then
   `DecoderState.select` expands each into beam_size rows (CTranslate2's
   expand_after_first_step: at the start all beams are the same, so the first step costs one
@@ -33,65 +30,15 @@ tests/service/test_decoding.py checks on random tables that both searches agree.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy
+
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
-FinishReason = Literal["eos", "length"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodingOptions:
-    """CTranslate2-style decoding options; lengths count target tokens without </s>.
-
-    `return_scores` does not change the search (scores decide the n-best order, so they are
-    always computed and every `Hypothesis` carries one): it tells the caller whether to show
-    them, and being part of the options, requests that differ in it are never merged.
-    """
-
-    beam_size: int = 1  # 1 is greedy search
-    num_hypotheses: int = 1  # n-best list size, at most beam_size
-    length_penalty: float = 1.0
-    max_decoding_length: int = 256
-    min_decoding_length: int = 0
-    return_scores: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("beam_size", "num_hypotheses", "max_decoding_length", "min_decoding_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1 (1 is greedy), got {self.beam_size}")
-        if not 1 <= self.num_hypotheses <= self.beam_size:
-            raise ValueError(
-                f"num_hypotheses must be between 1 and beam_size ({self.beam_size}), "
-                f"got {self.num_hypotheses}"
-            )
-        if self.max_decoding_length < 1:
-            raise ValueError(
-                f"max_decoding_length must be at least 1, got {self.max_decoding_length}"
-            )
-        if not 0 <= self.min_decoding_length <= self.max_decoding_length:
-            raise ValueError(
-                f"min_decoding_length must be between 0 and max_decoding_length "
-                f"({self.max_decoding_length}), got {self.min_decoding_length}"
-            )
-        if not isinstance(self.length_penalty, int | float) or not math.isfinite(
-            self.length_penalty
-        ):
-            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    ids: list[int]  # target token ids, without </s>
-    score: float
-    finish_reason: FinishReason
 
 
 class DecoderState(Protocol):
@@ -134,17 +81,16 @@ def greedy_search(
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
+    policy = StepPolicy(options, eos_id)
     alive = list(range(batch_size))  # sentence index of each live row
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (R,)
     outputs: list[list[int]] = [[] for _ in range(batch_size)]
     totals = [0.0] * batch_size  # float64 sums of float32 log-probs, as the reference
     results: list[Hypothesis | None] = [None] * batch_size
     for step in range(options.max_decoding_length):
-        too_early = step < options.min_decoding_length
-        # One more candidate when </s> is forbidden: it may be the best one.
-        top_log_probs, top_ids = state.step(tokens, 2 if too_early else 1)  # (R, k)
-        if too_early:
-            top_log_probs, top_ids = _without(top_log_probs, top_ids, eos_id)
+        banned = policy.banned(step)
+        # One more candidate per banned token: it may be among the best.
+        top_log_probs, top_ids = _without(*state.step(tokens, 1 + len(banned)), banned)  # (R, 1)
         best, best_scores = top_ids[:, 0], top_log_probs[:, 0]  # (R,)
         keep = []
         for row, (sentence, token, score) in enumerate(
@@ -152,7 +98,7 @@ def greedy_search(
         ):
             totals[sentence] += score
             if token == eos_id:
-                normalized = _normalized(totals[sentence], step + 1, options.length_penalty)
+                normalized = policy.normalized(totals[sentence], step + 1)
                 results[sentence] = Hypothesis(outputs[sentence], normalized, "eos")
             else:
                 outputs[sentence].append(token)
@@ -167,9 +113,7 @@ def greedy_search(
         tokens = best.astype(np.int64)
     for sentence in alive:
         if results[sentence] is None:
-            normalized = _normalized(
-                totals[sentence], options.max_decoding_length, options.length_penalty
-            )
+            normalized = policy.normalized(totals[sentence], options.max_decoding_length)
             results[sentence] = Hypothesis(outputs[sentence], normalized, "length")
     return [r for r in results if r is not None]
 
@@ -179,6 +123,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
     sentence (sentence-major) after the first step."""
+    policy = StepPolicy(options, eos_id)
     k = options.beam_size
     alive = list(range(batch_size))  # sentence index of each live block of rows
     # One beam per sentence on the first step (all k would be the same), k from then on.
@@ -188,12 +133,10 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
 
     for step in range(options.max_decoding_length):
-        too_early = step < options.min_decoding_length
+        banned = policy.banned(step)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
-        # more when </s> is forbidden, as it may be one of them).
-        top_log_probs, top_ids = state.step(tokens, 2 * k + int(too_early))  # (N*beams, C)
-        if too_early:
-            top_log_probs, top_ids = _without(top_log_probs, top_ids, eos_id)
+        # more per banned token, as it may be one of them).
+        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + len(banned)), banned)
         n, beams, c = len(alive), scores.shape[1], top_log_probs.shape[-1]
         candidates = (scores[:, :, None] + top_log_probs.reshape(n, beams, c)).reshape(n, -1)
         beam_of = np.broadcast_to(np.repeat(np.arange(beams), c), (n, beams * c))  # (N, B*C)
@@ -223,7 +166,7 @@ def beam_search(
                         finished[sentence].append(
                             Hypothesis(
                                 history[i * beams + beam].tolist(),
-                                _normalized(score, step + 1, options.length_penalty),
+                                policy.normalized(score, step + 1),
                                 "eos",
                             )
                         )
@@ -269,7 +212,7 @@ def beam_search(
                 finished[sentence].append(
                     Hypothesis(
                         history[i * k + beam].tolist(),
-                        _normalized(score, options.max_decoding_length, options.length_penalty),
+                        policy.normalized(score, options.max_decoding_length),
                         "length",
                     )
                 )
@@ -279,18 +222,15 @@ def beam_search(
     ]
 
 
-def _normalized(score: float, length: int, length_penalty: float) -> float:
-    return score / math.pow(length, length_penalty)
-
-
 def _without(
-    top_log_probs: FloatArray, top_ids: IntArray, token: int
+    top_log_probs: FloatArray, top_ids: IntArray, banned: tuple[int, ...]
 ) -> tuple[FloatArray, IntArray]:
-    """The candidates with `token` left out, one column fewer, the rest in their order. A row
-    whose candidates do not hold `token` loses its last (worst) one instead."""
+    """The candidates without the `banned` tokens, len(banned) columns fewer, the rest in their
+    order: a row drops the banned tokens it holds and then its last (worst) candidates."""
+    if not banned:
+        return top_log_probs, top_ids
     rows, c = top_ids.shape
-    is_token = top_ids == token
-    # Each row drops its `token` column, or else its last column.
-    drop = np.where(is_token.any(axis=-1), is_token.argmax(axis=-1), c - 1)  # (R,)
-    keep = np.arange(c)[None, :] != drop[:, None]  # (R, C), one False per row
-    return top_log_probs[keep].reshape(rows, c - 1), top_ids[keep].reshape(rows, c - 1)
+    kept = c - len(banned)
+    keep = ~np.isin(top_ids, banned)  # (R, C)
+    keep &= np.cumsum(keep, axis=-1) <= kept  # exactly C - len(banned) per row
+    return top_log_probs[keep].reshape(rows, kept), top_ids[keep].reshape(rows, kept)

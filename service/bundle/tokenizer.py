@@ -31,7 +31,7 @@ from typing import Protocol
 import sentencepiece
 from tokenizers import Tokenizer
 
-from service.bundle import Bundle, BundleError, SentencePieceFiles, SpecialIds
+from service.bundle.manifest import Bundle, BundleError, SentencePieceFiles, SpecialIds
 
 # transformers' clean_up_tokenization, applied in this order when a Marian checkpoint asks for
 # it (clean_up_tokenization_spaces in its tokenizer_config.json).

@@ -1,0 +1,90 @@
+"""`create_app(settings)`: the FastAPI app, its routers and middlewares, and a lifespan that loads
+the models, starts the batchers, warms up, and on shutdown answers what was accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from service.http.docs_ui import docs_router
+from service.http.errors import ErrorRenderer, install_error_handlers
+from service.http.libretranslate import libretranslate_router
+from service.http.middleware import (
+    BodyLimitMiddleware,
+    HttpMetricsMiddleware,
+    LargeBodyGate,
+    ResponseHeadersMiddleware,
+)
+from service.http.routes import router
+from service.metrics import Metrics
+from service.scheduling.runtime import Runtime, TranslationModel
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Bodies over this (64 KiB: some 15,000 words) take turns (service.http.LargeBodyGate).
+LARGE_BODY_BYTES = 1 << 16
+LARGE_BODY_HOLD_S = 0.05
+
+
+def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
+    """The service for `settings`. `models` replaces loading the bundles (tests pass fakes or
+    engines they already hold)."""
+    metrics = Metrics()
+    renderer = ErrorRenderer(metrics, settings.retry_after_s, settings.libretranslate_prefix)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = models
+        if loaded is None:
+            # Imported here: the engine pulls in ONNX Runtime, which apps built on fakes never need.
+            from service.inference.models import load_models
+
+            loaded = await asyncio.to_thread(load_models, settings)
+        runtime = Runtime(settings, metrics, loaded)
+        try:
+            await runtime.start()
+            app.state.runtime = runtime
+            log.info("ready: %s", ", ".join(f"{s} -> {t}" for s, t in runtime.models))
+            yield
+        finally:
+            await runtime.shutdown(settings.drain_timeout_s)
+
+    app = FastAPI(
+        title="transformer-mt",
+        description="Machine translation with a from-scratch Transformer on ONNX Runtime.",
+        version="0.1.0",
+        lifespan=lifespan,
+        # /translate/ is a 404, not a redirect whose Location echoes the Host header and the
+        # query string (which may hold an api_key).
+        redirect_slashes=False,
+        # Swagger UI from the package (service/static), not from a CDN: the service runs offline.
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.metrics = metrics
+    app.include_router(router)
+    app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
+    if settings.libretranslate_prefix:
+        app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
+    install_error_handlers(app, renderer)
+    # The last added is the outermost: metrics see every answer, CORS and 413s included.
+    # Inside the body limit: a body over it is refused at once, not after waiting its turn.
+    app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+        )
+    app.add_middleware(ResponseHeadersMiddleware)
+    routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
+    return app
