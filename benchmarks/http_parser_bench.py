@@ -44,8 +44,8 @@ def serve(parser: str, bundle: Path, port: int) -> None:
     """The service as `python -m service` runs it ("guarded"), or on uvicorn's `parser`."""
     import uvicorn
 
-    from service.__main__ import uvicorn_config
     from service.http.app import create_app
+    from service.http.server import uvicorn_config
     from service.settings import Settings
 
     settings = Settings(

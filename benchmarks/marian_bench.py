@@ -8,7 +8,7 @@ the uncached loop, on the same weights, in one run.
    (benchmarks/marian_checkpoint.py): 6 + 6 layers, d_model 512, 8 heads, d_ff 2048, swish, a
    joint vocabulary of 32,000 tokens (SentencePiece models trained on Multi30k en and de,
    padded with filler tokens), max positions 512: an OPUS-MT model's shape, 74M parameters.
-2. Imports it (model/import_marian.py) and exports fp32 and int8 bundles (python -m export).
+2. Imports it (model/importers/marian.py) and exports fp32 and int8 bundles (python -m export).
 3. Runs benchmarks/engine_bench.py on the first N Multi30k test_2016_flickr sentences, every
    system decoding exactly --length tokens per sentence (min = max: random weights stop
    anywhere, so a free length would measure different work per system): engine-fp32/int8,
@@ -37,7 +37,7 @@ from benchmarks import engine_bench
 from benchmarks.marian_checkpoint import write_checkpoint
 from export.onnx_export import export_bundle
 from model.data import read_lines
-from model.import_marian import import_marian
+from model.importers import marian
 from service.inference.models import stale_reason
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
@@ -60,7 +60,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
             **BASE,  # type: ignore[arg-type]
         )
     if not (checkpoint / "config.json").is_file():
-        import_marian(hf, checkpoint)
+        marian.import_checkpoint(hf, checkpoint)
     for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
         # Missing, of an older bundle format, or from other weights (the checkpoint exists
         # here, so stale_reason names each of these): exported (again).

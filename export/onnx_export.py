@@ -230,7 +230,7 @@ def _checkpoint_tokenizer(
 ) -> str | SentencePieceFiles:
     """The checkpoint's tokenizer as the manifest names it, checked against the model: this
     project's tokenizer.json, or the SentencePiece files config.json lists (an imported Marian
-    model, see model/import_marian.py)."""
+    model, see model/importers/marian.py)."""
     if "tokenizer" not in meta:
         tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
         if tokenizer.get_vocab_size() != config.vocab_size:

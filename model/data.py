@@ -44,6 +44,12 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str]
     return src, tgt
 
 
+def language_of(path: str | Path) -> str:
+    """'train.en.gz' -> 'en'."""
+    name = Path(path).name.removesuffix(".gz")
+    return name.rsplit(".", 1)[-1] if "." in name else ""
+
+
 @dataclass(frozen=True)
 class Example:
     src: list[int]  # source ids followed by </s>

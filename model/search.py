@@ -28,7 +28,14 @@ from torch import Tensor
 
 from model.data import pad
 from model.transformer import BOS_ID, EOS_ID, PAD_ID, Transformer
-from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy, options_within
+from service.bundle.decoding import (
+    BeamBook,
+    DecodingOptions,
+    GreedyBook,
+    Hypothesis,
+    StepPolicy,
+    options_within,
+)
 
 DecoderKind = Literal["cached", "uncached"]
 
@@ -100,45 +107,20 @@ def greedy_search(
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
-    policy = StepPolicy(options, eos_id)
-    alive = list(range(batch_size))  # sentence index of each live row
+    book = GreedyBook(StepPolicy(options, eos_id), batch_size)
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
-    outputs: list[list[int]] = [[] for _ in range(batch_size)]
-    scores = [0.0] * batch_size
-    results: list[Hypothesis | None] = [None] * batch_size
     for step in range(options.max_decoding_length):
-        log_probs = _without(stepper.step(tokens), policy.banned(step))  # (R, V)
-        best_scores, best = log_probs.max(dim=-1)  # (R,)
-        keep = []
-        for row, (sentence, token, score) in enumerate(
-            zip(alive, best.tolist(), best_scores.tolist(), strict=True)
-        ):
-            scores[sentence] += score
-            if token == eos_id:
-                results[sentence] = Hypothesis(
-                    outputs[sentence],
-                    policy.normalized(scores[sentence], step + 1),
-                    "eos",
-                )
-            else:
-                outputs[sentence].append(token)
-                keep.append(row)
-        if len(keep) < len(alive):
-            if not keep:
-                break
+        log_probs = _without(stepper.step(tokens), book.policy.banned(step))  # (R, V)
+        best_log_probs, best = log_probs.max(dim=-1)  # (R,)
+        keep = book.advance(step, best.tolist(), best_log_probs.tolist())
+        if not keep:
+            break
+        if len(keep) < len(best):
             rows = torch.tensor(keep, device=device)
             stepper.select(rows, rows)
             best = best.index_select(0, rows)
-            alive = [alive[r] for r in keep]
         tokens = best
-    for sentence in alive:
-        if results[sentence] is None:
-            results[sentence] = Hypothesis(
-                outputs[sentence],
-                policy.normalized(scores[sentence], options.max_decoding_length),
-                "length",
-            )
-    return [r for r in results if r is not None]
+    return book.results()
 
 
 def beam_search(
@@ -152,99 +134,46 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
     sentence (sentence-major) from the second step on: it expands them itself (`select`)."""
-    policy = StepPolicy(options, eos_id)
+    book = BeamBook(StepPolicy(options, eos_id), batch_size)
     k = options.beam_size
-    alive = list(range(batch_size))  # sentence index of each live block of rows
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = torch.zeros(batch_size, 1, device=device)  # (N, beams)
     history = torch.zeros(batch_size, 0, dtype=torch.long, device=device)  # (N*beams, t)
     tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+
+    def tokens_of(row: int) -> list[int]:
+        return list(history[row].tolist())
 
     for step in range(options.max_decoding_length):
-        log_probs = _without(stepper.step(tokens), policy.banned(step))  # (N*beams, V)
-        n, beams, vocab = len(alive), scores.size(1), log_probs.size(-1)
+        log_probs = _without(stepper.step(tokens), book.policy.banned(step))  # (N*beams, V)
+        n, beams, vocab = len(book.alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
-        next_rows: list[int] = []
-        next_tokens: list[int] = []
-        next_scores: list[float] = []
-        keep_blocks: list[int] = []
-        for i, (sentence, cand_scores, cand_index) in enumerate(
-            zip(alive, top_scores.tolist(), top_index.tolist(), strict=True)
-        ):
-            rows, toks, scs = [], [], []
-            for j, (score, index) in enumerate(zip(cand_scores, cand_index, strict=True)):
-                if score == -math.inf or len(rows) == k:
-                    break
-                beam, token = divmod(index, vocab)
-                if token == eos_id:
-                    if j < k:
-                        finished[sentence].append(
-                            Hypothesis(
-                                history[i * beams + beam].tolist(),
-                                policy.normalized(score, step + 1),
-                                "eos",
-                            )
-                        )
-                    continue
-                rows.append(i * beams + beam)
-                toks.append(token)
-                scs.append(score)
-            if len(finished[sentence]) >= k:
-                continue
-            while len(rows) < k:  # fewer live candidates than beams: dead filler rows
-                rows.append(i * beams)
-                toks.append(eos_id)
-                scs.append(-math.inf)
-            keep_blocks.append(i)
-            next_rows += rows
-            next_tokens += toks
-            next_scores += scs
-        if not keep_blocks:
-            alive = []
+        index = top_index.tolist()
+        moves = book.advance(
+            step,
+            beams,
+            top_scores.tolist(),
+            [[i // vocab for i in row] for row in index],
+            [[i % vocab for i in row] for row in index],
+            tokens_of,
+        )
+        if moves is None:
             break
-        row_index = torch.tensor(next_rows, device=device)
-        kept = torch.tensor(keep_blocks, device=device)
-        if beams < k:
-            # After the first step: each kept sentence's row becomes its k beams.
-            stepper.select(row_index, kept)
-        elif len(keep_blocks) < n:
-            # Rows of finished sentences leave: select whole blocks, then reorder within them.
-            kept_rows = torch.tensor(
-                [b * k + r for b in keep_blocks for r in range(k)], device=device
+        if moves.select is not None:
+            rows, sentences = moves.select
+            stepper.select(
+                torch.tensor(rows, device=device), torch.tensor(sentences, device=device)
             )
-            stepper.select(kept_rows, kept)
-            position = {b: p for p, b in enumerate(keep_blocks)}
-            row_index_in_kept = torch.tensor(
-                [position[r // k] * k + r % k for r in next_rows], device=device
-            )
-            stepper.reorder(row_index_in_kept)
-        else:
-            stepper.reorder(row_index)
+        if moves.reorder is not None:
+            stepper.reorder(torch.tensor(moves.reorder, device=device))
+        tokens = torch.tensor(moves.tokens, device=device)
         history = torch.cat(
-            [history.index_select(0, row_index), torch.tensor(next_tokens, device=device)[:, None]],
+            [history.index_select(0, torch.tensor(moves.rows, device=device)), tokens[:, None]],
             dim=1,
         )
-        tokens = torch.tensor(next_tokens, device=device)
-        scores = torch.tensor(next_scores, device=device).view(len(keep_blocks), k)
-        alive = [alive[b] for b in keep_blocks]
-
-    for i, sentence in enumerate(alive):
-        for beam in range(k):
-            score = float(scores[i, beam])
-            if score > -math.inf:
-                finished[sentence].append(
-                    Hypothesis(
-                        history[i * k + beam].tolist(),
-                        policy.normalized(score, options.max_decoding_length),
-                        "length",
-                    )
-                )
-    return [
-        sorted(hyps, key=lambda h: h.score, reverse=True)[: options.num_hypotheses]
-        for hyps in finished
-    ]
+        scores = torch.tensor(moves.scores, device=device).view(-1, k)
+    return book.results(scores.tolist(), tokens_of)
 
 
 def _without(log_probs: Tensor, banned: tuple[int, ...]) -> Tensor:

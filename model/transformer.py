@@ -15,16 +15,17 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 # The special-token ids of this project's tokenizer (model/tokenizer.py), and the defaults of
-# ModelConfig's special ids; an imported model (model/import_marian.py) sets its own.
+# ModelConfig's special ids; an imported model (model/importers/marian.py) sets its own.
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
@@ -57,7 +58,7 @@ class ModelConfig:
     # mapping a sentence's tokens onto one vector early in training, after which it does not
     # learn to align (benchmarks/RESULTS.md, issue 16); 1.0 is the plain initialisation.
     branch_init_scale: float = 1.0
-    # The fields below default to this project's own models; model/import_marian.py sets them
+    # The fields below default to this project's own models; model/importers/marian.py sets them
     # for Marian (OPUS-MT) checkpoints.
     activation: Activation = "relu"  # of the feed-forward's hidden layer; swish = x * sigmoid(x)
     positions: PositionLayout = "interleaved"
@@ -220,10 +221,15 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.w_q(x).reshape(k.size(0), -1, d_model))  # (N, H, G*Tq, Dh)
         out, _ = scaled_dot_product_attention(q, k, v, mask, self.dropout)
         out = out.transpose(1, 2).reshape(b, t, d_model)  # (B, Tq, d_model)
-        return self.w_o(out)
+        projected: Tensor = self.w_o(out)
+        return projected
 
 
-_ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}  # gelu: the exact (erf) one
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "swish": F.silu,
+    "gelu": F.gelu,  # the exact (erf) one
+}
 
 
 class FeedForward(nn.Module):
@@ -237,7 +243,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(config.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(self.activation(self.w_1(x))))
+        out: Tensor = self.w_2(self.dropout(self.activation(self.w_1(x))))
+        return out
 
 
 class Residual(nn.Module):
@@ -252,12 +259,18 @@ class Residual(nn.Module):
 
     def inner(self, x: Tensor) -> Tensor:
         """What the sub-layer sees."""
-        return self.norm(x) if self.pre_norm else x
+        if not self.pre_norm:
+            return x
+        normed: Tensor = self.norm(x)
+        return normed
 
     def outer(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
         """Combine the residual stream with the sub-layer's output."""
-        y = x + self.dropout(sublayer_out)
-        return y if self.pre_norm else self.norm(y)
+        y: Tensor = x + self.dropout(sublayer_out)
+        if self.pre_norm:
+            return y
+        normed: Tensor = self.norm(y)
+        return normed
 
 
 class EncoderLayer(nn.Module):
@@ -268,11 +281,11 @@ class EncoderLayer(nn.Module):
         self.sublayer = nn.ModuleList([Residual(config) for _ in range(2)])
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        r = self.sublayer[0]
+        r = cast(Residual, self.sublayer[0])  # (nn.ModuleList's items are typed as Modules)
         y = r.inner(x)
         k, v = self.self_attn.project_kv(y)
         x = r.outer(x, self.self_attn.attend(y, k, v, src_mask))
-        r = self.sublayer[1]
+        r = cast(Residual, self.sublayer[1])
         return r.outer(x, self.feed_forward(r.inner(x)))
 
 
@@ -298,16 +311,16 @@ class DecoderLayer(nn.Module):
 
         Returns the layer output and the self-attention keys/values including the new positions.
         """
-        r = self.sublayer[0]
+        r = cast(Residual, self.sublayer[0])  # (nn.ModuleList's items are typed as Modules)
         y = r.inner(x)
         k, v = self.self_attn.project_kv(y)  # (B, H, T, Dh)
         if past_k is not None and past_v is not None:
             k = torch.cat([past_k, k], dim=2)  # (B, H, T_past + T, Dh)
             v = torch.cat([past_v, v], dim=2)
         x = r.outer(x, self.self_attn.attend(y, k, v, tgt_mask))
-        r = self.sublayer[1]
+        r = cast(Residual, self.sublayer[1])
         x = r.outer(x, self.cross_attn.attend(r.inner(x), cross_k, cross_v, src_mask))
-        r = self.sublayer[2]
+        r = cast(Residual, self.sublayer[2])
         x = r.outer(x, self.feed_forward(r.inner(x)))
         return x, k, v
 
@@ -355,6 +368,10 @@ class DecoderCache:
 
 
 class Transformer(nn.Module):
+    # Buffers (register_buffer below), declared for the type checker.
+    positional_encoding: Tensor  # (max_positions, d_model)
+    suppressed: Tensor  # (V,) bool: ids never generated
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -435,18 +452,21 @@ class Transformer(nn.Module):
         x = embedding(ids)  # (B, L, d_model)
         if self.config.scale_embedding:
             x = x * math.sqrt(self.config.d_model)
-        return self.embed_dropout(x + pe)
+        out: Tensor = self.embed_dropout(x + pe)
+        return out
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """src (B, S) ids, src_mask (B, 1, 1, S) -> memory (B, S, d_model)."""
         x = self.embed(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
-        return self.encoder_norm(x)
+        memory: Tensor = self.encoder_norm(x)
+        return memory
 
     def cross_kv(self, memory: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Cross-attention keys and values of every decoder layer, each (B, H, S, Dh)."""
-        pairs = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        layers = cast(list[DecoderLayer], list(self.decoder_layers))
+        pairs = [layer.cross_attn.project_kv(memory) for layer in layers]
         return [k for k, _ in pairs], [v for _, v in pairs]
 
     def output_logits(self, x: Tensor) -> Tensor:

@@ -2,10 +2,8 @@
 uvicorn. Every setting is a flag (`--help` lists them) and an `MT_*` environment variable.
 
 SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted request is
-translated and answered; then the server exits, all within `--drain-timeout-s`. A SIGTERM or
-SIGINT during the drain (or during uvicorn's own shutdown) stops at once: open connections are
-not waited for, and the process dies of that signal. A first SIGINT is uvicorn's own graceful
-shutdown, bounded by `--drain-timeout-s` too.
+translated and answered; then the server exits, all within `--drain-timeout-s`
+(service/http/server.py).
 
 Keep-alive: an idle connection stays open `--keep-alive-timeout-s` (75 s), longer than the
 proxies and client pools in front keep theirs, so that they close idle connections, never the
@@ -15,151 +13,18 @@ time, and open connections in number (service/http/connections.py).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import re
-import resource
-import signal
-import socket
 import sys
-import time
-from types import FrameType
 
-import uvicorn
-from fastapi import FastAPI
 from pydantic_settings import CliApp
 
 from service.bundle.manifest import BundleError
 from service.http.app import create_app
-from service.http.connections import guarded_protocol
+from service.http.server import DrainingServer, uvicorn_config
 from service.inference.models import shipped_bundle
-from service.metrics import Metrics
-from service.scheduling.runtime import Runtime
 from service.settings import Settings
 
 log = logging.getLogger("service")
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, except that the first SIGTERM lets the app finish its accepted requests while
-    the port stays open (so new requests get a 503, not a refused connection)."""
-
-    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float) -> None:
-        super().__init__(config)
-        self._app = app
-        self._drain_timeout_s = drain_timeout_s
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._draining = False
-        self._drain_task: asyncio.Task[None] | None = None
-
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining or self.should_exit:
-            # A second signal: uvicorn's own handler would only set should_exit again, and its
-            # wait for open connections has no bound until the drain sets one. Stop now; the
-            # signal, recorded by uvicorn, is raised again once the server is down.
-            super().handle_exit(sig, frame)
-            self.should_exit = self.force_exit = True
-            return
-        if sig == signal.SIGTERM and self._loop is not None:
-            self._draining = True
-            # A signal handler runs between bytecodes of the loop's thread: hand over to the loop.
-            self._loop.call_soon_threadsafe(self._start_drain)
-            return
-        super().handle_exit(sig, frame)
-
-    def _start_drain(self) -> None:
-        # Held here: the event loop keeps only a weak reference to its tasks.
-        self._drain_task = asyncio.create_task(self._drain())
-
-    async def _drain(self) -> None:
-        end = time.monotonic() + self._drain_timeout_s
-        runtime: Runtime | None = getattr(self._app.state, "runtime", None)
-        log.info("SIGTERM: finishing accepted requests (up to %.0f s)", self._drain_timeout_s)
-        if runtime is not None:
-            await runtime.finish_requests(self._drain_timeout_s)
-        # What is left of the timeout bounds uvicorn's wait for open connections.
-        self.config.timeout_graceful_shutdown = max(1, round(end - time.monotonic()))
-        self.should_exit = True
-
-
-# Descriptors the process needs besides its connections: models, threads' pipes, logs, the
-# listening socket, connections being refused.
-_SPARE_FILES = 256
-
-
-class RedactApiKeys(logging.Filter):
-    """Access-log lines show `api_key=***` for a key sent in the query string (LibreTranslate
-    clients may send it there): a key must not end up in log storage."""
-
-    _KEY = re.compile(r"((?:^|[?&])api(?:_|%5f)key=)[^&]*", re.IGNORECASE)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                self._KEY.sub(r"\1***", arg) if isinstance(arg, str) else arg for arg in record.args
-            )
-        return True
-
-
-def fit_open_files(max_connections: int) -> int:
-    """Raise the open-file limit to what `max_connections` needs (up to the hard limit); returns
-    the connection limit that fits, lowered (with a warning) when the hard limit is smaller."""
-    needed = max_connections + _SPARE_FILES
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as e:
-            log.warning("cannot raise the open-file limit from %d: %s", soft, e)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        fitted = max(1, soft - _SPARE_FILES)
-        log.warning(
-            "max_connections %d lowered to %d: the open-file limit is %d (ulimit -n)",
-            max_connections,
-            fitted,
-            soft,
-        )
-        return fitted
-    return max_connections
-
-
-def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings from ours: the httptools protocol with our connection limits (see
-    service/http/connections.py). The graceful-shutdown bound is the drain's: the SIGTERM drain
-    narrows it to what is left of the drain; a SIGINT shutdown keeps all of it."""
-    metrics: Metrics = app.state.metrics
-    protocol = guarded_protocol(
-        max_connections=fit_open_files(settings.max_connections),
-        max_header_bytes=settings.max_header_bytes,
-        header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        retry_after_s=settings.retry_after_s,
-        on_event=metrics.connection_event,
-    )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        lifespan="on",
-        http=protocol,
-        ws="none",  # no WebSocket routes: an Upgrade request stays an HTTP request
-        server_header=False,
-        timeout_keep_alive=settings.keep_alive_timeout_s,
-        backlog=settings.backlog,
-        limit_concurrency=settings.limit_concurrency,
-        forwarded_allow_ips=settings.forwarded_allow_ips,
-        timeout_graceful_shutdown=max(1, round(settings.drain_timeout_s)),
-    )
-    # After the Config: it (re)configures uvicorn's loggers.
-    logging.getLogger("uvicorn.access").addFilter(RedactApiKeys())
-    return config
 
 
 def main(argv: list[str] | None = None) -> int:

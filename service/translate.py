@@ -4,11 +4,14 @@
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
         [--max-decoding-length N] < in.txt > out.txt
 
-One output line per input line, in order; empty lines stay empty. The input must be UTF-8, and
-every line is checked against the model's input limit before anything is translated, so a bad
-byte or a too-long line fails the run (exit status 2, naming the line) instead of being truncated
-or leaving a partial output. Progress goes
-to stderr when it is a terminal; a summary is logged at the end.
+One output line per input line, in order; empty lines stay empty. Each line goes through the
+same text pipeline as a text sent over HTTP (service/text/pipeline.py): split into sentences,
+checked against the same limits, decoded with the same options (the service's settings, MT_*
+variables included, under the flags given here), reassembled around its separators; so a line
+gets the translation the service gives it. The input must be UTF-8, and every line is checked
+before anything is translated, so a bad byte or a too-long sentence fails the run (exit status
+2, naming the line) instead of being truncated or leaving a partial output. Progress goes to
+stderr when it is a terminal; a summary is logged at the end.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from typing import TextIO
 
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
+from service.errors import ServiceError
 from service.inference.engine import Engine
 from service.settings import Settings
+from service.text import pipeline
 
 log = logging.getLogger(__name__)
 
@@ -58,31 +63,32 @@ def translate_lines(
     options: DecodingOptions,
     *,
     out: TextIO,
+    max_segment_characters: int,
     target: str | None = None,
     on_progress: Callable[[int], None] = lambda done: None,
 ) -> int:
     """Write one translation per line to `out`, window by window; returns target tokens.
 
-    Raises ValueError, naming the line, before anything is written if a line is too long.
+    Raises ServiceError, naming the line, before anything is written if a line is over a limit.
     """
-    sources = engine.encode(lines, target)
-    for number, ids in enumerate(sources, start=1):
-        if len(ids) > engine.max_input_tokens:
-            raise ValueError(
-                f"line {number} has {len(ids)} tokens, more than the limit of "
-                f"{engine.max_input_tokens} (</s> included); split it and try again"
-            )
+    prepared = pipeline.prepare(
+        engine,
+        lines,
+        target,
+        max_segment_characters=max_segment_characters,
+        label=lambda index: f"line {index + 1}",
+    )
     window = engine.max_batch_size * _BATCHES_PER_WINDOW
     tokens = 0
-    for start in range(0, len(sources), window):
-        nbest = engine.generate(sources[start : start + window], options)
-        for hyps in nbest:
-            best = hyps[0]
-            tokens += len(best.ids)
+    for start in range(0, len(lines), window):
+        part = prepared.texts(start, start + window)
+        nbest = engine.generate(part.sources, options)
+        tokens += sum(len(hyps[0].ids) for hyps in nbest)
+        for translation in pipeline.assemble(engine, part, nbest, 1):
             # One line in, one line out: a newline in a translation would shift every line.
-            out.write(engine.decode(best.ids).replace("\n", " ") + "\n")
+            out.write(translation.texts[0].replace("\n", " ") + "\n")
         out.flush()
-        on_progress(min(start + window, len(sources)))
+        on_progress(min(start + window, len(lines)))
     return tokens
 
 
@@ -107,23 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bundle", required=True, help="bundle directory (python -m export)")
     p.add_argument("--target", help="target language, for a multi-target model")
-    p.add_argument("--beam-size", type=int, default=4, help="1 is greedy (default 4)")
+    p.add_argument("--beam-size", type=int, help="1 is greedy (default: the service's, 4)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--device-id", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
-    default_lp = Settings.model_fields["default_length_penalty"].default
     p.add_argument(
         "--length-penalty",
         type=float,
-        default=default_lp,
-        help=f"default {default_lp}, the service's (the shipped model's card says why)",
+        help="default: the service's, 1.0 (the shipped model's card says why)",
     )
     p.add_argument(
         "--max-decoding-length",
         type=int,
-        default=None,
-        help="target tokens per line (default: the model's max positions)",
+        help="target tokens per sentence (default: the service's, 256, capped by the model)",
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -135,14 +138,16 @@ def main(argv: list[str] | None = None) -> int:
             intra_op_threads=args.threads,
             max_batch_size=args.batch_size,
         )
-        options = DecodingOptions(
-            beam_size=args.beam_size,
-            length_penalty=args.length_penalty,
-            max_decoding_length=(
-                engine.max_input_tokens
-                if args.max_decoding_length is None
-                else args.max_decoding_length
-            ),
+        settings = Settings.model_validate({})  # the defaults under the MT_* variables
+        requested = {
+            "beam_size": args.beam_size,
+            "length_penalty": args.length_penalty,
+            "max_decoding_length": args.max_decoding_length,
+        }
+        options = pipeline.decoding_options(
+            settings,
+            {name: value for name, value in requested.items() if value is not None},
+            max_input_tokens=engine.max_input_tokens,
         )
         # Lines end at "\n" only (str.splitlines would also split at U+2028 and friends, and
         # the output would no longer line up with the input).
@@ -155,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
             lines,
             options,
             out=sys.stdout,
+            max_segment_characters=settings.max_segment_characters,
             target=args.target,
             on_progress=_Progress(len(lines), sys.stderr).update,
         )
-    except (BundleError, ValueError) as e:
+    except (BundleError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start

@@ -16,7 +16,7 @@ import torch
 
 from export.onnx_export import export_bundle
 from model.data import read_lines
-from model.import_marian import import_marian
+from model.importers.marian import import_checkpoint as import_marian
 from model.tokenizer import TOKENIZER_FILE, train_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
 

@@ -21,6 +21,7 @@ Conventions both searches follow:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -102,3 +103,146 @@ class StepPolicy:
         """A finished hypothesis's score: the sum of its log-probs over `length` tokens (</s>
         counted) ** length_penalty."""
         return score / math.pow(length, self.options.length_penalty)
+
+
+class GreedyBook:
+    """A greedy search's decisions, the same in both searches (each keeps its own arrays):
+    every live row takes its best token; a row that takes </s> finishes and leaves the batch."""
+
+    def __init__(self, policy: StepPolicy, batch_size: int) -> None:
+        self.policy = policy
+        self.alive = list(range(batch_size))  # sentence index of each live row
+        self._outputs: list[list[int]] = [[] for _ in range(batch_size)]
+        self._totals = [0.0] * batch_size  # float64 sums of float32 log-probs
+        self._results: list[Hypothesis | None] = [None] * batch_size
+
+    def advance(self, step: int, tokens: list[int], log_probs: list[float]) -> list[int]:
+        """Each live row's best token at `step` and its log-prob -> the rows that go on, in
+        order (all of them when none finished)."""
+        keep = []
+        for row, (sentence, token, log_prob) in enumerate(
+            zip(self.alive, tokens, log_probs, strict=True)
+        ):
+            self._totals[sentence] += log_prob
+            if token == self.policy.eos_id:
+                score = self.policy.normalized(self._totals[sentence], step + 1)
+                self._results[sentence] = Hypothesis(self._outputs[sentence], score, "eos")
+            else:
+                self._outputs[sentence].append(token)
+                keep.append(row)
+        self.alive = [self.alive[row] for row in keep]
+        return keep
+
+    def results(self) -> list[Hypothesis]:
+        """One hypothesis per sentence; those still alive end at max_decoding_length."""
+        length = self.policy.options.max_decoding_length
+        for sentence in self.alive:
+            score = self.policy.normalized(self._totals[sentence], length)
+            self._results[sentence] = Hypothesis(self._outputs[sentence], score, "length")
+        return [r for r in self._results if r is not None]
+
+
+@dataclass(frozen=True)
+class BeamMoves:
+    """What one step of beam search decided, for the search to apply to its own arrays: the
+    next rows (K per sentence that goes on, sentence-major), and how the decoder's rows move."""
+
+    rows: list[int]  # the row each next row continues, in the step's numbering
+    tokens: list[int]  # the token each next row takes
+    scores: list[float]  # each next row's running score (-inf: a dead filler row)
+    select: tuple[list[int], list[int]] | None  # first DecoderState.select(rows, sentences)
+    reorder: list[int] | None  # then DecoderState.reorder(rows)
+
+
+class BeamBook:
+    """A batched beam search's decisions, the same in both searches (each keeps its own arrays
+    and ranks its own candidates).
+
+    CTranslate2/fairseq's rules: the first step runs one row per sentence, whose best candidates
+    become its K beams (expand_after_first_step); each step scans a sentence's 2K best
+    candidates, a </s> among the first K finishes a hypothesis, the others continue until K
+    beams are filled; a sentence with K finished hypotheses leaves the batch."""
+
+    def __init__(self, policy: StepPolicy, batch_size: int) -> None:
+        self.policy = policy
+        self.k = policy.options.beam_size
+        self.alive = list(range(batch_size))  # sentence index of each live block of rows
+        self._finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+
+    def advance(
+        self,
+        step: int,
+        beams: int,
+        scores: list[list[float]],
+        beam_ids: list[list[int]],
+        tokens: list[list[int]],
+        history: Callable[[int], list[int]],
+    ) -> BeamMoves | None:
+        """The step's choice: for each live sentence (`beams` rows each: 1 on the first step,
+        K after), its best candidates, best first, as running scores, the beam (within the
+        sentence) and the token of each; `history(row)` is a row's tokens so far. None when
+        every sentence has finished."""
+        k, eos_id = self.k, self.policy.eos_id
+        next_rows: list[int] = []
+        next_tokens: list[int] = []
+        next_scores: list[float] = []
+        kept: list[int] = []
+        for i, (sentence, row_scores, row_beams, row_tokens) in enumerate(
+            zip(self.alive, scores, beam_ids, tokens, strict=True)
+        ):
+            rows: list[int] = []
+            toks: list[int] = []
+            scs: list[float] = []
+            for j, (score, beam, token) in enumerate(
+                zip(row_scores, row_beams, row_tokens, strict=True)
+            ):
+                if score == -math.inf or len(rows) == k:
+                    break
+                if token == eos_id:
+                    if j < k:
+                        normalized = self.policy.normalized(score, step + 1)
+                        hypothesis = Hypothesis(history(i * beams + beam), normalized, "eos")
+                        self._finished[sentence].append(hypothesis)
+                    continue
+                rows.append(i * beams + beam)
+                toks.append(token)
+                scs.append(score)
+            if len(self._finished[sentence]) >= k:
+                continue
+            while len(rows) < k:  # fewer live candidates than beams: dead filler rows
+                rows.append(i * beams)
+                toks.append(eos_id)
+                scs.append(-math.inf)
+            kept.append(i)
+            next_rows += rows
+            next_tokens += toks
+            next_scores += scs
+        live = len(self.alive)
+        self.alive = [self.alive[i] for i in kept]
+        if not kept:
+            return None
+        if beams < k:
+            # After the first step: each kept sentence's row becomes its K beams.
+            return BeamMoves(next_rows, next_tokens, next_scores, (next_rows, kept), None)
+        if len(kept) < live:
+            # Rows of finished sentences leave: select whole blocks, then reorder within them.
+            kept_rows = [b * k + r for b in kept for r in range(k)]
+            position = {b: p for p, b in enumerate(kept)}
+            within = [position[r // k] * k + r % k for r in next_rows]
+            return BeamMoves(next_rows, next_tokens, next_scores, (kept_rows, kept), within)
+        return BeamMoves(next_rows, next_tokens, next_scores, None, next_rows)
+
+    def results(
+        self, scores: list[list[float]], history: Callable[[int], list[int]]
+    ) -> list[list[Hypothesis]]:
+        """The n-best lists, best first: the hypotheses finished with </s>, and the live beams
+        (`scores[i][beam]`, `history(i * K + beam)`) ending at max_decoding_length."""
+        length = self.policy.options.max_decoding_length
+        for i, sentence in enumerate(self.alive):
+            for beam, score in enumerate(scores[i]):
+                if score > -math.inf:
+                    normalized = self.policy.normalized(score, length)
+                    hypothesis = Hypothesis(history(i * self.k + beam), normalized, "length")
+                    self._finished[sentence].append(hypothesis)
+        n = self.policy.options.num_hypotheses
+        return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n] for hyps in self._finished]

@@ -146,9 +146,8 @@ async def libretranslate_translate(
                 f"{runtime.settings.max_beam_size - 1}",
             )
         n = body.alternatives + 1
-        options = runtime.decoding_options(
-            pair, beam_size=max(runtime.settings.default_beam_size, n), num_hypotheses=n
-        )
+        beam_size = max(runtime.settings.default_beam_size, n)
+        options = runtime.decoding_options(pair, {"beam_size": beam_size, "num_hypotheses": n})
         work = runtime.translate(texts, pair, options, deadline=deadline)
         results = await unless_disconnected(request, work)
     translated = [r.texts[0] for r in results]

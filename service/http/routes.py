@@ -1,5 +1,5 @@
-"""The native HTTP routes: /translate, /languages, /health, /ready, /metrics, with their
-request and response models. The pipeline they call is service/scheduling/runtime.py; the
+"""The native HTTP routes: /translate, /languages, /health, /ready, /metrics (their request and
+response models are in schemas.py). The runtime they call is service/scheduling/runtime.py; the
 LibreTranslate surface is service/http/libretranslate.py."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
 
-from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
 from service.http.middleware import (
     RuntimeDep,
@@ -22,72 +20,19 @@ from service.http.middleware import (
     unless_disconnected,
     validate,
 )
+from service.http.schemas import (
+    Alternative,
+    ErrorBody,
+    LanguagePair,
+    SegmentInfo,
+    Status,
+    TranslateRequest,
+    TranslateResponse,
+    TranslationOut,
+)
 from service.metrics import Metrics
-from service.scheduling.runtime import Runtime, TextTranslation
-
-
-class TranslateRequest(BaseModel):
-    # Strict: "8" is not a beam size, true is not 1.
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={"examples": [{"text": "A dog runs.", "source": "en", "target": "de"}]},
-    )
-
-    text: str | list[str] = Field(description="a text or a list of texts; line breaks are kept")
-    source: str = Field(description="source language code, e.g. en")
-    target: str = Field(description="target language code, e.g. de")
-    beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from settings")
-    num_hypotheses: int = Field(1, ge=1, description="n-best list size, at most beam_size")
-    length_penalty: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False)
-    max_decoding_length: int | None = Field(
-        None, ge=1, description="tokens per sentence, capped by the model; default from settings"
-    )
-    return_scores: bool = False
-
-
-class Alternative(BaseModel):
-    text: str
-    score: float | None = None
-
-
-class SegmentInfo(BaseModel):
-    finish_reason: FinishReason
-    score: float | None = None
-
-
-class TranslationOut(BaseModel):
-    text: str
-    score: float | None = Field(None, description="when return_scores: mean sentence score")
-    alternatives: list[Alternative] | None = Field(None, description="when num_hypotheses > 1")
-    segments: list[SegmentInfo] = Field(description="one per sentence, in order")
-
-
-class TranslateResponse(BaseModel):
-    model: str
-    source: str
-    target: str
-    translations: list[TranslationOut] = Field(description="one per input text, in order")
-
-
-class LanguagePair(BaseModel):
-    source: str
-    target: str
-    model: str
-
-
-class Status(BaseModel):
-    status: str
-
-
-class ErrorDetail(BaseModel):
-    type: ErrorType
-    message: str
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
+from service.scheduling.runtime import Runtime
+from service.text.pipeline import TextTranslation
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503)
@@ -119,14 +64,7 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         texts = [body.text] if isinstance(body.text, str) else body.text
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
-        options = runtime.decoding_options(
-            pair,
-            beam_size=body.beam_size,
-            num_hypotheses=body.num_hypotheses,
-            length_penalty=body.length_penalty,
-            max_decoding_length=body.max_decoding_length,
-            return_scores=body.return_scores,
-        )
+        options = runtime.decoding_options(pair, body.decoding())
         work = runtime.translate(texts, pair, options, deadline=deadline)
         results = await unless_disconnected(request, work)
     return TranslateResponse(

@@ -2,7 +2,7 @@
 
 `Engine.generate` sorts the sources by length, cuts them into batches of at most
 `max_batch_size`, runs the encoder on each batch (every layer's cross keys/values; on the CPU
-in groups of similar length, each padded to its own longest: step_state.encoder_chunks),
+in groups of similar length, each padded to its own longest: encoder_chunks),
 then lets `service.inference.search.search` drive the decoder-step graph through a
 `StaticCacheState` (service/inference/step_state.py): a key/value cache of fixed size per batch that
 each step writes in place, beams that follow their back-pointers through the cache indirection
@@ -33,6 +33,7 @@ import threading
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,7 @@ from service.inference.step_state import (
     StaticCacheState,
     bucket,
     cross_inputs,
-    encoder_chunks,
     initial_capacity,
-    source_bucket,
 )
 from service.settings import Device
 
@@ -72,6 +71,43 @@ CPU_PROVIDER = "CPUExecutionProvider"
 _CONTROL_CHARACTERS = dict.fromkeys(
     c for c in range(0xA0) if unicodedata.category(chr(c)) == "Cc" and not chr(c).isspace()
 )
+
+
+SOURCE_BUCKET = 8  # padded policy: source lengths are padded to a multiple of this
+# Compact policy: the encoder runs over length-sorted groups of sources, each padded only to its
+# own longest (encoder_chunks). A run's fixed cost, in source positions: one more run pays when
+# it saves more padding than this (transformer-base, 2 cores: 0.4 ms a position, ~5 ms a run).
+ENCODER_RUN_POSITIONS = 16
+
+
+def source_bucket(length: int) -> int:
+    return -(-length // SOURCE_BUCKET) * SOURCE_BUCKET
+
+
+def encoder_chunks(
+    lengths: Sequence[int], run_cost: int = ENCODER_RUN_POSITIONS
+) -> list[tuple[int, int]]:
+    """Cut ascending source lengths into consecutive groups [start, end), each to be encoded
+    padded to its longest, minimising the positions computed (group size x its longest) plus
+    `run_cost` per group: exact, by dynamic programming over the cut points (O(n^2), n is a
+    batch). A batch of 32 Multi30k sentences (8 to 35 tokens) pads to 1,120 positions in one
+    run and to 529 in four, which halves the encoder's time on the CPU."""
+    if any(a > b for a, b in pairwise(lengths)):
+        raise ValueError("encoder_chunks needs ascending lengths")
+    n = len(lengths)
+    cost = [0] * (n + 1)  # cost[j]: the least to encode the first j
+    cut = [0] * (n + 1)  # cut[j]: where the last group of that best way starts
+    for end in range(1, n + 1):
+        cost[end], cut[end] = min(
+            (cost[start] + (end - start) * lengths[end - 1] + run_cost, start)
+            for start in range(end)
+        )
+    groups = []
+    end = n
+    while end:
+        groups.append((cut[end], end))
+        end = cut[end]
+    return groups[::-1]
 
 
 class InputTooLongError(ValueError):
@@ -334,7 +370,7 @@ class Engine:
     def _encode_chunked(
         self, names: list[str], input_ids: IntArray, attention_mask: IntArray
     ) -> list[Any]:
-        """The compact policy's encoding (step_state.encoder_chunks): the sources in groups of
+        """The compact policy's encoding (encoder_chunks): the sources in groups of
         similar length, each run padded to its own longest only, the results placed back into
         (N, H, S, Dh) host arrays, zero past each group's longest. The decoder masks every
         position past a source's end, so what is there is never read."""

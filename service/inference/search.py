@@ -29,13 +29,12 @@ tests/service/test_decoding.py checks on random tables that both searches agree.
 
 from __future__ import annotations
 
-import math
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy
+from service.bundle.decoding import BeamBook, DecodingOptions, GreedyBook, Hypothesis, StepPolicy
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -81,41 +80,22 @@ def greedy_search(
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
-    policy = StepPolicy(options, eos_id)
-    alive = list(range(batch_size))  # sentence index of each live row
+    book = GreedyBook(StepPolicy(options, eos_id), batch_size)
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (R,)
-    outputs: list[list[int]] = [[] for _ in range(batch_size)]
-    totals = [0.0] * batch_size  # float64 sums of float32 log-probs, as the reference
-    results: list[Hypothesis | None] = [None] * batch_size
     for step in range(options.max_decoding_length):
-        banned = policy.banned(step)
+        banned = book.policy.banned(step)
         # One more candidate per banned token: it may be among the best.
         top_log_probs, top_ids = _without(*state.step(tokens, 1 + len(banned)), banned)  # (R, 1)
-        best, best_scores = top_ids[:, 0], top_log_probs[:, 0]  # (R,)
-        keep = []
-        for row, (sentence, token, score) in enumerate(
-            zip(alive, best.tolist(), best_scores.tolist(), strict=True)
-        ):
-            totals[sentence] += score
-            if token == eos_id:
-                normalized = policy.normalized(totals[sentence], step + 1)
-                results[sentence] = Hypothesis(outputs[sentence], normalized, "eos")
-            else:
-                outputs[sentence].append(token)
-                keep.append(row)
-        if len(keep) < len(alive):
-            if not keep:
-                break
+        best = top_ids[:, 0]  # (R,)
+        keep = book.advance(step, best.tolist(), top_log_probs[:, 0].tolist())
+        if not keep:
+            break
+        if len(keep) < len(best):
             rows = np.array(keep, dtype=np.int64)
             state.select(rows, rows)
             best = best[rows]
-            alive = [alive[r] for r in keep]
         tokens = best.astype(np.int64)
-    for sentence in alive:
-        if results[sentence] is None:
-            normalized = policy.normalized(totals[sentence], options.max_decoding_length)
-            results[sentence] = Hypothesis(outputs[sentence], normalized, "length")
-    return [r for r in results if r is not None]
+    return book.results()
 
 
 def beam_search(
@@ -123,103 +103,46 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
     sentence (sentence-major) after the first step."""
-    policy = StepPolicy(options, eos_id)
+    book = BeamBook(StepPolicy(options, eos_id), batch_size)
     k = options.beam_size
-    alive = list(range(batch_size))  # sentence index of each live block of rows
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = np.zeros((batch_size, 1), dtype=np.float32)  # (N, beams)
     history = np.zeros((batch_size, 0), dtype=np.int64)  # (N*beams, t)
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (N*beams,)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+
+    def tokens_of(row: int) -> list[int]:
+        return list(history[row].tolist())
 
     for step in range(options.max_decoding_length):
-        banned = policy.banned(step)
+        banned = book.policy.banned(step)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
         top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + len(banned)), banned)
-        n, beams, c = len(alive), scores.shape[1], top_log_probs.shape[-1]
+        n, beams, c = len(book.alive), scores.shape[1], top_log_probs.shape[-1]
         candidates = (scores[:, :, None] + top_log_probs.reshape(n, beams, c)).reshape(n, -1)
         beam_of = np.broadcast_to(np.repeat(np.arange(beams), c), (n, beams * c))  # (N, B*C)
         # Best score first; ties to the lower beam, then the lower token id.
         order = np.lexsort((top_ids.reshape(n, beams * c), beam_of, -candidates), axis=-1)
         order = order[:, : min(2 * k, beams * c)]  # (N, 2K)
-        top_scores = np.take_along_axis(candidates, order, axis=-1)
-        top_beams = np.take_along_axis(beam_of, order, axis=-1)
-        top_tokens = np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1)
-        next_rows: list[int] = []
-        next_tokens: list[int] = []
-        next_scores: list[float] = []
-        keep_blocks: list[int] = []
-        for i, (sentence, cand_scores, cand_beams, cand_tokens) in enumerate(
-            zip(alive, top_scores.tolist(), top_beams.tolist(), top_tokens.tolist(), strict=True)
-        ):
-            rows: list[int] = []
-            toks: list[int] = []
-            scs: list[float] = []
-            for j, (score, beam, token) in enumerate(
-                zip(cand_scores, cand_beams, cand_tokens, strict=True)
-            ):
-                if score == -math.inf or len(rows) == k:
-                    break
-                if token == eos_id:
-                    if j < k:
-                        finished[sentence].append(
-                            Hypothesis(
-                                history[i * beams + beam].tolist(),
-                                policy.normalized(score, step + 1),
-                                "eos",
-                            )
-                        )
-                    continue
-                rows.append(i * beams + beam)
-                toks.append(token)
-                scs.append(score)
-            if len(finished[sentence]) >= k:
-                continue
-            while len(rows) < k:  # fewer live candidates than beams: dead filler rows
-                rows.append(i * beams)
-                toks.append(eos_id)
-                scs.append(-math.inf)
-            keep_blocks.append(i)
-            next_rows += rows
-            next_tokens += toks
-            next_scores += scs
-        if not keep_blocks:
-            alive = []
+        moves = book.advance(
+            step,
+            beams,
+            np.take_along_axis(candidates, order, axis=-1).tolist(),
+            np.take_along_axis(beam_of, order, axis=-1).tolist(),
+            np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1).tolist(),
+            tokens_of,
+        )
+        if moves is None:
             break
-        row_index = np.array(next_rows, dtype=np.int64)
-        kept = np.array(keep_blocks, dtype=np.int64)
-        if beams < k:
-            # After the first step: each kept sentence's row becomes its k beams.
-            state.select(row_index, kept)
-        elif len(keep_blocks) < n:
-            # Rows of finished sentences leave: select whole blocks, then reorder within them.
-            kept_rows = np.array([b * k + r for b in keep_blocks for r in range(k)], np.int64)
-            state.select(kept_rows, kept)
-            position = {b: p for p, b in enumerate(keep_blocks)}
-            state.reorder(np.array([position[r // k] * k + r % k for r in next_rows], np.int64))
-        else:
-            state.reorder(row_index)
-        tokens = np.array(next_tokens, dtype=np.int64)
-        history = np.concatenate([history[row_index], tokens[:, None]], axis=1)
-        scores = np.array(next_scores, dtype=np.float32).reshape(len(keep_blocks), k)
-        alive = [alive[b] for b in keep_blocks]
-
-    for i, sentence in enumerate(alive):
-        for beam in range(k):
-            score = float(scores[i, beam])
-            if score > -math.inf:
-                finished[sentence].append(
-                    Hypothesis(
-                        history[i * k + beam].tolist(),
-                        policy.normalized(score, options.max_decoding_length),
-                        "length",
-                    )
-                )
-    return [
-        sorted(hyps, key=lambda h: h.score, reverse=True)[: options.num_hypotheses]
-        for hyps in finished
-    ]
+        if moves.select is not None:
+            rows, sentences = moves.select
+            state.select(np.array(rows, dtype=np.int64), np.array(sentences, dtype=np.int64))
+        if moves.reorder is not None:
+            state.reorder(np.array(moves.reorder, dtype=np.int64))
+        tokens = np.array(moves.tokens, dtype=np.int64)
+        history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
+        scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
+    return book.results(scores.tolist(), tokens_of)
 
 
 def _without(

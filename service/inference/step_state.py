@@ -19,7 +19,7 @@ Finished sentences, two policies:
 - padded (CUDA): rows stay where they are until the batch ends, the finished ones computed and
   ignored, so every step of a batch has the same shapes and buffer addresses (what CUDA graphs
   need; on a GPU a few more rows cost next to nothing). The engine also pads batches to
-  power-of-two sentences and to a multiple of `SOURCE_BUCKET` source positions, so few shapes
+  power-of-two sentences and to a multiple of `engine.SOURCE_BUCKET` source positions, so few shapes
   ever occur and the buffers of each are allocated once and reused.
 
 Where tensors live: on the CPU every buffer is a numpy array that its bound OrtValue aliases,
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -62,25 +61,16 @@ from service.bundle.manifest import (
 # GPU (ONNX Runtime ships no type stubs, so this cannot be spelled closer).
 Value = Any
 
-SOURCE_BUCKET = 8  # padded policy: source lengths are padded to a multiple of this
 MIN_CAPACITY = 16  # the cache starts with at least this many positions, and doubles
 # Compact policy: finished rows are moved out once they are this fraction of the batch. A
 # compaction copies the live rows' cache and rebinds the step (1.5 ms at 32 rows on 2 cores,
 # about 15 row-steps); a finished row left in costs one row-step per step.
 COMPACT_FRACTION = 1 / 8
-# Compact policy: the encoder runs over length-sorted groups of sources, each padded only to its
-# own longest (encoder_chunks). A run's fixed cost, in source positions: one more run pays when
-# it saves more padding than this (transformer-base, 2 cores: 0.4 ms a position, ~5 ms a run).
-ENCODER_RUN_POSITIONS = 16
 
 
 def bucket(n: int) -> int:
     """The smallest power of two >= n: the padded policy's sentence count for n sentences."""
     return 1 << max(0, n - 1).bit_length()
-
-
-def source_bucket(length: int) -> int:
-    return -(-length // SOURCE_BUCKET) * SOURCE_BUCKET
 
 
 def initial_capacity(limit: int, source_length: int, padded: bool) -> int:
@@ -93,32 +83,6 @@ def initial_capacity(limit: int, source_length: int, padded: bool) -> int:
     and 16 more, which a translation seldom outruns. At least MIN_CAPACITY either way."""
     wanted = 2 * source_length + 16 if padded else source_length
     return min(limit, max(MIN_CAPACITY, bucket(wanted)))
-
-
-def encoder_chunks(
-    lengths: Sequence[int], run_cost: int = ENCODER_RUN_POSITIONS
-) -> list[tuple[int, int]]:
-    """Cut ascending source lengths into consecutive groups [start, end), each to be encoded
-    padded to its longest, minimising the positions computed (group size x its longest) plus
-    `run_cost` per group: exact, by dynamic programming over the cut points (O(n^2), n is a
-    batch). A batch of 32 Multi30k sentences (8 to 35 tokens) pads to 1,120 positions in one
-    run and to 529 in four, which halves the encoder's time on the CPU."""
-    if any(a > b for a, b in pairwise(lengths)):
-        raise ValueError("encoder_chunks needs ascending lengths")
-    n = len(lengths)
-    cost = [0] * (n + 1)  # cost[j]: the least to encode the first j
-    cut = [0] * (n + 1)  # cut[j]: where the last group of that best way starts
-    for end in range(1, n + 1):
-        cost[end], cut[end] = min(
-            (cost[start] + (end - start) * lengths[end - 1] + run_cost, start)
-            for start in range(end)
-        )
-    groups = []
-    end = n
-    while end:
-        groups.append((cut[end], end))
-        end = cut[end]
-    return groups[::-1]
 
 
 @dataclass

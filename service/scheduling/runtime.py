@@ -1,11 +1,11 @@
-"""The serving pipeline: split, route, batch, reassemble.
+"""The serving runtime: route, prepare, batch, reassemble.
 
 `Runtime` holds the loaded models by language pair (a multi-target model serves several pairs),
-one batcher per model, readiness and draining. A translation goes: split each text into
-sentences (segment.py) -> encode (with the target's token for a multi-target model) -> length
-check -> the model's batcher (all segments of the request, batched with everyone else's, whatever
-their target) -> decode -> reassemble each text around its original separators. The HTTP routes
-(api.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
+one batcher per model, readiness and draining. A translation goes: the text pipeline's `prepare`
+(service/text/pipeline.py: split into sentences, limits, encode) -> the model's batcher (all
+segments of the request, batched with everyone else's, whatever their target) -> the pipeline's
+`assemble` (decode, reassemble each text around its original separators). The HTTP routes
+(service/http/routes.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
 """
 
 from __future__ import annotations
@@ -14,50 +14,34 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
 from service.settings import Settings
-from service.text import segment
+from service.text import pipeline
+from service.text.pipeline import TextModel, TextTranslation
 
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "A man is riding a bike."
 
 
-class TranslationModel(Protocol):
+class TranslationModel(TextModel, Protocol):
     """What the service needs of an engine (service.inference.engine.Engine, or a test's fake)."""
 
     name: str  # unique among the served models: the metrics' model label
-    source_language: str
     target_languages: tuple[str, ...]  # several for a multi-target model
-    max_input_tokens: int  # per segment, </s> included
     provider: str
-
-    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
 
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
     ) -> list[list[Hypothesis]]: ...
-
-
-@dataclass(frozen=True)
-class TextTranslation:
-    """One input text translated: its n-best texts (best first), their scores (mean of the
-    segments' scores; None without segments), and each segment's best hypothesis."""
-
-    texts: list[str]
-    scores: Sequence[float | None]
-    segments: list[Hypothesis]
 
 
 class Runtime:
@@ -177,68 +161,27 @@ class Runtime:
         return model
 
     def decoding_options(
-        self,
-        pair: tuple[str, str],
-        *,
-        beam_size: int | None = None,
-        num_hypotheses: int = 1,
-        length_penalty: float | None = None,
-        max_decoding_length: int | None = None,
-        return_scores: bool = False,
+        self, pair: tuple[str, str], requested: Mapping[str, Any] | None = None
     ) -> DecodingOptions:
-        """Request fields over the settings' defaults, validated; lengths are capped by the
-        model (so equal requests are batched together whatever they asked beyond it)."""
-        s = self.settings
-        if beam_size is None:
-            beam_size = s.default_beam_size
-        if length_penalty is None:
-            length_penalty = s.default_length_penalty
-        if max_decoding_length is None:
-            max_decoding_length = s.default_max_decoding_length
-        if beam_size > s.max_beam_size:
-            raise ServiceError(
-                ErrorType.INVALID_REQUEST,
-                f"beam_size {beam_size} is larger than this server's limit of {s.max_beam_size}",
-            )
-        try:
-            return DecodingOptions(
-                beam_size=beam_size,
-                num_hypotheses=num_hypotheses,
-                length_penalty=length_penalty,
-                max_decoding_length=min(max_decoding_length, self.models[pair].max_input_tokens),
-                return_scores=return_scores,
-            )
-        except ValueError as e:
-            raise ServiceError(ErrorType.INVALID_REQUEST, str(e)) from e
+        """The options of a request for `pair`: see service.text.pipeline.decoding_options."""
+        return pipeline.decoding_options(
+            self.settings, requested or {}, max_input_tokens=self.models[pair].max_input_tokens
+        )
 
-    def _split_and_encode(
+    def _prepare_now(
         self, model: TranslationModel, texts: Sequence[str], target: str
-    ) -> tuple[list[segment.Layout], list[list[int]]]:
-        layouts = [segment.split(text, model.source_language) for text in texts]
-        count = sum(len(layout.segments) for layout in layouts)
-        limit = self.settings.max_queue_segments
-        if count > limit:
-            # More than the queue ever holds: refused for good, before the tokeniser's work.
-            raise ServiceError(
-                ErrorType.INVALID_REQUEST,
-                f"{count} sentences in one request; the limit is {limit} (max_queue_segments)",
-            )
-        longest = self.settings.max_segment_characters
-        for t, layout in enumerate(layouts):
-            for n, sentence in enumerate(layout.segments):
-                if len(sentence) > longest:
-                    raise ServiceError(
-                        ErrorType.INPUT_TOO_LONG,
-                        f"text {t}, sentence {n}: {len(sentence)} characters, more than the "
-                        f"limit of {longest} (max_segment_characters); split it into shorter "
-                        "sentences",
-                    )
-        segments = [s for layout in layouts for s in layout.segments]
-        return layouts, model.encode(segments, target)
+    ) -> pipeline.Prepared:
+        return pipeline.prepare(
+            model,
+            texts,
+            target,
+            max_segment_characters=self.settings.max_segment_characters,
+            max_segments=self.settings.max_queue_segments,
+        )
 
     async def _prepare(
         self, model: TranslationModel, texts: Sequence[str], target: str
-    ) -> tuple[list[segment.Layout], list[list[int]]]:
+    ) -> pipeline.Prepared:
         """Split and tokenize, after the cheap limits: the characters of the request first."""
         characters = sum(len(text) for text in texts)
         if characters > self.settings.max_characters:
@@ -248,7 +191,7 @@ class Runtime:
                 f"{self.settings.max_characters} (max_characters)",
             )
         if characters <= _INLINE_CHARACTERS:
-            return self._split_and_encode(model, texts, target)
+            return self._prepare_now(model, texts, target)
         # Off the event loop: splitting and tokenising a large body takes CPU time that would
         # stall every other request (and /health) meanwhile.
         if self._preparing >= PREPARATION_LINE:
@@ -259,7 +202,7 @@ class Runtime:
         self._preparing += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._preparation, self._split_and_encode, model, texts, target
+                self._preparation, self._prepare_now, model, texts, target
             )
         finally:
             self._preparing -= 1
@@ -273,53 +216,20 @@ class Runtime:
         deadline: float,
     ) -> list[TextTranslation]:
         model = self.models[pair]
-        batcher = self.batchers[model.name]
-        layouts, sources = await self._prepare(model, texts, pair[1])
-        # Where each segment comes from: (text index, sentence index).
-        origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
-        limit = model.max_input_tokens
-        for (text, number), ids in zip(origins, sources, strict=True):
-            if len(ids) > limit:
-                raise ServiceError(
-                    ErrorType.INPUT_TOO_LONG,
-                    f"text {text}, sentence {number}: {len(ids)} tokens, more than the model's "
-                    f"limit of {limit} tokens per sentence (</s> included); split it into "
-                    "shorter sentences",
-                )
-        # Segments that encode to nothing (e.g. only control characters) skip the model.
+        prepared = await self._prepare(model, texts, pair[1])
+        sources = prepared.sources
         to_run = [i for i, ids in enumerate(sources) if ids]
+        batcher = self.batchers[model.name]
         results = await batcher.submit([sources[i] for i in to_run], options, deadline=deadline)
-        nbest = [[_NOTHING] for _ in sources]
+        nbest = [[pipeline.NOTHING] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
             nbest[i] = hypotheses
-        per_text: list[list[list[Hypothesis]]] = [[] for _ in layouts]
-        for (text, _), hypotheses in zip(origins, nbest, strict=True):
-            per_text[text].append(hypotheses)
-        return [
-            _assemble(model, layout, own, options.num_hypotheses)
-            for layout, own in zip(layouts, per_text, strict=True)
-        ]
+        return pipeline.assemble(model, prepared, nbest, options.num_hypotheses)
 
 
-_NOTHING = Hypothesis([], 0.0, "eos")
 # Texts up to this many characters in all are split and tokenised on the event loop: well under
 # a millisecond, less than the hop to a worker thread and back costs under load.
 _INLINE_CHARACTERS = 2000
 # Large requests waiting for (or in) the preparation thread; one more gets 429. With at most
 # max_characters each, the line is a fraction of a second long.
 PREPARATION_LINE = 16
-
-
-def _assemble(
-    model: TranslationModel, layout: segment.Layout, nbest: list[list[Hypothesis]], n: int
-) -> TextTranslation:
-    """The text's k-th alternative joins each segment's k-th hypothesis (its last if it has
-    fewer). A text without segments (empty or only whitespace) translates to ""."""
-    if not layout.segments:
-        return TextTranslation([""] * n, [None] * n, [])
-    texts, scores = [], []
-    for k in range(n):
-        chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
-        texts.append(layout.join([model.decode(h.ids) for h in chosen]))
-        scores.append(sum(h.score for h in chosen) / len(chosen))
-    return TextTranslation(texts, scores, [hyps[0] for hyps in nbest])

@@ -1,4 +1,4 @@
-"""model.import_marian: random Marian checkpoints (tests/conftest.py) imported into this
+"""model/importers/marian.py: random Marian checkpoints (tests/conftest.py) imported into this
 project's format compute what transformers' MarianMTModel computes, and bad ones are refused
 with exit status 2 before anything is written."""
 
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from model.data import pad, read_lines
-from model.import_marian import CARD_FILE, main
+from model.importers.marian import CARD_FILE, main
 from model.search import generate
 from model.transformer import WEIGHTS_FILE, load_model
 from tests.transformers_reference import generate as reference_generate

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from model import evaluate, train
 from model.data import Batch, Example
-from model.train import TrainConfig, Trainer, learning_rate
+from model.training.loop import Trainer, learning_rate
+from model.training.recipe import TrainConfig
 from model.transformer import EOS_ID, ModelConfig, Transformer
 
 SYMBOLS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"]

@@ -256,7 +256,7 @@ def test_load_model_names_the_missing_file(tmp_path) -> None:
         load_model(tmp_path)
 
 
-# --- The configurable parts an imported Marian model uses (model/import_marian.py) ------------
+# --- The configurable parts an imported Marian model uses (model/importers/marian.py) ------
 
 MARIAN_LIKE = dict(
     activation="swish",

@@ -14,8 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model import search as reference
-from service.bundle.decoding import DecodingOptions, Hypothesis
-from service.inference.search import FloatArray, IntArray, beam_search, greedy_search, search
+from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy
+from service.inference.search import (
+    FloatArray,
+    IntArray,
+    _without,
+    beam_search,
+    greedy_search,
+    search,
+)
 
 BOS, EOS = 1, 2  # the fixed special ids of model/transformer.py
 V = 8  # pad, bos, eos, unk, then tokens 4..7
@@ -195,6 +202,23 @@ def test_the_state_arrays_are_not_modified_by_the_search() -> None:
         opts = DecodingOptions(beam_size=beam_size, max_decoding_length=3, min_decoding_length=2)
         search(Constant(), 1, opts, bos_id=BOS, eos_id=EOS)
         assert np.array_equal(top_log_probs, saved[0]) and np.array_equal(top_ids, saved[1])
+
+
+def test_the_policy_bans_eos_until_the_minimum_and_normalizes_by_length() -> None:
+    policy = StepPolicy(DecodingOptions(min_decoding_length=2, length_penalty=0.5), eos_id=EOS)
+    assert [policy.banned(step) for step in range(4)] == [(EOS,), (EOS,), (), ()]
+    assert policy.normalized(-6.0, 9) == pytest.approx(-2.0)
+
+
+def test_banned_tokens_leave_the_candidates_in_order() -> None:
+    """A row drops the banned tokens it holds, then its worst candidates: one column fewer per
+    banned token, whichever of them it holds."""
+    ids = np.array([[5, 2, 7, 9], [3, 4, 6, 8]], dtype=np.int64)
+    log_probs = -np.arange(8, dtype=np.float32).reshape(2, 4)
+    kept_log_probs, kept_ids = _without(log_probs, ids, (2, 9))
+    assert kept_ids.tolist() == [[5, 7], [3, 4]]
+    assert kept_log_probs.tolist() == [[0.0, -2.0], [-4.0, -5.0]]
+    assert _without(log_probs, ids, ())[1] is ids
 
 
 def test_top_k_is_best_first_with_ties_to_the_lower_id() -> None:

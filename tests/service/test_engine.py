@@ -23,8 +23,7 @@ from model.transformer import load_model
 from service import translate
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
-from service.inference.engine import CPU_PROVIDER, Engine, InputTooLongError
-from service.inference.step_state import encoder_chunks
+from service.inference.engine import CPU_PROVIDER, Engine, InputTooLongError, encoder_chunks
 from service.settings import Settings
 
 
@@ -384,4 +383,4 @@ def test_cli_rejects_a_too_long_line_before_writing_anything(
     stdin = "A dog.\n" + "dog " * 60 + "\n"
     code, out, err = _run_cli(monkeypatch, stdin, "--bundle", str(eos_bundle), "--device", "cpu")
     assert code == 2 and out == ""
-    assert "line 2 has" in err and "limit of 48" in err
+    assert "line 2, sentence 0: " in err and "limit of 48" in err

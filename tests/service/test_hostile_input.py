@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.__main__ import RedactApiKeys
 from service.http.app import create_app
 from service.http.middleware import LargeBodyGate
+from service.http.server import RedactApiKeys
 from service.inference.engine import Engine
 from service.scheduling.runtime import PREPARATION_LINE
 from tests.service.helpers import REPO, FakeModel, fast_settings, running

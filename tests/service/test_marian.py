@@ -21,6 +21,7 @@ from service.bundle.manifest import SentencePieceFiles, load_bundle
 from service.bundle.tokenizer import SentencePieceTokenizer, load_tokenizer
 from service.http.app import create_app
 from service.inference.engine import Engine
+from service.settings import Settings
 from service.text import segment
 from service.translate import translate_lines
 from tests.service.helpers import fast_settings, running
@@ -263,8 +264,9 @@ def test_file_translation_asks_a_multi_target_model_for_its_target(
     lines = _sources(multi30k, "de", 3)
     options = DecodingOptions(beam_size=1, max_decoding_length=MAX_LENGTH)
     out = io.StringIO()
-    translate_lines(engine, lines, options, out=out, target="fr")
+    limit = Settings().max_segment_characters
+    translate_lines(engine, lines, options, out=out, max_segment_characters=limit, target="fr")
     expected = [text for ((text, _),) in engine.translate(lines, options, target="fr")]
     assert out.getvalue().splitlines() == expected
     with pytest.raises(ValueError, match="translates into en, fr, not None"):
-        translate_lines(engine, lines, options, out=io.StringIO())
+        translate_lines(engine, lines, options, out=io.StringIO(), max_segment_characters=limit)

@@ -3,6 +3,8 @@ every room, any Unicode input, and schemathesis against the OpenAPI schema."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -50,6 +52,33 @@ async def test_bundles_from_settings_translate_with_their_layout(eos_bundle: Pat
         assert len(translation["alternatives"]) == 1
         ready = await client.get("/ready")
         assert ready.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_cli_and_http_give_a_text_the_same_translation(eos_bundle: Path) -> None:
+    """One text pipeline behind both doors: sentences split, translated and joined alike."""
+    lines = [
+        "A man rides a bike. Two dogs play in the snow!",
+        "",
+        "Dr. Smith reads a book. A woman sings.",
+        "A child runs.",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "service.translate", "--bundle", str(eos_bundle)]
+        + ["--device", "cpu", "--threads", "1", "--beam-size", "2"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    settings = fast_settings(bundle=[eos_bundle], intra_op_threads=1, device="cpu")
+    async with running(create_app(settings)) as client:
+        response = await client.post("/translate", json={"text": lines, **EN_DE, "beam_size": 2})
+    assert response.status_code == 200, response.text
+    translations = response.json()["translations"]
+    assert [len(t["segments"]) for t in translations] == [2, 0, 2, 1]
+    assert done.stdout.split("\n") == [t["text"] for t in translations] + [""]
 
 
 @pytest.mark.anyio

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.__main__ import fit_open_files, main, uvicorn_config
+from service.__main__ import main
 from service.bundle.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -23,6 +23,7 @@ from service.bundle.manifest import (
     sha256_file,
 )
 from service.http.app import create_app
+from service.http.server import fit_open_files, uvicorn_config
 from service.inference.models import shipped_bundle
 from service.settings import Settings
 from tests.service.helpers import FakeModel

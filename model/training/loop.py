@@ -1,0 +1,260 @@
+"""The training loop: Adam under the paper's warmup schedule, label-smoothed cross-entropy
+(optionally R-Drop), gradient clipping and mixed precision; every log_every updates a metrics
+row, every save_every a checkpoint and the resumable state, every valid_every a validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from model.data import Batch, Example, epoch_batches, token_budget_batches
+from model.training.checkpoints import (
+    CHECKPOINT_DIR,
+    STATE_FILE,
+    atomic_save_tensors,
+    load_optimizer_tensors,
+    optimizer_tensors,
+)
+from model.training.history import METRICS_FILE, append_row, rows_through
+from model.training.recipe import TrainConfig
+from model.training.validation import ValidationSet, validate
+from model.transformer import PAD_ID, Transformer
+
+
+@dataclass
+class TrainerState:
+    update: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+
+
+def learning_rate(update: int, config: TrainConfig) -> float:
+    """The paper's schedule, parameterised by its peak: linear warmup, then lr * sqrt(warmup/step).
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) is this curve with the peak
+    d_model^-0.5 * warmup^-0.5; naming the peak directly makes recipes comparable.
+    """
+    step = max(update, 1)
+    return config.lr * min(step / config.warmup_updates, math.sqrt(config.warmup_updates / step))
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        config: TrainConfig,
+        out: Path,
+        device: torch.device,
+        train_examples: list[Example],
+        valid_examples: list[Example],
+        valid_src: list[str],
+        valid_ref: list[str],
+        target_language: str,
+    ) -> None:
+        self.model, self.tokenizer, self.config, self.out, self.device = (
+            model,
+            tokenizer,
+            config,
+            out,
+            device,
+        )
+        self.train_examples = train_examples
+        self.valid = ValidationSet(valid_examples, valid_src, valid_ref, target_language)
+        self.batches = token_budget_batches(train_examples, config.max_tokens)
+        self.optimizer = torch.optim.Adam(
+            model.parameters(),
+            lr=config.lr,
+            betas=config.adam_betas,
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self.state = TrainerState()
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
+        self.ckpt_dir = out / CHECKPOINT_DIR
+        self.history: list[dict[str, Any]] = []
+
+    def autocast(self) -> AbstractContextManager[None]:
+        if self.config.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
+        """Summed label-smoothed cross-entropy over non-pad target tokens, and their count."""
+        with self.autocast():
+            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(
+            logits.float().flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=PAD_ID,
+            label_smoothing=label_smoothing,
+            reduction="sum",
+        )
+        return loss, batch.n_tgt_tokens
+
+    def training_loss(self, batch: Batch) -> tuple[torch.Tensor, int]:
+        """The objective summed over target tokens, and their count.
+
+        With R-Drop, the batch is stacked on itself and run in one pass, so the two copies see
+        different dropout masks: the loss is both copies' label-smoothed cross-entropy plus
+        alpha * (KL(p1 || p2) + KL(p2 || p1)) / 2 per target token (the paper's L_NLL^1 +
+        L_NLL^2 + alpha * L_KL), over the doubled batch's 2N target tokens.
+        """
+        config = self.config
+        if config.rdrop_alpha == 0:
+            return self.loss(batch, config.label_smoothing)
+        doubled = Batch(*(torch.cat([t, t]) for t in (batch.src, batch.tgt_in, batch.tgt_out)))
+        with self.autocast():
+            logits = self.model(doubled.src, doubled.tgt_in)  # (2B, T, V)
+        log_probs = F.log_softmax(logits.float(), dim=-1)
+        cross_entropy = F.cross_entropy(
+            log_probs.flatten(0, 1),
+            doubled.tgt_out.flatten(),
+            ignore_index=PAD_ID,
+            label_smoothing=config.label_smoothing,
+            reduction="sum",
+        )
+        first, second = log_probs.chunk(2)
+        # KL(p1 || p2) + KL(p2 || p1) = sum_v (p1 - p2) * (log p1 - log p2), per position.
+        symmetric = ((first.exp() - second.exp()) * (first - second)).sum(-1)
+        kl = symmetric[batch.tgt_out != PAD_ID].sum() / 2
+        return cross_entropy + config.rdrop_alpha * kl, doubled.n_tgt_tokens
+
+    # --- resumable state -------------------------------------------------------------------
+
+    def save_state(self) -> None:
+        """Weights, optimizer and counters in ONE atomic file: a crash leaves the old or the new
+        state, never a mix (the counters ride in the safetensors metadata)."""
+        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        tensors.update(optimizer_tensors(self.model, self.optimizer))
+        metadata = {
+            "trainer_state": json.dumps(dataclasses.asdict(self.state)),
+            "grad_scaler": json.dumps(self.scaler.state_dict()),
+        }
+        atomic_save_tensors(tensors, self.ckpt_dir / STATE_FILE, metadata)
+
+    def load_state(self) -> None:
+        path = self.ckpt_dir / STATE_FILE
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+        self.model.load_state_dict(
+            {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        )
+        load_optimizer_tensors(self.model, self.optimizer, tensors)
+        self.state = TrainerState(**json.loads(metadata["trainer_state"]))
+        scaler_state = json.loads(metadata["grad_scaler"])
+        if scaler_state:
+            self.scaler.load_state_dict(scaler_state)
+        # Rows logged after the saved update (before a crash) are replayed: drop them.
+        self.history = rows_through(self.out / METRICS_FILE, self.state.update)
+
+    def save_checkpoint(self) -> None:
+        path = self.ckpt_dir / f"update_{self.state.update:06d}.safetensors"
+        atomic_save_tensors(self.model.state_dict(), path)
+        keep = max(self.config.average_last, 1)
+        names = [*self.state.checkpoints, path.name]
+        stale, self.state.checkpoints = names[:-keep], names[-keep:]
+        self.save_state()
+        # Only once the state no longer names them.
+        for old in stale:
+            (self.ckpt_dir / old).unlink(missing_ok=True)
+
+    # --- validation and metrics ------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        return validate(
+            self.model,
+            self.tokenizer,
+            self.valid,
+            lambda batch: self.loss(batch, label_smoothing=0.0),
+            max_tokens=self.config.max_tokens,
+            bleu_sentences=self.config.valid_bleu_sentences,
+            device=self.device,
+        )
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        append_row(self.out / METRICS_FILE, row)
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def train(self) -> None:
+        config, state = self.config, self.state
+        self.model.train()
+        progress = tqdm(
+            total=config.max_updates, initial=state.update, desc="train", dynamic_ncols=True
+        )
+        window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+        while state.update < config.max_updates:
+            batches = list(epoch_batches(self.batches, config.seed, state.epoch))
+            for indices in batches[state.batch_in_epoch :]:
+                if state.update >= config.max_updates:
+                    break
+                state.batch_in_epoch += 1
+                torch.manual_seed(config.seed * 1_000_003 + state.update)  # dropout, resumable
+                batch = Batch.from_examples([self.train_examples[i] for i in indices])
+                batch = batch.to(self.device)
+                lr = learning_rate(state.update + 1, config)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                loss, n_tokens = self.training_loss(batch)
+                self.optimizer.zero_grad(set_to_none=True)
+                # torch's Tensor.backward has no annotations.
+                self.scaler.scale(loss / n_tokens).backward()  # type: ignore[no-untyped-call]
+                if config.clip_norm > 0:
+                    self.scaler.unscale_(self.optimizer)
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                state.update += 1
+                window_loss += float(loss.detach())
+                window_tokens += n_tokens
+                progress.update(1)
+
+                if state.update % config.log_every == 0 or state.update == config.max_updates:
+                    elapsed = time.perf_counter() - window_start
+                    row = {
+                        "update": state.update,
+                        "split": "train",
+                        "loss": window_loss / window_tokens,
+                        "lr": lr,
+                        "tokens_per_s": window_tokens / elapsed,
+                        "seconds_per_update": elapsed / (config.log_every or 1),
+                        "epoch": state.epoch,
+                    }
+                    self.record(row)
+                    progress.set_postfix(
+                        loss=f"{row['loss']:.3f}",
+                        lr=f"{lr:.2e}",
+                        tok_s=f"{row['tokens_per_s']:.0f}",
+                    )
+                    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+                if state.update % config.save_every == 0 or state.update == config.max_updates:
+                    self.save_checkpoint()
+                if state.update % config.valid_every == 0 or state.update == config.max_updates:
+                    metrics = self.validate()
+                    self.record({"update": state.update, "split": "valid", **metrics})
+                    progress.write(
+                        f"update {state.update}: valid nll {metrics['nll']:.3f} "
+                        f"ppl {metrics['ppl']:.2f} bleu {metrics['bleu']:.2f}"
+                    )
+                    window_start = time.perf_counter()
+            else:
+                state.epoch += 1
+                state.batch_in_epoch = 0
+        progress.close()

@@ -1,0 +1,112 @@
+"""The training recipe (TrainConfig) and the model's fields, from --preset, --config FILE.json
+({"model": {...}, "training": {...}}) or --init-from DIR, with the flags on top; every field is
+checked here, before anything is read or written."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model.data import DataError
+from model.tokenizer import TOKENIZER_FILE
+from model.transformer import CONFIG_FILE, PAD_ID, PRESETS, WEIGHTS_FILE, ModelConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training recipe; saved in config.json next to the model config."""
+
+    max_updates: int = 8000
+    max_tokens: int = 4096
+    lr: float = 0.005
+    warmup_updates: int = 2000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    max_len: int = 128
+    vocab_size: int = 8000
+    seed: int = 1
+    log_every: int = 50
+    valid_every: int = 500
+    save_every: int = 100
+    average_last: int = 10
+    valid_bleu_sentences: int = 1014
+    precision: str = "fp32"
+    # R-Drop (Liang et al., 2021): each batch goes through the model twice (two dropout masks)
+    # and the loss adds this multiple of the symmetric KL between the two output distributions.
+    # 0 trains on the plain cross-entropy, one pass per batch.
+    rdrop_alpha: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rdrop_alpha < math.inf:
+            raise ValueError(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
+
+
+def init_model_fields(directory: Path) -> dict[str, Any]:
+    """The model config of the directory --init-from names, once its three files are there."""
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        if not (directory / name).is_file():
+            raise DataError(f"--init-from: {directory} has no {name}")
+    model = json.loads((directory / CONFIG_FILE).read_text()).get("model")
+    if not isinstance(model, dict):
+        raise DataError(f"--init-from: {directory / CONFIG_FILE} has no model section")
+    return dict(model)
+
+
+def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig]:
+    """Model overrides (vocab size comes later, from the tokenizer) and the training recipe.
+
+    `args` is model/train.py's: --preset, --config, --init-from, --device, and a flag for each
+    TrainConfig field it overrides (--max-updates -> max_updates, ...)."""
+    model_fields: dict[str, Any]
+    raw: dict[str, Any] = {}
+    if args.config is not None:
+        if not args.config.is_file():
+            raise DataError(f"no such config file: {args.config}")
+        raw = json.loads(args.config.read_text())
+    training = dict(raw.get("training", {}))
+    if args.init_from is not None:
+        if args.preset is not None or "model" in raw:
+            raise DataError(
+                "--init-from takes the model from its directory: "
+                "drop --preset and the config's model section"
+            )
+        model_fields = init_model_fields(args.init_from)
+    elif args.config is not None:
+        model_fields = dict(raw.get("model", {}))
+    else:
+        model_fields = {"preset": args.preset or "tiny"}
+    if "preset" in model_fields:
+        name = model_fields.pop("preset")
+        if name not in PRESETS:
+            raise DataError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        model_fields = {**PRESETS[name], **model_fields}
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = set(training) - known
+    if unknown:
+        raise DataError(f"unknown training fields in {args.config}: {sorted(unknown)}")
+    for name in known:
+        value = getattr(args, name, None)
+        if value is not None:
+            training[name] = value
+    if "adam_betas" in training:
+        training["adam_betas"] = tuple(training["adam_betas"])
+    if "precision" not in training:
+        cuda = args.device.startswith("cuda")
+        training["precision"] = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    model_fields.pop("vocab_size", None)
+    # Validate the model fields now (with a placeholder vocabulary) so errors come before I/O.
+    try:
+        ModelConfig(vocab_size=PAD_ID + 16, **model_fields)
+    except TypeError as e:
+        raise DataError(f"bad model config: {e}") from e
+    return model_fields, TrainConfig(**training)

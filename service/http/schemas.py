@@ -1,0 +1,86 @@
+"""The native API's request and response models (the OpenAPI schema at /openapi.json).
+
+A decoding option is a field of `TranslateRequest` named as in `DecodingOptions`
+(service/bundle/decoding.py): `TranslateRequest.decoding()` hands every such field the request
+set to the runtime in one mapping, so a new option needs no code between here and the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.bundle.decoding import DecodingOptions, FinishReason
+from service.errors import ErrorType
+
+# The request fields that are decoding options.
+OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecodingOptions))
+
+
+class TranslateRequest(BaseModel):
+    # Strict: "8" is not a beam size, true is not 1.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"text": "A dog runs.", "source": "en", "target": "de"}]},
+    )
+
+    text: str | list[str] = Field(description="a text or a list of texts; line breaks are kept")
+    source: str = Field(description="source language code, e.g. en")
+    target: str = Field(description="target language code, e.g. de")
+    beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from settings")
+    num_hypotheses: int = Field(1, ge=1, description="n-best list size, at most beam_size")
+    length_penalty: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False)
+    max_decoding_length: int | None = Field(
+        None, ge=1, description="tokens per sentence, capped by the model; default from settings"
+    )
+    return_scores: bool = False
+
+    def decoding(self) -> dict[str, Any]:
+        """The decoding options this request set (None: the settings' default)."""
+        return self.model_dump(include=set(OPTION_FIELDS), exclude_none=True)
+
+
+class Alternative(BaseModel):
+    text: str
+    score: float | None = None
+
+
+class SegmentInfo(BaseModel):
+    finish_reason: FinishReason
+    score: float | None = None
+
+
+class TranslationOut(BaseModel):
+    text: str
+    score: float | None = Field(None, description="when return_scores: mean sentence score")
+    alternatives: list[Alternative] | None = Field(None, description="when num_hypotheses > 1")
+    segments: list[SegmentInfo] = Field(description="one per sentence, in order")
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    source: str
+    target: str
+    translations: list[TranslationOut] = Field(description="one per input text, in order")
+
+
+class LanguagePair(BaseModel):
+    source: str
+    target: str
+    model: str
+
+
+class Status(BaseModel):
+    status: str
+
+
+class ErrorDetail(BaseModel):
+    type: ErrorType
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
