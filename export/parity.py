@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 import numpy as np
 import onnxruntime as ort
@@ -37,7 +37,7 @@ from torch import Tensor
 from model.data import DataError, pad, read_lines
 from model.search import decode_batches, generate
 from model.transformer import WEIGHTS_FILE, Transformer, load_model
-from service.bundle.decoding import Hypothesis, options_within
+from service.bundle.decoding import Hypothesis, OptionFields, options_within
 from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -164,7 +164,7 @@ def ort_generate(
     sources: Sequence[Sequence[int]],
     *,
     batch_size: int = 64,
-    **options: Any,
+    **options: Unpack[OptionFields],
 ) -> list[list[Hypothesis]]:
     """model.search.generate with ONNX Runtime in place of the model: same sorting, batching and
     search functions, so its n-best lists must equal torch's token for token."""

@@ -5,23 +5,22 @@ every live row into log-probs for the next one. Two steppers wrap the model: `Ca
 (decode_step with a key/value cache) and `UncachedStepper` (re-runs the whole decoder on the
 prefix each step, the seeds' loop, kept as the baseline).
 
-The options, the hypothesis and the per-step rules (`StepPolicy`: banned tokens, score
-normalization) come from service/bundle/decoding.py, shared with the service's numpy search
-(service/inference/search.py), which must match this one token for token. The search itself:
-- Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, whose
-  rows are then expanded beam_size times (CTranslate2's expand_after_first_step: at the start
-  all beams are the same); the 2*beam_size best candidates per sentence are scanned, a </s>
-  among the top beam_size finishes a hypothesis, the others continue; a sentence is done with
-  beam_size finished hypotheses, and leaves the batch. After the expansion only the
-  self-attention cache is reordered by the back-pointers; the cached stepper keeps one row of
-  cross-attention keys/values per sentence, shared by its beams.
+What the search decides is written once, in service/bundle/decoding.py, and shared with the
+service's numpy search (service/inference/search.py), which must match this one token for token:
+the options (`DecodingOptions`), the per-step rules (`StepPolicy`: banned tokens, score
+normalisation) and the bookkeeping (`GreedyBook`, `BeamBook`: CTranslate2/fairseq's beam search,
+which candidates continue or finish, the rows' moves, the n-best lists). This module keeps the
+torch work: the whole (R, V) log-probs with banned tokens at -inf, and torch.topk over a
+sentence's beams. After the first step's expansion only the self-attention cache is reordered by
+the back-pointers; the cached stepper keeps one row of cross-attention keys/values per sentence,
+shared by its beams.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol, Unpack
 
 import torch
 from torch import Tensor
@@ -33,7 +32,9 @@ from service.bundle.decoding import (
     DecodingOptions,
     GreedyBook,
     Hypothesis,
+    OptionFields,
     StepPolicy,
+    nothing,
     options_within,
 )
 
@@ -201,7 +202,7 @@ def decode_batches(
     (torch, ONNX Runtime) plugs in here and shares the search. Empty sources give an empty
     hypothesis unseen.
     """
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, "eos")] for _ in sources]
+    results = [[nothing()] for _ in sources]
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
@@ -227,7 +228,7 @@ def generate(
     *,
     batch_size: int = 64,
     decoder: DecoderKind = "cached",
-    **options: Any,
+    **options: Unpack[OptionFields],
 ) -> list[list[Hypothesis]]:
     """Decode source id sequences (each ending in </s>) with the torch model; n-best lists.
 

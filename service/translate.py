@@ -6,12 +6,14 @@
 
 One output line per input line, in order; empty lines stay empty. Each line goes through the
 same text pipeline as a text sent over HTTP (service/text/pipeline.py): split into sentences,
-checked against the same limits, decoded with the same options (the service's settings, MT_*
-variables included, under the flags given here), reassembled around its separators; so a line
-gets the translation the service gives it. The input must be UTF-8, and every line is checked
-before anything is translated, so a bad byte or a too-long sentence fails the run (exit status
-2, naming the line) instead of being truncated or leaving a partial output. Progress goes to
-stderr when it is a terminal; a summary is logged at the end.
+decoded with the same options (the service's settings, MT_* variables included, under the flags
+given here), reassembled around its separators; so a line gets the translation the service gives
+it. A sentence has the service's limits (the model's tokens, max_segment_characters; beam sizes up
+to max_beam_size); the request-wide ones (max_characters, max_texts, max_queue_segments) are the
+server's only. The input must be UTF-8, and every line is checked before anything is translated,
+so a bad byte or a too-long sentence fails the run (exit status 2, naming the line) instead of
+being truncated or leaving a partial output. Progress goes to stderr when it is a terminal; a
+summary is logged at the end.
 """
 
 from __future__ import annotations
@@ -113,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--bundle", required=True, help="bundle directory (python -m export)")
     p.add_argument("--target", help="target language, for a multi-target model")
-    p.add_argument("--beam-size", type=int, help="1 is greedy (default: the service's, 4)")
+    defaults = {name: field.default for name, field in Settings.model_fields.items()}
+    p.add_argument(
+        "--beam-size",
+        type=int,
+        help=f"1 is greedy (default: the service's, {defaults['default_beam_size']}; "
+        f"at most max_beam_size, {defaults['max_beam_size']})",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--device-id", type=int, default=0)
@@ -121,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--length-penalty",
         type=float,
-        help="default: the service's, 1.0 (the shipped model's card says why)",
+        help=f"default: the service's, {defaults['default_length_penalty']} (the shipped model's "
+        "card says why)",
     )
     p.add_argument(
         "--max-decoding-length",
         type=int,
-        help="target tokens per sentence (default: the service's, 256, capped by the model)",
+        help="target tokens per sentence (default: the service's, "
+        f"{defaults['default_max_decoding_length']}, capped by the model)",
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal, TypedDict, Unpack
 
 FinishReason = Literal["eos", "length"]
 
@@ -70,6 +70,16 @@ class DecodingOptions:
         ):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
 
+    def within(self, limit: int) -> DecodingOptions:
+        """These options for a model of `limit` positions: it cannot produce more tokens, so both
+        lengths are capped there (requests that differ only beyond it are batched together)."""
+        length = min(self.max_decoding_length, limit)
+        return replace(
+            self,
+            max_decoding_length=length,
+            min_decoding_length=min(self.min_decoding_length, length),
+        )
+
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -78,12 +88,28 @@ class Hypothesis:
     finish_reason: FinishReason
 
 
-def options_within(limit: int, **fields: Any) -> DecodingOptions:
-    """`DecodingOptions(**fields)` for a model of `limit` positions: max_decoding_length is the
-    limit when absent or None, and at most the limit."""
-    requested = fields.pop("max_decoding_length", None)
-    length = limit if requested is None else min(requested, limit)
-    return DecodingOptions(max_decoding_length=length, **fields)
+class OptionFields(TypedDict, total=False):
+    """`DecodingOptions` as keywords (the torch reference's `generate` takes them so); a None
+    max_decoding_length is the model's limit."""
+
+    beam_size: int
+    num_hypotheses: int
+    length_penalty: float
+    max_decoding_length: int | None
+    min_decoding_length: int
+    return_scores: bool
+
+
+def options_within(limit: int, **fields: Unpack[OptionFields]) -> DecodingOptions:
+    """`DecodingOptions(**fields)` for a model of `limit` positions (`DecodingOptions.within`);
+    max_decoding_length is the limit when absent or None."""
+    given: dict[str, Any] = {name: value for name, value in fields.items() if value is not None}
+    return DecodingOptions(**{"max_decoding_length": limit, **given}).within(limit)
+
+
+def nothing() -> Hypothesis:
+    """The hypothesis of an empty source: found without a model call."""
+    return Hypothesis([], 0.0, "eos")
 
 
 @dataclass(frozen=True)

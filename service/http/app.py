@@ -21,13 +21,14 @@ from service.http.middleware import (
     ResponseHeadersMiddleware,
 )
 from service.http.routes import router
+from service.inference.models import load_models
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime, TranslationModel
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# Bodies over this (64 KiB: some 15,000 words) take turns (service.http.LargeBodyGate).
+# Bodies over this (64 KiB: some 15,000 words) take turns (service.http.middleware.LargeBodyGate).
 LARGE_BODY_BYTES = 1 << 16
 LARGE_BODY_HOLD_S = 0.05
 
@@ -42,9 +43,6 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = models
         if loaded is None:
-            # Imported here: the engine pulls in ONNX Runtime, which apps built on fakes never need.
-            from service.inference.models import load_models
-
             loaded = await asyncio.to_thread(load_models, settings)
         runtime = Runtime(settings, metrics, loaded)
         try:
@@ -63,7 +61,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         # /translate/ is a 404, not a redirect whose Location echoes the Host header and the
         # query string (which may hold an api_key).
         redirect_slashes=False,
-        # Swagger UI from the package (service/static), not from a CDN: the service runs offline.
+        # Swagger UI from the package (service/http/static), not a CDN: the service runs offline.
         docs_url=None,
         redoc_url=None,
     )

@@ -32,7 +32,6 @@ import logging
 import threading
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import DecodingOptions, Hypothesis, nothing
 from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -286,13 +285,8 @@ class Engine:
                     f"token id {unknown[0]} is outside the vocabulary (0..{vocab - 1})"
                 )
         # The decoder has max_positions positions: longer outputs cannot be produced.
-        max_length = min(options.max_decoding_length, self.max_input_tokens)
-        options = replace(
-            options,
-            max_decoding_length=max_length,
-            min_decoding_length=min(options.min_decoding_length, max_length),
-        )
-        results = [[Hypothesis([], 0.0, "eos")] for _ in sources]
+        options = options.within(self.max_input_tokens)
+        results = [[nothing()] for _ in sources]
         # Similar lengths share a batch, so little of it is padding.
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
         with self._lock:
@@ -302,13 +296,6 @@ class Engine:
                 for i, hyps in zip(chunk, nbest, strict=True):
                     results[i] = hyps
         return results
-
-    def translate(
-        self, texts: Sequence[str], options: DecodingOptions, target: str | None = None
-    ) -> list[list[tuple[str, Hypothesis]]]:
-        """encode -> generate -> decode: (text, hypothesis) n-best lists in the input order."""
-        nbest = self.generate(self.encode(texts, target), options)
-        return [[(self.decode(h.ids), h) for h in hyps] for hyps in nbest]
 
     def _generate_batch(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions

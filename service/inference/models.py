@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.bundle.manifest import (
     FORMAT_VERSION,
@@ -19,8 +20,10 @@ from service.bundle.manifest import (
     replace_directory,
     sha256_file,
 )
-from service.inference.engine import Engine
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from service.inference.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,10 @@ CHECKPOINT_WEIGHTS = "model.safetensors"
 
 
 def load_models(settings: Settings) -> list[Engine]:
+    # Imported here: the engine pulls in ONNX Runtime, which `python -m service --help`, the
+    # shipped bundle's export and apps built on fakes never need.
+    from service.inference.engine import Engine
+
     directories = settings.bundle or [shipped_bundle(settings.checkpoint, settings.shipped_bundle)]
     return [
         Engine.load(

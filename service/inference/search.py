@@ -5,25 +5,23 @@ of every live row into the k most probable next tokens and their log-probs, and 
 reorder its rows; the engine implements it over decoder_step.onnx (whose TopK hands over k
 candidates per row instead of the whole vocabulary), the tests over hand-built log-prob tables.
 
-This is a deliberate mirror of model/search.py, the torch reference: `service/` may not import
+This is the serving twin of model/search.py, the torch reference: `service/` may not import
 torch or `model/`, yet the service must give the reference's tokens exactly (its scores within
-float rounding). Both take their options and per-step rules from one place,
-service/bundle/decoding.py (`DecodingOptions`, `StepPolicy`), and follow its conventions; the
-search itself:
-- Beam search follows CTranslate2/fairseq: the first step runs one row per sentence, then
-  `DecoderState.select` expands each into beam_size rows (CTranslate2's
-  expand_after_first_step: at the start all beams are the same, so the first step costs one
-  row, not beam_size); the 2 * beam_size best candidates per sentence are scanned, a </s> among
-  the top beam_size finishes a hypothesis, the others continue; a sentence is done with
-  beam_size finished hypotheses and leaves the batch. From then on only the self-attention
-  cache follows the back-pointers (`DecoderState.reorder`); what is per sentence (the cross
-  keys/values, the source mask) is never copied per beam.
-- Those 2 * beam_size are found among each beam's own 2 * beam_size best (at most 2K - 1 of a
-  beam's candidates can rank ahead of one of its own). Ties go to the lower beam, then the lower
-  token id. One exception: two log-probs of one beam that differ by an ulp can give equal float32
-  sums, and the one the step did not return is never seen; the reference's torch.topk breaks
-  exact ties in no fixed order either, so neither side promises an order there.
-- beam_size=1 gives the same tokens as greedy search.
+float rounding). So what the searches decide is written once, in service/bundle/decoding.py:
+the options (`DecodingOptions`), the per-step rules (`StepPolicy`: banned tokens, score
+normalisation) and the bookkeeping (`GreedyBook`, `BeamBook`: which candidates continue or
+finish, the rows' moves, the n-best lists). This module keeps the array work:
+- Each step asks the `DecoderState` for a row's best candidates (2 * beam_size, one more per
+  banned token) and drops the banned ones. A beam's candidates in its sentence's top 2K are
+  among the beam's own top 2K (at most 2K - 1 of a beam's candidates can rank ahead of one of
+  its own). Ties go to the lower beam, then the lower token id. One exception: two log-probs of
+  one beam that differ by an ulp can give equal float32 sums, and the one the step did not
+  return is never seen; the reference's torch.topk breaks exact ties in no fixed order either,
+  so neither side promises an order there.
+- The book's moves reach the state: `select` keeps sentences and expands each first row into
+  its beam_size beams after the first step (CTranslate2's expand_after_first_step), `reorder`
+  follows the back-pointers, so only the self-attention cache moves; what is per sentence (the
+  cross keys/values, the source mask) is never copied per beam.
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """
 

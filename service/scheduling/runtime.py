@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
@@ -218,10 +218,11 @@ class Runtime:
         model = self.models[pair]
         prepared = await self._prepare(model, texts, pair[1])
         sources = prepared.sources
+        # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
         batcher = self.batchers[model.name]
         results = await batcher.submit([sources[i] for i in to_run], options, deadline=deadline)
-        nbest = [[pipeline.NOTHING] for _ in sources]
+        nbest = [[nothing()] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
             nbest[i] = hypotheses
         return pipeline.assemble(model, prepared, nbest, options.num_hypotheses)

@@ -63,10 +63,6 @@ class TextTranslation:
     segments: list[Hypothesis]
 
 
-# A sentence that encodes to nothing (only control characters, say) skips the model.
-NOTHING = Hypothesis([], 0.0, "eos")
-
-
 def text_label(index: int) -> str:
     """How errors name a text of a request: by its index in the list."""
     return f"text {index}"
@@ -146,22 +142,22 @@ def decoding_options(
     settings: Settings, requested: Mapping[str, Any], *, max_input_tokens: int
 ) -> DecodingOptions:
     """`DecodingOptions` from the fields a request set (`requested`, by their DecodingOptions
-    names) over the settings' defaults, validated; max_decoding_length is capped by the model
-    (so requests that differ only beyond it are batched together)."""
+    names; None: not set) over the settings' defaults, validated, and within the model's
+    limit (`DecodingOptions.within`)."""
     fields = {
         "beam_size": settings.default_beam_size,
         "length_penalty": settings.default_length_penalty,
         "max_decoding_length": settings.default_max_decoding_length,
-        **requested,
+        **{name: value for name, value in requested.items() if value is not None},
     }
-    if fields["beam_size"] > settings.max_beam_size:
-        raise ServiceError(
-            ErrorType.INVALID_REQUEST,
-            f"beam_size {fields['beam_size']} is larger than this server's limit of "
-            f"{settings.max_beam_size}",
-        )
-    fields["max_decoding_length"] = min(fields["max_decoding_length"], max_input_tokens)
     try:
-        return DecodingOptions(**fields)
+        options = DecodingOptions(**fields)
     except (TypeError, ValueError) as e:
         raise ServiceError(ErrorType.INVALID_REQUEST, str(e)) from e
+    if options.beam_size > settings.max_beam_size:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST,
+            f"beam_size {options.beam_size} is larger than the limit of "
+            f"{settings.max_beam_size} (max_beam_size)",
+        )
+    return options.within(max_input_tokens)

@@ -1,16 +1,16 @@
 """Cut a text into the sentences the model translates, keeping everything between them verbatim
 so that the translation keeps the input's lines, paragraphs and indentation.
 
-The model was trained on single sentences (image captions), so a paragraph is translated
-sentence by sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK forms), optionally
-followed by closing quotes or brackets, then whitespace, unless the next word starts in lower case
-("e.g. this"), or the mark is the period of an initial ("J. R. R. Tolkien") or of a title or
-abbreviation of the source language that is usually followed by a capital ("Dr. Smith",
-"Hr. Müller", "M. Dupont"), or of a number abbreviation before a digit ("No. 5"): the
-`_ABBREVIATIONS` of the source language, in the spirit of Moses' non-breaking prefixes. The
-trade-offs, as in Moses: any single capital letter reads as an initial ("Plan B. Then" stays one
-segment), except the English pronoun "I"; a title right after a number is a unit and does end a
-sentence ("3 m.").
+The model was trained on single sentences (image captions), so a paragraph is translated sentence by
+sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK forms), optionally followed by
+closing quotes or brackets, then whitespace, unless the next word starts in lower case ("e.g.
+this"), or the mark is the period of an initial ("J. R. R. Tolkien"), of an acronym with inner
+periods ("J.P. Morgan", "U.S. Army"), or of a title or abbreviation of the source language that is
+usually followed by a capital ("Dr. Smith", "Hr. Müller", "M. Dupont"), or of a number abbreviation
+before a digit ("No. 5"): the `_ABBREVIATIONS` of the source language, in the spirit of Moses'
+non-breaking prefixes. The trade-offs, as in Moses: any single capital letter reads as an initial
+("Plan B. Then" stays one segment), except the English pronoun "I"; a title right after a number is
+a unit and does end a sentence ("3 m.").
 """
 
 from __future__ import annotations
@@ -62,9 +62,16 @@ _ABBREVIATIONS: dict[str, _Abbreviations] = {
     ),
 }
 _NO_ABBREVIATIONS = _Abbreviations()
+# Acronyms with inner periods are recognised up to this length ("U.S.A.F." is 7 before its end).
+_LONGEST_ACRONYM = 16
 # Longest word looked at, plus an opening quote or bracket and the space before it.
 _WINDOW = 2 + max(
-    len(word) for table in _ABBREVIATIONS.values() for word in table.titles | table.before_numbers
+    _LONGEST_ACRONYM,
+    *(
+        len(word)
+        for table in _ABBREVIATIONS.values()
+        for word in table.titles | table.before_numbers
+    ),
 )
 
 
@@ -125,8 +132,9 @@ def _sentences(
 def _abbreviated(
     text: str, start: int, match: re.Match[str], abbreviations: _Abbreviations
 ) -> bool:
-    """Whether the end mark of `match` is a lone period after an initial ("J."), a title, or a
-    number abbreviation before a digit; `start` is where the sentence began."""
+    """Whether the end mark of `match` is a lone period after an initial ("J."), an acronym
+    with inner periods ("J.P."), a title, or a number abbreviation before a digit; `start` is
+    where the sentence began."""
     if match.group().rstrip() != ".":
         return False
     # Read back a bounded window, so the whole split stays linear in the text's length.
@@ -135,7 +143,11 @@ def _abbreviated(
     words = window.split()
     if not words or (len(words) == 1 and window_start > start and not window[0].isspace()):
         return False  # no word, or one that goes back further than any abbreviation
-    word = words[-1].lstrip("\"'“‘«([").lower()
+    word = words[-1].lstrip("\"'“‘«([")
+    _, period, last = word.rpartition(".")
+    if period and last and all(c.isupper() or c == "-" for c in last):
+        return True  # an acronym with inner periods ("J.P.", "U.S."), as in Moses
+    word = word.lower()
     if len(word) == 1 and text[match.start() - 1].isupper():
         return word not in abbreviations.not_initials  # an initial, unless "I" in English
     if word in abbreviations.titles:

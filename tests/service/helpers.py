@@ -83,6 +83,15 @@ class FakeModel:
         return [len(sources) for sources, _ in self.calls]
 
 
+def model_translate(
+    engine: Any, texts: Sequence[str], options: DecodingOptions, target: str | None = None
+) -> list[list[tuple[str, Hypothesis]]]:
+    """encode -> generate -> decode, each text as one source (no sentence splitting): what the
+    model alone gives, the expectation the doors (HTTP, the CLI) are checked against."""
+    nbest = engine.generate(engine.encode(texts, target), options)
+    return [[(engine.decode(h.ids), h) for h in hyps] for hyps in nbest]
+
+
 def fast_settings(**overrides: Any) -> Settings:
     """Settings for tests: greedy by default, a short batching window, no env influence."""
     values: dict[str, Any] = {

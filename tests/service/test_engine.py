@@ -25,6 +25,7 @@ from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
 from service.inference.engine import CPU_PROVIDER, Engine, InputTooLongError, encoder_chunks
 from service.settings import Settings
+from tests.service.helpers import model_translate
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +124,9 @@ def test_cuda_asked_for_without_cuda_falls_back_to_cpu_with_a_warning(
     assert engine.provider == CPU_PROVIDER
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "running on the CPU" in warnings[0].getMessage()
-    [[(text, hyp)]] = engine.translate(["A dog runs."], DecodingOptions(max_decoding_length=5))
+    [[(text, hyp)]] = model_translate(
+        engine, ["A dog runs."], DecodingOptions(max_decoding_length=5)
+    )
     assert len(hyp.ids) == 5 and isinstance(text, str)
 
 
@@ -278,7 +281,7 @@ def test_empty_input_gives_empty_output_without_a_model_call(
     assert engine.encode(["", "   ", "\t\n"]) == [[], [], []]
     empty = [Hypothesis([], 0.0, "eos")]
     assert engine.generate([[], []], DecodingOptions(beam_size=4)) == [empty, empty]
-    assert engine.translate(["", "  "], DecodingOptions()) == [[("", empty[0])]] * 2
+    assert model_translate(engine, ["", "  "], DecodingOptions()) == [[("", empty[0])]] * 2
     assert engine.generate([], DecodingOptions()) == []
     assert model_calls == []
 
@@ -372,7 +375,7 @@ def test_cli_keeps_order_and_empty_lines(
     # The CLI's default length penalty is the service's.
     default_lp = Settings.model_fields["default_length_penalty"].default
     options = DecodingOptions(beam_size=2, length_penalty=default_lp)
-    expected = [n[0][0] for n in engine.translate(lines, options)]
+    expected = [n[0][0] for n in model_translate(engine, lines, options)]
     assert out.split("\n") == [*expected, ""]
     assert out.split("\n")[1] == out.split("\n")[3] == ""
 

@@ -24,7 +24,7 @@ from service.inference.engine import Engine
 from service.settings import Settings
 from service.text import segment
 from service.translate import translate_lines
-from tests.service.helpers import fast_settings, running
+from tests.service.helpers import fast_settings, model_translate, running
 from tests.transformers_reference import decode, reference, source_texts
 from tests.transformers_reference import generate as reference_generate
 
@@ -266,7 +266,7 @@ def test_file_translation_asks_a_multi_target_model_for_its_target(
     out = io.StringIO()
     limit = Settings().max_segment_characters
     translate_lines(engine, lines, options, out=out, max_segment_characters=limit, target="fr")
-    expected = [text for ((text, _),) in engine.translate(lines, options, target="fr")]
+    expected = [text for ((text, _),) in model_translate(engine, lines, options, target="fr")]
     assert out.getvalue().splitlines() == expected
     with pytest.raises(ValueError, match="translates into en, fr, not None"):
         translate_lines(engine, lines, options, out=io.StringIO(), max_segment_characters=limit)

@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
         ("Wait... what?", ["Wait... what?"]),  # a lower-case word does not start a sentence
         ("e.g. this one", ["e.g. this one"]),
         ("Pi is 3.14 today.", ["Pi is 3.14 today."]),
+        # Acronyms with inner periods, in any language (val line 705 of Multi30k).
+        ("People attending a J.P. Morgan race.", ["People attending a J.P. Morgan race."]),
+        ("The U.S. Army came. It left.", ["The U.S. Army came.", "It left."]),
+        ("It was in the U.S. Then it left.", ["It was in the U.S. Then it left."]),  # as Moses
+        ("Go to www.example.Com. Then stop.", ["Go to www.example.Com.", "Then stop."]),
         ("line one\nline two", ["line one", "line two"]),
         ("  indented\r\n\r\n  para two.  ", ["indented", "para two."]),
         ("中文。 English.", ["中文。", "English."]),
