@@ -1,0 +1,236 @@
+"""Where the CPU engine's time goes: inside ONNX Runtime's decoder-step run, in the search and
+cache bookkeeping around it (Python and numpy), and in the encoder, per configuration.
+
+    python -m benchmarks.step_profile --bundle BUNDLE [--src FILE] [--n 200] [--threads 1 2] \\
+        [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--ort-profile] [--json FILE]
+
+Method: the first N lines of --src, tokenized once, decoded by `Engine.generate` batch after
+batch (sorted by length, as the service's batches are), after a warm-up batch; the median of
+--repeat passes counts. Time in the decoder step is the wall clock of every
+`InferenceSession.run_with_iobinding` call (one per step), time in the encoder of every
+`InferenceSession.run` call (one per length group of a batch); the rest of a pass is the host's:
+the search, the cache bookkeeping (step_state.py), copying the top-k out. "ms/step" divides by
+the decoder steps.
+
+--ort-profile also runs each configuration once with ONNX Runtime's profiler and prints the
+decoder step's kernel time by operator type. The profiler adds its own cost to every node (a
+step takes several times longer under it), so read those rows as shares and node counts, not as
+absolute times.
+The last stdout line is a JSON object with every measurement (--json also writes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from service.bundle.decoding import DecodingOptions
+from service.inference import engine as engine_module
+from service.inference.engine import Engine
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "val.en.gz"
+
+
+class _Clock:
+    """Wall-clock time and calls of one method of InferenceSession, while `timing` is on."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seconds = 0.0
+        self.calls = 0
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        original: Callable[..., Any] = getattr(ort.InferenceSession, self.name)
+
+        def timed(session: ort.InferenceSession, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(session, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        setattr(ort.InferenceSession, self.name, timed)
+        try:
+            yield
+        finally:
+            setattr(ort.InferenceSession, self.name, original)
+
+
+def _pass(
+    engine: Engine, batches: Sequence[Sequence[list[int]]], options: DecodingOptions
+) -> dict[str, float]:
+    step, encoder = _Clock("run_with_iobinding"), _Clock("run")
+    tokens = 0
+    with step.timing(), encoder.timing():
+        start = time.perf_counter()
+        for batch in batches:
+            tokens += sum(len(nbest[0].ids) for nbest in engine.generate(batch, options))
+        seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "steps": step.calls,
+        "step_run_seconds": step.seconds,
+        "encoder_seconds": encoder.seconds,
+        "host_seconds": seconds - step.seconds - encoder.seconds,
+    }
+
+
+def measure(
+    bundle: Path,
+    sources: Sequence[list[int]],
+    *,
+    threads: int,
+    batch_size: int,
+    beam_size: int,
+    repeat: int,
+) -> dict[str, Any]:
+    """The median pass (by its time) of `repeat`, with its breakdown."""
+    engine = Engine.load(bundle, device="cpu", intra_op_threads=threads, max_batch_size=batch_size)
+    ordered = sorted(sources, key=len)
+    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    options = DecodingOptions(beam_size=beam_size)
+    engine.generate(batches[len(batches) // 2], options)  # warm-up
+    passes = sorted(
+        (_pass(engine, batches, options) for _ in range(repeat)), key=lambda p: p["seconds"]
+    )
+    median = passes[len(passes) // 2]
+    steps = max(median["steps"], 1)
+    return {
+        "threads": threads,
+        "batch_size": batch_size,
+        "beam_size": beam_size,
+        **median,
+        "tokens_per_second": median["tokens"] / median["seconds"],
+        "ms_per_step": 1000 * median["seconds"] / steps,
+        "run_ms_per_step": 1000 * median["step_run_seconds"] / steps,
+        "host_ms_per_step": 1000 * median["host_seconds"] / steps,
+        "encoder_ms_per_step": 1000 * median["encoder_seconds"] / steps,
+        "spread": statistics.pstdev(p["seconds"] for p in passes) / median["seconds"],
+    }
+
+
+def operator_profile(
+    bundle: Path, sources: Sequence[list[int]], *, threads: int, batch_size: int, beam_size: int
+) -> dict[str, dict[str, float]]:
+    """Kernel microseconds and nodes per decoder step, by operator type, under ORT's profiler."""
+    prefix = Path(tempfile.mkdtemp(prefix="step_profile-")) / "ort"
+    plain = engine_module._session_options
+
+    def profiled(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:
+        options = plain(intra_op_threads, spinning)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(prefix)
+        return options
+
+    # The engine takes no session options from outside: the profiler is switched on here only.
+    engine_module._session_options = profiled
+    try:
+        engine = Engine.load(
+            bundle, device="cpu", intra_op_threads=threads, max_batch_size=batch_size
+        )
+    finally:
+        engine_module._session_options = plain
+    ordered = sorted(sources, key=len)
+    options = DecodingOptions(beam_size=beam_size)
+    for i in range(0, len(ordered), batch_size):
+        engine.generate(ordered[i : i + batch_size], options)
+    trace = json.loads(Path(engine._decoder_step.end_profiling()).read_text(encoding="utf-8"))
+    engine._encoder.end_profiling()
+    runs = sum(1 for e in trace if e.get("cat") == "Session" and e["name"] == "model_run")
+    kernels = [e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    time_by: dict[str, float] = collections.defaultdict(float)
+    nodes_by: collections.Counter[str] = collections.Counter()
+    for event in kernels:
+        time_by[event["args"]["op_name"]] += event["dur"]
+        nodes_by[event["args"]["op_name"]] += 1
+    return {
+        op: {"us_per_step": time_by[op] / runs, "nodes_per_step": nodes_by[op] / runs}
+        for op in sorted(time_by, key=lambda op: -time_by[op])
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_profile", description=__doc__)
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
+    p.add_argument("--n", type=int, default=200, help="first N lines (default 200)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--ort-profile", action="store_true", help="also ORT's per-operator profile")
+    p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    args = p.parse_args(argv)
+    opener = gzip.open if args.src.suffix == ".gz" else open
+    with opener(args.src, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for _, line in zip(range(args.n), f, strict=False)]
+    tokenizer = Engine.load(args.bundle, device="cpu", intra_op_threads=1)
+    sources = [s for s in tokenizer.encode(lines) if 0 < len(s) <= tokenizer.max_input_tokens]
+    print(f"{len(sources)} sentences from {args.src}, CPU, median of {args.repeat} passes")
+    print("| threads | batch | beam | tokens/s | ms/step | in the step's run | host | encoder |")
+    print("|---|---|---|---|---|---|---|---|")
+    results = []
+    for threads in args.threads:
+        for batch_size in args.batch_sizes:
+            for beam_size in args.beam_sizes:
+                r = measure(
+                    args.bundle,
+                    sources,
+                    threads=threads,
+                    batch_size=batch_size,
+                    beam_size=beam_size,
+                    repeat=args.repeat,
+                )
+                if args.ort_profile:
+                    r["operators"] = operator_profile(
+                        args.bundle,
+                        sources,
+                        threads=threads,
+                        batch_size=batch_size,
+                        beam_size=beam_size,
+                    )
+                results.append(r)
+                share = 100 / r["ms_per_step"]
+                print(
+                    f"| {threads} | {batch_size} | {beam_size} | {r['tokens_per_second']:,.0f} "
+                    f"| {r['ms_per_step']:.3f} "
+                    f"| {r['run_ms_per_step']:.3f} ({r['run_ms_per_step'] * share:.0f} %) "
+                    f"| {r['host_ms_per_step']:.3f} ({r['host_ms_per_step'] * share:.0f} %) "
+                    f"| {r['encoder_ms_per_step']:.3f} ({r['encoder_ms_per_step'] * share:.0f} %) |"
+                )
+    for r in results:
+        if "operators" in r:
+            print(
+                f"\nthreads {r['threads']}, batch {r['batch_size']}, beam {r['beam_size']}: "
+                "decoder-step kernels under ORT's profiler, per step"
+            )
+            total = sum(o["us_per_step"] for o in r["operators"].values())
+            for op, o in list(r["operators"].items())[:12]:
+                print(
+                    f"  {op:26s} {o['nodes_per_step']:5.1f} nodes "
+                    f"{100 * o['us_per_step'] / total:5.1f} % of kernel time"
+                )
+    summary = {"src": str(args.src), "sentences": len(sources), "results": results}
+    line = json.dumps(summary)
+    if args.json:
+        args.json.write_text(line + "\n", encoding="utf-8")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
