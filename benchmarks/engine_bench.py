@@ -77,13 +77,13 @@ REFERENCE = "engine-fp32"
 Decode = Callable[[list[list[int]], int], list[list[int]]]  # (batch, beam size) -> ids per row
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
 
-def _batches(sources: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+def batch_indices(sources: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
     """Indices of `sources`, sorted by length and cut into batches: the same for every system."""
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -248,7 +248,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for beam in args.beam_sizes:
         for batch_size in args.batch_sizes:
-            batches = _batches(sources, batch_size)
+            batches = batch_indices(sources, batch_size)
             decode([sources[i] for i in batches[0]], beam)  # warm-up
             load_rss = _memory_kib("VmRSS")
             peak_reset = _reset_peak()
@@ -286,15 +286,21 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int, int]:
     """Tokenize the sentences once; returns the sources file, its size and the lines left out."""
+    lines = read_lines(args.src)[: args.n]
+    sources, max_positions = encode_sources(args.bundle_fp32, lines)
+    path = work / "sources.json"
+    path.write_text(json.dumps({"sources": sources, "max_positions": max_positions}))
+    return path, len(sources), len(lines) - len(sources)
+
+
+def encode_sources(bundle: Path, lines: Sequence[str]) -> tuple[list[list[int]], int]:
+    """`lines` tokenized by the bundle's engine, the empty ones and those over the model's input
+    limit left out; and that limit."""
     from service.inference.engine import Engine
 
-    engine = Engine.load(args.bundle_fp32, device="cpu", intra_op_threads=1)
-    lines = _read_lines(args.src)[: args.n]
+    engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
     encoded = [ids for ids in engine.encode(lines) if ids]
-    sources = [ids for ids in encoded if len(ids) <= engine.max_input_tokens]
-    path = work / "sources.json"
-    path.write_text(json.dumps({"sources": sources, "max_positions": engine.max_input_tokens}))
-    return path, len(sources), len(lines) - len(sources)
+    return [ids for ids in encoded if len(ids) <= engine.max_input_tokens], engine.max_input_tokens
 
 
 def _convert_ct2(args: argparse.Namespace) -> str | None:

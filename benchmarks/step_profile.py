@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import statistics
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 
 import onnxruntime as ort
 
+from benchmarks.engine_bench import batch_indices, encode_sources, read_lines
 from service.bundle.decoding import DecodingOptions
 from service.inference import engine as engine_module
 from service.inference.engine import Engine
@@ -70,6 +70,11 @@ class _Clock:
             setattr(ort.InferenceSession, self.name, original)
 
 
+def _batches(sources: Sequence[list[int]], batch_size: int) -> list[list[list[int]]]:
+    """The sources in engine_bench's batches: sorted by length, then cut."""
+    return [[sources[i] for i in batch] for batch in batch_indices(sources, batch_size)]
+
+
 def _pass(
     engine: Engine, batches: Sequence[Sequence[list[int]]], options: DecodingOptions
 ) -> dict[str, float]:
@@ -101,8 +106,7 @@ def measure(
 ) -> dict[str, Any]:
     """The median pass (by its time) of `repeat`, with its breakdown."""
     engine = Engine.load(bundle, device="cpu", intra_op_threads=threads, max_batch_size=batch_size)
-    ordered = sorted(sources, key=len)
-    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    batches = _batches(sources, batch_size)
     options = DecodingOptions(beam_size=beam_size)
     engine.generate(batches[len(batches) // 2], options)  # warm-up
     passes = sorted(
@@ -145,10 +149,9 @@ def operator_profile(
         )
     finally:
         engine_module._session_options = plain
-    ordered = sorted(sources, key=len)
     options = DecodingOptions(beam_size=beam_size)
-    for i in range(0, len(ordered), batch_size):
-        engine.generate(ordered[i : i + batch_size], options)
+    for batch in _batches(sources, batch_size):
+        engine.generate(batch, options)
     trace = json.loads(Path(engine._decoder_step.end_profiling()).read_text(encoding="utf-8"))
     engine._encoder.end_profiling()
     runs = sum(1 for e in trace if e.get("cat") == "Session" and e["name"] == "model_run")
@@ -176,11 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ort-profile", action="store_true", help="also ORT's per-operator profile")
     p.add_argument("--json", type=Path, help="also write the JSON summary here")
     args = p.parse_args(argv)
-    opener = gzip.open if args.src.suffix == ".gz" else open
-    with opener(args.src, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for _, line in zip(range(args.n), f, strict=False)]
-    tokenizer = Engine.load(args.bundle, device="cpu", intra_op_threads=1)
-    sources = [s for s in tokenizer.encode(lines) if 0 < len(s) <= tokenizer.max_input_tokens]
+    sources, _ = encode_sources(args.bundle, read_lines(args.src)[: args.n])
     print(f"{len(sources)} sentences from {args.src}, CPU, median of {args.repeat} passes")
     print("| threads | batch | beam | tokens/s | ms/step | in the step's run | host | encoder |")
     print("|---|---|---|---|---|---|---|---|")

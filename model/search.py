@@ -150,13 +150,12 @@ def beam_search(
         n, beams, vocab = len(book.alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
-        index = top_index.tolist()
         moves = book.advance(
             step,
             beams,
             top_scores.tolist(),
-            [[i // vocab for i in row] for row in index],
-            [[i % vocab for i in row] for row in index],
+            (top_index // vocab).tolist(),  # the beam of each candidate
+            (top_index % vocab).tolist(),  # its token
             tokens_of,
         )
         if moves is None:

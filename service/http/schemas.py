@@ -16,7 +16,7 @@ from service.bundle.decoding import DecodingOptions, FinishReason
 from service.errors import ErrorType
 
 # The request fields that are decoding options.
-OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecodingOptions))
+OPTION_FIELDS = {field.name for field in dataclasses.fields(DecodingOptions)}
 
 
 class TranslateRequest(BaseModel):
@@ -40,7 +40,7 @@ class TranslateRequest(BaseModel):
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options this request set (None: the settings' default)."""
-        return self.model_dump(include=set(OPTION_FIELDS), exclude_none=True)
+        return self.model_dump(include=OPTION_FIELDS, exclude_none=True)
 
 
 class Alternative(BaseModel):
