@@ -35,6 +35,7 @@ from torch import nn
 
 from model.transformer import DecoderLayer, Transformer
 from service.bundle.manifest import (
+    ALIGNMENT,
     BEAM_AXIS,
     BEAM_ROWS,
     CACHE_INDIRECTION,
@@ -244,6 +245,8 @@ def build_decoder_step(
             domain=MS_DOMAIN,
             num_heads=heads,
         )  # (N, G, d_model)
+        if i == config.aligned_layer:
+            _alignment(g, model, query, cross_key(i), sentences_beams, opset)
         (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
         out = g.matmul(attended, f"{prefix}.cross.o.weight", cross.w_o.weight)
         add_and_norm(out, g.weight(f"{prefix}.cross.o.bias", cross.w_o.bias), 3 * i + 1)
@@ -260,6 +263,42 @@ def build_decoder_step(
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
     _log_softmax_top_k(g, model, logits)
     return _model(g, model, onnx_float, opset, cache)
+
+
+def _alignment(
+    g: _Graph, model: Transformer, query: str, keys: str, sentences_beams: str, opset: int
+) -> None:
+    """The `alignment` output (R, S) float32: the aligned layer's cross-attention weights
+    (its alignment head's, or the heads' mean) for each row, recomputed from its query
+    (N, G, d_model) and the sentence's keys (N, H, S, Dh), as the fused attention kernel does
+    not return them. A few small nodes at one layer: the step's cost barely moves."""
+    config = model.config
+    heads, d_head = config.h, config.d_k
+    by_heads = g.constant("alignment.shape", np.array([heads, d_head], np.int64))
+    (shape,) = g.op("Concat", [sentences_beams, by_heads], axis=0)  # [N, G, H, Dh]
+    (q,) = g.op("Reshape", [query, shape])
+    (q,) = g.op("Transpose", [q], perm=[0, 2, 1, 3])  # (N, H, G, Dh)
+    (k,) = g.op("Transpose", [keys], perm=[0, 1, 3, 2])  # (N, H, Dh, S)
+    (scores,) = g.op("MatMul", [q, k])  # (N, H, G, S)
+    scale = g.constant("alignment.scale", np.array(1 / math.sqrt(d_head), g.float_type))
+    (scores,) = g.op("Mul", [scores, scale])
+    axes = g.constant("alignment.axes", np.array([1, 2], np.int64))
+    (valid,) = g.op("Cast", [ENCODER_ATTENTION_MASK], to=TensorProto.BOOL)  # (N, S)
+    (valid,) = g.op("Unsqueeze", [valid, axes])  # (N, 1, 1, S)
+    masked = g.constant("alignment.masked", np.array(-1e4, g.float_type))  # fp16 holds it
+    (scores,) = g.op("Where", [valid, scores, masked])
+    (weights,) = g.op("Softmax", [scores], axis=-1)
+    if config.alignment_head is not None:
+        head = g.constant("alignment.head", np.array([config.alignment_head], np.int64))
+        (weights,) = g.op("Gather", [weights, head], axis=1)  # (N, 1, G, S)
+    elif opset >= 18:  # ReduceMean's axes became an input
+        one = g.constant("alignment.head_axis", np.array([1], np.int64))
+        (weights,) = g.op("ReduceMean", [weights, one], keepdims=1)
+    else:
+        (weights,) = g.op("ReduceMean", [weights], axes=[1], keepdims=1)
+    if g.float_type != np.float32:
+        (weights,) = g.op("Cast", [weights], to=TensorProto.FLOAT)
+    g.op("Flatten", [weights], [ALIGNMENT], axis=3)  # (N, 1, G, S) -> (R, S)
 
 
 def _activation(g: _Graph, name: str, x: str) -> str:
@@ -406,13 +445,14 @@ def _model(
         LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.decoder_vocab_size]),
         TOP_LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, TOP_K_AXIS]),
         TOP_IDS: (TensorProto.INT64, [ROW_AXIS, TOP_K_AXIS]),
+        ALIGNMENT: (TensorProto.FLOAT, [ROW_AXIS, SOURCE_AXIS]),
     }
     for i in range(n):
         for name in (past_key(i), past_value(i), present_key(i), present_value(i)):
             types[name] = (onnx_float, cache)
         for name in (cross_key(i), cross_value(i)):
             types[name] = (onnx_float, source)
-    inputs, outputs = decoder_step_io(n, decoder_cache)
+    inputs, outputs = decoder_step_io(n, decoder_cache, alignment=True)
     graph = helper.make_graph(
         g.nodes,
         "decoder_step",

@@ -55,6 +55,7 @@ from service.bundle.manifest import (
     SENTENCE_AXIS,
     SOURCE_AXIS,
     TOKENIZER_FILE,
+    AlignmentSpec,
     BundleError,
     DecoderCache,
     Dtype,
@@ -308,12 +309,15 @@ def export_bundle(
         source_language=source_language,
         target_language=target_language,
         target_tokens=meta.get("target_tokens", {}),
+        alignment=AlignmentSpec(layer=config.aligned_layer, head=config.alignment_head),
         dtype=dtype,
         decoder_cache=cache,
         opset=opset,
         tokenizer=tokenizer,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
-        decoder_step=_graph_spec(out / DECODER_STEP_FILE, *decoder_step_io(n, cache)),
+        decoder_step=_graph_spec(
+            out / DECODER_STEP_FILE, *decoder_step_io(n, cache, alignment=True)
+        ),
         files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from model.transformer import BOS_ID, EOS_ID, PAD_ID
+from service.bundle.tokenizer import token_words
 
 
 class DataError(ValueError):
@@ -54,22 +55,59 @@ def language_of(path: str | Path) -> str:
 class Example:
     src: list[int]  # source ids followed by </s>
     tgt: list[int]  # target ids followed by </s> (the decoder input is <s> + tgt[:-1])
+    # Guided alignment: (target token, source token) links of a word aligner's, by index into
+    # tgt and src (</s> never linked); empty without alignments.
+    links: tuple[tuple[int, int], ...] = ()
 
 
 def encode_pairs(
-    tokenizer: Tokenizer, src: Sequence[str], tgt: Sequence[str], max_len: int
+    tokenizer: Tokenizer,
+    src: Sequence[str],
+    tgt: Sequence[str],
+    max_len: int,
+    alignments: Sequence[set[tuple[int, int]]] | None = None,
 ) -> list[Example]:
-    """Tokenize pairs and drop empty ones and those longer than max_len tokens (with </s>)."""
+    """Tokenize pairs and drop empty ones and those longer than max_len tokens (with </s>).
+
+    `alignments` (model/alignment.py: links of whitespace words, one set per pair) become links
+    between tokens: every token of a source word to every token of a target word it is linked to.
+    """
+    if alignments is not None and len(alignments) != len(src):
+        raise DataError(f"{len(alignments)} alignments for {len(src)} sentence pairs")
     src_ids = tokenizer.encode_batch(list(src))
     tgt_ids = tokenizer.encode_batch(list(tgt))
     examples = []
-    for s, t in zip(src_ids, tgt_ids, strict=True):
+    for n, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)):
         if not s.ids or not t.ids:
             continue
         if len(s.ids) + 1 > max_len or len(t.ids) + 1 > max_len:
             continue
-        examples.append(Example(s.ids + [EOS_ID], t.ids + [EOS_ID]))
+        links: tuple[tuple[int, int], ...] = ()
+        if alignments is not None:
+            links = _token_links(
+                alignments[n], token_words(src[n], s.offsets), token_words(tgt[n], t.offsets)
+            )
+        examples.append(Example(s.ids + [EOS_ID], t.ids + [EOS_ID], links))
     return examples
+
+
+def _token_links(
+    words: set[tuple[int, int]], source_words: list[int | None], target_words: list[int | None]
+) -> tuple[tuple[int, int], ...]:
+    """Word links -> (target token, source token) links, in order."""
+    sources: dict[int, list[int]] = {}
+    for token, word in enumerate(source_words):
+        if word is not None:
+            sources.setdefault(word, []).append(token)
+    linked: dict[int, set[int]] = {}
+    for i, j in words:
+        linked.setdefault(j, set()).update(sources.get(i, ()))
+    return tuple(
+        (t, s)
+        for t, word in enumerate(target_words)
+        if word is not None
+        for s in sorted(linked.get(word, ()))
+    )
 
 
 def pad(
@@ -89,20 +127,35 @@ class Batch:
     src: Tensor  # (B, S)
     tgt_in: Tensor  # (B, T): <s> y1 .. yn
     tgt_out: Tensor  # (B, T): y1 .. yn </s>
+    # Guided alignment's target (B, T, S): row t spreads 1 evenly over the source tokens that
+    # target token t (tgt_out[:, t]) is linked to; all 0 where it has no link. None: no links.
+    alignment: Tensor | None = None
 
     @classmethod
     def from_examples(cls, examples: Sequence[Example]) -> Batch:
         src = pad([e.src for e in examples])
         tgt_out = pad([e.tgt for e in examples])
         tgt_in = pad([e.tgt[:-1] for e in examples], prefix=[BOS_ID])
-        return cls(src, tgt_in, tgt_out)
+        alignment = None
+        if any(e.links for e in examples):
+            alignment = torch.zeros(*tgt_out.shape, src.size(1))
+            for b, e in enumerate(examples):
+                for t, s in e.links:
+                    alignment[b, t, s] = 1.0
+            alignment /= alignment.sum(-1, keepdim=True).clamp(min=1.0)
+        return cls(src, tgt_in, tgt_out, alignment)
 
     @property
     def n_tgt_tokens(self) -> int:
         return int((self.tgt_out != PAD_ID).sum())
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device))
+        return Batch(
+            self.src.to(device),
+            self.tgt_in.to(device),
+            self.tgt_out.to(device),
+            None if self.alignment is None else self.alignment.to(device),
+        )
 
 
 def token_budget_batches(examples: Sequence[Example], max_tokens: int) -> list[list[int]]:

@@ -3,12 +3,16 @@
     python -m model.train --src-train F --tgt-train F --src-valid F --tgt-valid F --out DIR
         [--preset tiny|base | --config FILE.json] [--max-updates N] [--max-tokens N]
         [--device cpu|cuda] [--seed S] [--resume] [--average-last K] [--init-from MODEL_DIR]
+        [--alignments LINKS --alignment-weight W [--alignment-layer L] [--alignment-head H]]
 
 DIR receives model.safetensors (the average of the last K checkpoints), config.json (model
 config, training recipe, data files with their sha256), tokenizer.json, metrics.jsonl and
 training_curve.png; DIR/checkpoints/ holds the periodic checkpoints and the resumable state.
 --init-from starts from a trained model directory (its weights, architecture and tokenizer) to
-continue or fine-tune it under this run's recipe. Every input is checked before anything is written.
+continue or fine-tune it under this run's recipe. --alignments (python -m model.alignment) with
+--alignment-weight trains one cross-attention head on a word aligner's links (guided alignment),
+the head whose weights the service re-places markup through. Every input is checked before
+anything is written.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from model.data import DataError, encode_pairs, language_of, read_parallel
+from model.alignment import parse_links
+from model.data import DataError, encode_pairs, language_of, read_lines, read_parallel
 from model.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from model.training.checkpoints import CHECKPOINT_DIR, STATE_FILE, average_checkpoints
 from model.training.history import PLOT_FILE, plot_history
@@ -55,6 +60,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--valid-bleu-sentences", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--rdrop-alpha", type=float, help="R-Drop's KL weight (0: off)")
+    p.add_argument(
+        "--alignments",
+        help="word links of the training pairs, one line per pair (python -m model.alignment)",
+    )
+    p.add_argument("--alignment-weight", type=float, help="guided alignment's loss weight (0: off)")
+    p.add_argument("--alignment-layer", type=int, help="the decoder layer guided alignment trains")
+    p.add_argument("--alignment-head", type=int, help="the head of that layer it trains")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int)
@@ -91,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
     src_valid, tgt_valid = read_parallel(args.src_valid, args.tgt_valid)
+    if bool(config.alignment_weight) != (args.alignments is not None):
+        raise DataError("guided alignment needs both --alignments and --alignment-weight > 0")
+    alignments = None
+    if args.alignments is not None:
+        alignments = [parse_links(line) for line in read_lines(args.alignments)]
     state_file = out / CHECKPOINT_DIR / STATE_FILE
     if args.resume and not state_file.is_file():
         raise DataError(f"--resume: no training state at {state_file}")
@@ -108,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("training a joint BPE of %d tokens", config.vocab_size)
         tokenizer = train_tokenizer(src_train + tgt_train, config.vocab_size)
-    train_examples = encode_pairs(tokenizer, src_train, tgt_train, config.max_len)
+    train_examples = encode_pairs(tokenizer, src_train, tgt_train, config.max_len, alignments)
     valid_examples = encode_pairs(tokenizer, src_valid, tgt_valid, config.max_len)
     if not train_examples:
         raise DataError(f"no usable training pairs in {args.src_train} / {args.tgt_train}")
@@ -165,14 +182,17 @@ def run(args: argparse.Namespace) -> int:
     final = trainer.validate()
     trainer.record({"update": trainer.state.update, "split": "valid_averaged", **final})
     log.info("averaged %d checkpoints: valid %s", len(paths), final)
+    files: list[tuple[str, str, int]] = [
+        ("src_train", args.src_train, len(src_train)),
+        ("tgt_train", args.tgt_train, len(tgt_train)),
+        ("src_valid", args.src_valid, len(src_valid)),
+        ("tgt_valid", args.tgt_valid, len(tgt_valid)),
+    ]
+    if alignments is not None:
+        files.append(("alignments", args.alignments, len(alignments)))
     data = {
-        name: {"path": str(path), "sha256": sha256_file(Path(path)), "lines": len(lines)}
-        for name, path, lines in (
-            ("src_train", args.src_train, src_train),
-            ("tgt_train", args.tgt_train, tgt_train),
-            ("src_valid", args.src_valid, src_valid),
-            ("tgt_valid", args.tgt_valid, tgt_valid),
-        )
+        name: {"path": str(path), "sha256": sha256_file(Path(path)), "lines": lines}
+        for name, path, lines in files
     }
     meta = {
         "training": dataclasses.asdict(config),

@@ -78,6 +78,12 @@ class ModelConfig:
     # renormalize_logits), so that the other tokens' probabilities sum to 1.
     suppressed_ids: tuple[int, ...] = ()
     renormalize_suppressed: bool = False
+    # The cross-attention that aligns target tokens to source tokens (markup is re-placed through
+    # it: service/text/): a decoder layer, and one of its heads (the one guided alignment trains
+    # on an aligner's links, Garg et al. 2019) or None for the mean of its heads. A None layer is
+    # the penultimate one (`aligned_layer`).
+    alignment_layer: int | None = None
+    alignment_head: int | None = None
 
     def __post_init__(self) -> None:
         if self.d_model % self.h != 0:
@@ -108,6 +114,23 @@ class ModelConfig:
             raise ValueError("eos_id cannot be suppressed: no translation could end")
         if not 0 < self.branch_init_scale < math.inf:
             raise ValueError(f"branch_init_scale must be positive, got {self.branch_init_scale}")
+        if not 0 <= self.aligned_layer < self.n_decoder_layers:
+            raise ValueError(
+                f"alignment_layer {self.alignment_layer} is not a decoder layer "
+                f"(0..{self.n_decoder_layers - 1})"
+            )
+        if self.alignment_head is not None and not 0 <= self.alignment_head < self.h:
+            raise ValueError(
+                f"alignment_head {self.alignment_head} is not a head (0..{self.h - 1})"
+            )
+
+    @property
+    def aligned_layer(self) -> int:
+        """The decoder layer whose cross-attention aligns: alignment_layer, else the penultimate
+        (of the shipped model's layers, its heads' mean agrees best with a word aligner)."""
+        if self.alignment_layer is not None:
+            return self.alignment_layer
+        return max(self.n_decoder_layers - 2, 0)
 
     @property
     def d_k(self) -> int:
@@ -208,8 +231,9 @@ class MultiHeadAttention(nn.Module):
         """Keys and values of `x` (B, T, d_model), each (B, H, T, Dh); cacheable."""
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
-    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Attention of queries from `x` (B, Tq, d_model) over precomputed k, v (N, H, Tk, Dh).
+    def attend(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Attention of queries from `x` (B, Tq, d_model) over precomputed k, v (N, H, Tk, Dh):
+        the projected output (B, Tq, d_model) and the weights (N, H, G * Tq, Tk).
 
         B = N * G: rows n*G .. n*G + G - 1 of x all attend over k[n], v[n] (the G beams of a
         sentence share its cross-attention keys/values), and the mask broadcasts to
@@ -219,10 +243,10 @@ class MultiHeadAttention(nn.Module):
         """
         b, t, d_model = x.shape
         q = self.split_heads(self.w_q(x).reshape(k.size(0), -1, d_model))  # (N, H, G*Tq, Dh)
-        out, _ = scaled_dot_product_attention(q, k, v, mask, self.dropout)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
         out = out.transpose(1, 2).reshape(b, t, d_model)  # (B, Tq, d_model)
         projected: Tensor = self.w_o(out)
-        return projected
+        return projected, weights
 
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -284,7 +308,7 @@ class EncoderLayer(nn.Module):
         r = cast(Residual, self.sublayer[0])  # (nn.ModuleList's items are typed as Modules)
         y = r.inner(x)
         k, v = self.self_attn.project_kv(y)
-        x = r.outer(x, self.self_attn.attend(y, k, v, src_mask))
+        x = r.outer(x, self.self_attn.attend(y, k, v, src_mask)[0])
         r = cast(Residual, self.sublayer[1])
         return r.outer(x, self.feed_forward(r.inner(x)))
 
@@ -306,10 +330,11 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         past_k: Tensor | None = None,
         past_v: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (B, T, d_model) new positions; past_k/v (B, H, T_past, Dh) cached self-attention.
 
-        Returns the layer output and the self-attention keys/values including the new positions.
+        Returns the layer output, the self-attention keys/values including the new positions,
+        and the cross-attention weights (N, H, G * T, S).
         """
         r = cast(Residual, self.sublayer[0])  # (nn.ModuleList's items are typed as Modules)
         y = r.inner(x)
@@ -317,12 +342,13 @@ class DecoderLayer(nn.Module):
         if past_k is not None and past_v is not None:
             k = torch.cat([past_k, k], dim=2)  # (B, H, T_past + T, Dh)
             v = torch.cat([past_v, v], dim=2)
-        x = r.outer(x, self.self_attn.attend(y, k, v, tgt_mask))
+        x = r.outer(x, self.self_attn.attend(y, k, v, tgt_mask)[0])
         r = cast(Residual, self.sublayer[1])
-        x = r.outer(x, self.cross_attn.attend(r.inner(x), cross_k, cross_v, src_mask))
+        attended, weights = self.cross_attn.attend(r.inner(x), cross_k, cross_v, src_mask)
+        x = r.outer(x, attended)
         r = cast(Residual, self.sublayer[2])
         x = r.outer(x, self.feed_forward(r.inner(x)))
-        return x, k, v
+        return x, k, v, weights
 
 
 @dataclass
@@ -491,16 +517,39 @@ class Transformer(nn.Module):
         Targets are right-padded, so the causal mask alone keeps every real position off the
         padding (and the start token may be the pad id: Marian's is).
         """
+        return self.decode_aligned(tgt_in, memory, src_mask)[0]
+
+    def decode_aligned(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """`decode`'s logits, and the alignment (B, T, S): row t is where the position that
+        predicts target token t looks in the source (`alignment`)."""
         tgt_mask = causal_mask(tgt_in.size(1), tgt_in.device)
         cross_k, cross_v = self.cross_kv(memory)
         x = self.embed(tgt_in, target=True)
-        for layer, ck, cv in zip(self.decoder_layers, cross_k, cross_v, strict=True):
-            x, _, _ = layer(x, tgt_mask, ck, cv, src_mask)
-        return self.output_logits(self.decoder_norm(x))
+        alignment = memory.new_empty(0)
+        for i, (layer, ck, cv) in enumerate(
+            zip(self.decoder_layers, cross_k, cross_v, strict=True)
+        ):
+            x, _, _, weights = layer(x, tgt_mask, ck, cv, src_mask)
+            if i == self.config.aligned_layer:
+                alignment = self.alignment(weights)
+        return self.output_logits(self.decoder_norm(x)), alignment
+
+    def alignment(self, weights: Tensor) -> Tensor:
+        """The aligned layer's cross-attention weights (N, H, Tq, S) -> its alignment head's,
+        or the heads' mean, (N, Tq, S)."""
+        head = self.config.alignment_head
+        return weights.mean(dim=1) if head is None else weights[:, head]
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         src_mask = self.source_mask(src)
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+
+    def forward_aligned(self, src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Logits (B, T, V) and alignment (B, T, S), teacher-forced (`decode_aligned`)."""
+        src_mask = self.source_mask(src)
+        return self.decode_aligned(tgt_in, self.encode(src, src_mask), src_mask)
 
     def init_cache(self, memory: Tensor) -> DecoderCache:
         """An empty self-attention cache (length 0) and the cross keys/values of `memory`."""
@@ -522,7 +571,7 @@ class Transformer(nn.Module):
         x = self.embed(tokens[:, None], offset=cache.length, target=True)  # (B, 1, d_model)
         self_k, self_v = [], []
         for i, layer in enumerate(self.decoder_layers):
-            x, k, v = layer(
+            x, k, v, _ = layer(
                 x,
                 None,
                 cache.cross_k[i],

@@ -2,18 +2,20 @@
 
     python -m service.translate --bundle BUNDLE [--target LANG] [--beam-size K] [--batch-size N]
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
-        [--max-decoding-length N] < in.txt > out.txt
+        [--max-decoding-length N] [--format text|html|xml [--translate-attributes]]
+        < in.txt > out.txt
 
-One output line per input line, in order; empty lines stay empty. Each line goes through the
-same text pipeline as a text sent over HTTP (service/text/pipeline.py): split into sentences,
-decoded with the same options (the service's settings, MT_* variables included, under the flags
-given here), reassembled around its separators; so a line gets the translation the service gives
-it. A sentence has the service's limits (the model's tokens, max_segment_characters; beam sizes up
-to max_beam_size); the request-wide ones (max_characters, max_texts, max_queue_segments) are the
-server's only. The input must be UTF-8, and every line is checked before anything is translated,
-so a bad byte or a too-long sentence fails the run (exit status 2, naming the line) instead of
-being truncated or leaving a partial output. Progress goes to stderr when it is a terminal; a
-summary is logged at the end.
+One output line per input line, in order; empty lines stay empty. Each line goes through the same
+text pipeline as a text sent over HTTP (service/text/pipeline.py): split into sentences, decoded
+with the same options (the service's settings, MT_* variables included, under the flags given here),
+reassembled around its separators; so a line gets the translation the service gives it; with
+--format html or xml each line is a document, translated as the service translates one
+(docs/api.md). A sentence has the service's limits (the model's tokens, max_segment_characters; beam
+sizes up to max_beam_size); the request-wide ones (max_characters, max_texts, max_queue_segments)
+are the server's only. The input must be UTF-8, and every line is checked before anything is
+translated, so a bad byte or a too-long sentence fails the run (exit status 2, naming the line)
+instead of being truncated or leaving a partial output. Progress goes to stderr when it is a
+terminal; a summary is logged at the end.
 """
 
 from __future__ import annotations
@@ -68,17 +70,22 @@ def translate_lines(
     max_segment_characters: int,
     target: str | None = None,
     on_progress: Callable[[int], None] = lambda done: None,
+    form: pipeline.Form = pipeline.PLAIN,
 ) -> int:
     """Write one translation per line to `out`, window by window; returns target tokens.
+    Refuses a `form` the engine cannot do (pipeline.check_form) before anything is read.
 
     Raises ServiceError, naming the line, before anything is written if a line is over a limit.
     """
+    pipeline.check_form(engine, form, options)
     prepared = pipeline.prepare(
         engine,
         lines,
         target,
         max_segment_characters=max_segment_characters,
         label=lambda index: f"line {index + 1}",
+        format=form.format,
+        translate_attributes=form.translate_attributes,
     )
     window = engine.max_batch_size * _BATCHES_PER_WINDOW
     tokens = 0
@@ -138,6 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         help="target tokens per sentence (default: the service's, "
         f"{defaults['default_max_decoding_length']}, capped by the model)",
     )
+    p.add_argument(
+        "--format",
+        choices=("text", "html", "xml"),
+        default="text",
+        help="each line is plain text (default), or an HTML or XML document",
+    )
+    p.add_argument(
+        "--translate-attributes",
+        action="store_true",
+        help="html/xml: translate alt and title attributes too",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -173,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             max_segment_characters=settings.max_segment_characters,
             target=args.target,
             on_progress=_Progress(len(lines), sys.stderr).update,
+            form=pipeline.Form(args.format, args.translate_attributes),
         )
     except (BundleError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

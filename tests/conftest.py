@@ -21,6 +21,7 @@ from model.tokenizer import TOKENIZER_FILE, train_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
 
 REPO = Path(__file__).resolve().parents[1]
+SHIPPED_CHECKPOINT = REPO / "checkpoints" / "multi30k-en-de"
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 
 # Small enough to build and decode in seconds, with every architectural part present.
@@ -56,6 +57,14 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) ->
 
 
 N_SENTENCES = 20
+
+
+@pytest.fixture(scope="session")
+def shipped_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped model as `python -m service` serves it (fp32 bundle, exported once)."""
+    out = tmp_path_factory.mktemp("shipped_bundle")
+    export_bundle(SHIPPED_CHECKPOINT, out)
+    return out
 
 
 @pytest.fixture(scope="session")

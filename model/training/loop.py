@@ -115,6 +115,8 @@ class Trainer:
         L_NLL^2 + alpha * L_KL), over the doubled batch's 2N target tokens.
         """
         config = self.config
+        if config.alignment_weight and batch.alignment is not None:
+            return self.aligned_loss(batch, batch.alignment)
         if config.rdrop_alpha == 0:
             return self.loss(batch, config.label_smoothing)
         doubled = Batch(*(torch.cat([t, t]) for t in (batch.src, batch.tgt_in, batch.tgt_out)))
@@ -133,6 +135,23 @@ class Trainer:
         symmetric = ((first.exp() - second.exp()) * (first - second)).sum(-1)
         kl = symmetric[batch.tgt_out != PAD_ID].sum() / 2
         return cross_entropy + config.rdrop_alpha * kl, doubled.n_tgt_tokens
+
+    def aligned_loss(self, batch: Batch, links: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Guided alignment: the label-smoothed cross-entropy plus alignment_weight times the
+        cross-entropy of the alignment head's weights against `links` (B, T, S) (Garg et al.,
+        2019), summed over target tokens (those without links add nothing)."""
+        with self.autocast():
+            logits, alignment = self.model.forward_aligned(batch.src, batch.tgt_in)
+        cross_entropy = F.cross_entropy(
+            logits.float().flatten(0, 1),
+            batch.tgt_out.flatten(),
+            ignore_index=PAD_ID,
+            label_smoothing=self.config.label_smoothing,
+            reduction="sum",
+        )
+        # Masked source positions have weight ~0 and no link: clamp keeps 0 * log(0) at 0.
+        aligned = -(links * alignment.float().clamp(min=1e-9).log()).sum()
+        return cross_entropy + self.config.alignment_weight * aligned, batch.n_tgt_tokens
 
     # --- resumable state -------------------------------------------------------------------
 

@@ -45,10 +45,18 @@ class TrainConfig:
     # and the loss adds this multiple of the symmetric KL between the two output distributions.
     # 0 trains on the plain cross-entropy, one pass per batch.
     rdrop_alpha: float = 0.0
+    # Guided alignment (Garg et al., 2019): the loss adds this multiple of the cross-entropy
+    # between the model's alignment head (ModelConfig.alignment_layer/head) and a word aligner's
+    # links (`--alignments`, model/alignment.py), per target token. 0: no alignment loss.
+    alignment_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.rdrop_alpha < math.inf:
             raise ValueError(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
+        if not 0 <= self.alignment_weight < math.inf:
+            raise ValueError(f"alignment_weight must be >= 0, got {self.alignment_weight}")
+        if self.alignment_weight and self.rdrop_alpha:
+            raise ValueError("guided alignment and R-Drop are not combined: set one of them")
 
 
 def init_model_fields(directory: Path) -> dict[str, Any]:
@@ -103,6 +111,10 @@ def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig
     if "precision" not in training:
         cuda = args.device.startswith("cuda")
         training["precision"] = "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    for name in ("alignment_layer", "alignment_head"):  # no weights change: on top of any model
+        value = getattr(args, name, None)
+        if value is not None:
+            model_fields[name] = value
     model_fields.pop("vocab_size", None)
     # Validate the model fields now (with a placeholder vocabulary) so errors come before I/O.
     try:

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict, Unpack
+
+import numpy as np
+import numpy.typing as npt
 
 FinishReason = Literal["eos", "length"]
 
@@ -86,6 +89,9 @@ class Hypothesis:
     ids: list[int]  # target token ids, without </s>
     score: float
     finish_reason: FinishReason
+    # (len(ids), S): where the step that chose each id looked in the source (the decoder step's
+    # alignment output); None when the model has none. Not part of equality.
+    alignment: npt.NDArray[np.float32] | None = field(default=None, compare=False)
 
 
 class OptionFields(TypedDict, total=False):
@@ -203,11 +209,13 @@ class BeamBook:
         beam_ids: list[list[int]],
         tokens: list[list[int]],
         history: Callable[[int], list[int]],
+        alignment: Callable[[int], npt.NDArray[np.float32]] | None = None,
     ) -> BeamMoves | None:
         """The step's choice: for each live sentence (`beams` rows each: 1 on the first step,
         K after), its best candidates, best first, as running scores, the beam (within the
-        sentence) and the token of each; `history(row)` is a row's tokens so far. None when
-        every sentence has finished."""
+        sentence) and the token of each; `history(row)` is a row's tokens so far, and
+        `alignment(row)` its alignment rows (Hypothesis.alignment), if the search has them.
+        None when every sentence has finished."""
         k, eos_id = self.k, self.policy.eos_id
         next_rows: list[int] = []
         next_tokens: list[int] = []
@@ -227,7 +235,13 @@ class BeamBook:
                 if token == eos_id:
                     if j < k:
                         normalized = self.policy.normalized(score, step + 1)
-                        hypothesis = Hypothesis(history(i * beams + beam), normalized, "eos")
+                        row = i * beams + beam
+                        hypothesis = Hypothesis(
+                            history(row),
+                            normalized,
+                            "eos",
+                            None if alignment is None else alignment(row),
+                        )
                         self._finished[sentence].append(hypothesis)
                     continue
                 rows.append(i * beams + beam)
@@ -259,7 +273,10 @@ class BeamBook:
         return BeamMoves(next_rows, next_tokens, next_scores, None, next_rows)
 
     def results(
-        self, scores: list[list[float]], history: Callable[[int], list[int]]
+        self,
+        scores: list[list[float]],
+        history: Callable[[int], list[int]],
+        alignment: Callable[[int], npt.NDArray[np.float32]] | None = None,
     ) -> list[list[Hypothesis]]:
         """The n-best lists, best first: the hypotheses finished with </s>, and the live beams
         (`scores[i][beam]`, `history(i * K + beam)`) ending at max_decoding_length."""
@@ -268,7 +285,13 @@ class BeamBook:
             for beam, score in enumerate(scores[i]):
                 if score > -math.inf:
                     normalized = self.policy.normalized(score, length)
-                    hypothesis = Hypothesis(history(i * self.k + beam), normalized, "length")
+                    row = i * self.k + beam
+                    hypothesis = Hypothesis(
+                        history(row),
+                        normalized,
+                        "length",
+                        None if alignment is None else alignment(row),
+                    )
                     self._finished[sentence].append(hypothesis)
         n = self.policy.options.num_hypotheses
         return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n] for hyps in self._finished]

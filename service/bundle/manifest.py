@@ -96,6 +96,9 @@ BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row cont
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
+# decoder output, (R, S) float32: where each row's query looked in its sentence's source (the
+# manifest's `alignment` layer and head); bundles exported before it have no such output.
+ALIGNMENT = "alignment"
 
 # Dynamic axes, named the same in both graphs.
 SENTENCE_AXIS = "sentences"  # N: the encoder's batch, and the decoder's cross keys/values and mask
@@ -149,8 +152,11 @@ def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
     return [INPUT_IDS, ATTENTION_MASK], [MEMORY, *cross_names(n_layers)]
 
 
-def decoder_step_io(n_layers: int, cache: DecoderCache) -> tuple[list[str], list[str]]:
-    """(input names, output names) of decoder_step.onnx with this cache, in graph order."""
+def decoder_step_io(
+    n_layers: int, cache: DecoderCache, *, alignment: bool = False
+) -> tuple[list[str], list[str]]:
+    """(input names, output names) of decoder_step.onnx with this cache, in graph order, with
+    the alignment output or without it."""
     follow = [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION] if cache == "indirection" else [BEAM_ROWS]
     inputs = [
         INPUT_IDS,
@@ -161,7 +167,8 @@ def decoder_step_io(n_layers: int, cache: DecoderCache) -> tuple[list[str], list
         *past_names(n_layers),
         *cross_names(n_layers),
     ]
-    return inputs, [LOG_PROBS, TOP_LOG_PROBS, TOP_IDS, *present_names(n_layers)]
+    aligned = [ALIGNMENT] if alignment else []
+    return inputs, [LOG_PROBS, TOP_LOG_PROBS, TOP_IDS, *present_names(n_layers), *aligned]
 
 
 # --- Manifest schema ---------------------------------------------------------------------------
@@ -268,6 +275,14 @@ class Provenance(_Frozen):
     exporter: str
 
 
+class AlignmentSpec(_Frozen):
+    """Which cross-attention the decoder step's `alignment` output is: a decoder layer, and
+    one head of it (trained by guided alignment) or None for the mean of its heads."""
+
+    layer: int
+    head: int | None = None
+
+
 class Manifest(_Frozen):
     format_version: int
     model: ModelDims
@@ -285,6 +300,9 @@ class Manifest(_Frozen):
     # Multi-target models (Marian's ">>fra<<" tokens): target language -> the token the source
     # starts with to ask for it; these languages are served instead of target_language.
     target_tokens: dict[str, str] = {}
+    # The decoder step's alignment output (markup and return_alignments need it); None: a
+    # bundle exported before it, which serves text only.
+    alignment: AlignmentSpec | None = None
 
     @property
     def target_languages(self) -> list[str]:
@@ -400,7 +418,10 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
     n = manifest.model.decoder_layers
     for graph, (inputs, outputs) in (
         (manifest.encoder, encoder_io(n)),
-        (manifest.decoder_step, decoder_step_io(n, manifest.decoder_cache)),
+        (
+            manifest.decoder_step,
+            decoder_step_io(n, manifest.decoder_cache, alignment=manifest.alignment is not None),
+        ),
     ):
         if graph.input_names != inputs or graph.output_names != outputs:
             raise BundleError(

@@ -24,6 +24,7 @@ the requested target, so a client can neither end its input early nor pick anoth
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,9 @@ _CLEAN_UP = (
     (" 're", "'re"),
 )
 _WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁"
+_WORD = re.compile(r"\S+")
+
+Span = tuple[int, int]  # characters [start, end) of a text
 
 
 class TextTokenizer(Protocol):
@@ -61,6 +65,16 @@ class TextTokenizer(Protocol):
 
     def token_id(self, token: str) -> int | None:
         """The source id of a whole token (e.g. ">>fra<<"), None if it is not one."""
+        ...
+
+    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]:
+        """The characters of each text that each of its `encode` ids (</s> left out) stands
+        for; a token of no character of its own (a lone word boundary) is an empty span."""
+        ...
+
+    def target_spans(self, ids: Sequence[int]) -> list[Span]:
+        """The characters of `decode(ids)` that each id stands for (empty for a special
+        token or a lone word boundary)."""
         ...
 
 
@@ -86,6 +100,18 @@ class BpeTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
+
+    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]:
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [
+            [_without_spaces(text, span) for span in e.offsets]
+            for text, e in zip(texts, encodings, strict=True)
+        ]
+
+    def target_spans(self, ids: Sequence[int]) -> list[Span]:
+        prefixes = [list(ids[: i + 1]) for i in range(len(ids))]
+        decoded = self._tokenizer.decode_batch(prefixes, skip_special_tokens=True)
+        return prefix_spans(decoded)
 
 
 class SentencePieceTokenizer:
@@ -132,6 +158,57 @@ class SentencePieceTokenizer:
 
     def token_id(self, token: str) -> int | None:
         return self._source_ids.get(token)
+
+    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]:
+        spans = []
+        for text in texts:
+            offsets = self._source.encode(text, out_type="offset_mapping")["offsets"]
+            spans.append([_without_spaces(text, (start, end)) for start, end in offsets])
+        return spans
+
+    def target_spans(self, ids: Sequence[int]) -> list[Span]:
+        return prefix_spans([self.decode(ids[: i + 1]) for i in range(len(ids))])
+
+
+def prefix_spans(prefixes: Sequence[str]) -> list[Span]:
+    """Token spans in the last of `prefixes` (the decoding of ids[:1], ids[:2], ... ids): token
+    i is what its prefix added, without the spaces it starts with. A decoding that is not a
+    prefix of the next (a character split over byte tokens) is clamped into place."""
+    if not prefixes:
+        return []
+    text = prefixes[-1]
+    spans: list[Span] = []
+    end = 0
+    for prefix in prefixes:
+        start = end
+        end = max(start, min(len(prefix), len(text)))
+        spans.append(_without_spaces(text, (start, end)))
+    return spans
+
+
+def _without_spaces(text: str, span: Span) -> Span:
+    """A token's span without the word boundary (spaces) it starts with."""
+    start, end = span
+    while start < end and text[start].isspace():
+        start += 1
+    return start, end
+
+
+def token_words(text: str, spans: Sequence[Span]) -> list[int | None]:
+    """The whitespace-separated word of `text` each token span falls in (by its first
+    character that is not a space), None for a span of spaces or nothing."""
+    starts = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+    words: list[int | None] = []
+    word = 0
+    for span in spans:
+        start, end = _without_spaces(text, span)
+        if start >= end:
+            words.append(None)
+            continue
+        while word < len(starts) and starts[word][1] <= start:
+            word += 1
+        words.append(word if word < len(starts) and starts[word][0] <= start else None)
+    return words
 
 
 def load_tokenizer(bundle: Bundle) -> TextTokenizer:

@@ -21,6 +21,7 @@ from service.http.middleware import (
     validate,
 )
 from service.scheduling.runtime import Runtime
+from service.text.pipeline import Form
 
 # English names for the codes LibreTranslate clients display; others show their code.
 _LANGUAGE_NAMES = {
@@ -127,8 +128,6 @@ async def libretranslate_translate(
             raise _missing("source")
         if not target:
             raise _missing("target")
-        if body.format != "text":
-            raise ServiceError(ErrorType.INVALID_REQUEST, f"{body.format} format is not supported")
         texts = q if isinstance(q, list) else [q]
         if len(texts) > runtime.settings.max_texts:
             raise ServiceError(
@@ -148,7 +147,7 @@ async def libretranslate_translate(
         n = body.alternatives + 1
         beam_size = max(runtime.settings.default_beam_size, n)
         options = runtime.decoding_options(pair, {"beam_size": beam_size, "num_hypotheses": n})
-        work = runtime.translate(texts, pair, options, deadline=deadline)
+        work = runtime.translate(texts, pair, options, deadline=deadline, form=Form(body.format))
         results = await unless_disconnected(request, work)
     translated = [r.texts[0] for r in results]
     # As LibreTranslate: alternatives differ from the translation and from each other.

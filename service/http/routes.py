@@ -25,14 +25,17 @@ from service.http.schemas import (
     ErrorBody,
     LanguagePair,
     SegmentInfo,
+    SentenceAlignmentOut,
     Status,
+    Token,
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
 )
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime
-from service.text.pipeline import TextTranslation
+from service.text.alignment import TextAlignment
+from service.text.pipeline import Form, TextTranslation
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503)
@@ -65,7 +68,8 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        work = runtime.translate(texts, pair, options, deadline=deadline)
+        form = Form(body.format, body.translate_attributes, body.return_alignments)
+        work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
         results = await unless_disconnected(request, work)
     return TranslateResponse(
         model=model.name,
@@ -93,7 +97,24 @@ def _translation_out(result: TextTranslation, body: TranslateRequest) -> Transla
             SegmentInfo(finish_reason=h.finish_reason, score=score(h.score))
             for h in result.segments
         ],
+        alignments=None if result.alignment is None else _alignments(result.alignment),
     )
+
+
+def _alignments(alignment: TextAlignment) -> list[SentenceAlignmentOut]:
+    def tokens(text: str, spans: list[tuple[int, int]]) -> list[Token]:
+        return [Token(text=text[a:b], start=a, end=b) for a, b in spans]
+
+    return [
+        SentenceAlignmentOut(
+            source=sentence.source,
+            target=sentence.target,
+            source_tokens=tokens(sentence.source, sentence.source_tokens),
+            target_tokens=tokens(sentence.target, sentence.target_tokens),
+            pairs=sentence.pairs,
+        )
+        for _, _, sentence in alignment.sentences
+    ]
 
 
 def _check_count(runtime: Runtime, count: int) -> None:

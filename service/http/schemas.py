@@ -8,7 +8,7 @@ set to the runtime in one mapping, so a new option needs no code between here an
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,17 @@ class TranslateRequest(BaseModel):
         None, ge=1, description="tokens per sentence, capped by the model; default from settings"
     )
     return_scores: bool = False
+    format: Literal["text", "html", "xml"] = Field(
+        "text",
+        description="html or xml: markup whose text is translated and whose inline elements "
+        "are re-placed around the words they wrapped (docs/api.md)",
+    )
+    translate_attributes: bool = Field(
+        False, description="html/xml: translate alt and title attributes too"
+    )
+    return_alignments: bool = Field(
+        False, description="per sentence: source and target tokens and which align"
+    )
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options this request set (None: the settings' default)."""
@@ -53,11 +64,28 @@ class SegmentInfo(BaseModel):
     score: float | None = None
 
 
+class Token(BaseModel):
+    text: str
+    start: int = Field(description="its first character in the sentence")
+    end: int = Field(description="after its last character")
+
+
+class SentenceAlignmentOut(BaseModel):
+    source: str = Field(description="the sentence as the model read it")
+    target: str = Field(description="its translation")
+    source_tokens: list[Token]
+    target_tokens: list[Token]
+    pairs: list[tuple[int, int]] = Field(description="(source token, target token) links")
+
+
 class TranslationOut(BaseModel):
     text: str
     score: float | None = Field(None, description="when return_scores: mean sentence score")
     alternatives: list[Alternative] | None = Field(None, description="when num_hypotheses > 1")
     segments: list[SegmentInfo] = Field(description="one per sentence, in order")
+    alignments: list[SentenceAlignmentOut] | None = Field(
+        None, description="when return_alignments: one per sentence, in order"
+    )
 
 
 class TranslateResponse(BaseModel):

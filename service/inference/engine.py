@@ -32,6 +32,7 @@ import logging
 import threading
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from service.bundle.manifest import (
     cross_names,
     load_bundle,
 )
-from service.bundle.tokenizer import TextTokenizer, load_tokenizer
+from service.bundle.tokenizer import Span, TextTokenizer, load_tokenizer
 from service.inference.search import IntArray, search
 from service.inference.step_state import (
     BufferPool,
@@ -152,6 +153,8 @@ class Engine:
                 raise BundleError(f"{bundle.directory}: the tokenizer has no token {token!r}")
             self._prefixes[language] = [token_id]
         self.max_input_tokens: int = self.manifest.model.max_positions
+        # Hypotheses carry word alignments: the bundle's decoder step has the output.
+        self.aligns: bool = self.manifest.alignment is not None
         self.provider: str = decoder_step.get_providers()[0]
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
@@ -266,6 +269,25 @@ class Engine:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids)
 
+    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]:
+        """The characters of each text each of its tokens stands for (`encode`'s ids without
+        the target's token and </s>)."""
+        spans = []
+        for text in texts:
+            kept = [i for i, c in enumerate(text) if ord(c) not in _CONTROL_CHARACTERS]
+            if len(kept) == len(text):
+                spans += self._tokenizer.source_spans([text])
+                continue
+            cleaned = "".join(text[i] for i in kept)
+            kept.append(len(text))  # where the cleaned text's end is
+            own = self._tokenizer.source_spans([cleaned])[0]
+            spans.append([(kept[a], kept[b - 1] + 1 if b > a else kept[a]) for a, b in own])
+        return spans
+
+    def target_spans(self, ids: Sequence[int]) -> list[Span]:
+        """The characters of `decode(ids)` each id stands for."""
+        return self._tokenizer.target_spans(ids)
+
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
     ) -> list[list[Hypothesis]]:
@@ -294,7 +316,7 @@ class Engine:
                 chunk = order[start : start + self.max_batch_size]
                 nbest = self._generate_batch([sources[i] for i in chunk], options)
                 for i, hyps in zip(chunk, nbest, strict=True):
-                    results[i] = hyps
+                    results[i] = [_within_source(h, len(sources[i])) for h in hyps]
         return results
 
     def _generate_batch(
@@ -378,6 +400,13 @@ class Engine:
             for whole, part in zip(cross, values, strict=True):
                 whole[rows, :, :length] = part
         return cross
+
+
+def _within_source(hypothesis: Hypothesis, length: int) -> Hypothesis:
+    """A hypothesis's alignment cut to its source's positions (the batch's are padded)."""
+    if hypothesis.alignment is None:
+        return hypothesis
+    return replace(hypothesis, alignment=hypothesis.alignment[:, :length])
 
 
 def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:

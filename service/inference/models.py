@@ -95,6 +95,8 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     if version != FORMAT_VERSION:
         # Left by an older release: this one reads another bundle format.
         return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
+    if "alignment" not in raw:
+        return "exported before the decoder step had an alignment output (markup needs it)"
     actual = sha256_file(weights)
     if recorded != actual:
         return f"exported from weights with sha256 {recorded}; {weights} has {actual}"

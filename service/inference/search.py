@@ -22,11 +22,15 @@ finish, the rows' moves, the n-best lists). This module keeps the array work:
   its beam_size beams after the first step (CTranslate2's expand_after_first_step), `reorder`
   follows the back-pointers, so only the self-attention cache moves; what is per sentence (the
   cross keys/values, the source mask) is never copied per beam.
+- When the decoder step has an alignment output (`DecoderState.alignment`), each row's rows of
+  it follow the row as its tokens do (greedy: per sentence; beam: gathered by the moves'
+  back-pointers), and every finished hypothesis carries those of its own steps.
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -59,6 +63,11 @@ class DecoderState(Protocol):
         the self-attention cache moves (cross keys/values of one sentence's beams are copies)."""
         ...
 
+    def alignment(self) -> FloatArray | None:
+        """The last step's alignment of every row the search sees, (R, S): where its query
+        looked in its sentence's source; None when the decoder has no alignment output."""
+        ...
+
 
 def search(
     state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
@@ -80,11 +89,16 @@ def greedy_search(
     """
     book = GreedyBook(StepPolicy(options, eos_id), batch_size)
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (R,)
+    aligned: list[list[FloatArray]] = [[] for _ in range(batch_size)]  # per sentence, per step
     for step in range(options.max_decoding_length):
         banned = book.policy.banned(step)
         # One more candidate per banned token: it may be among the best.
         top_log_probs, top_ids = _without(*state.step(tokens, 1 + len(banned)), banned)  # (R, 1)
         best = top_ids[:, 0]  # (R,)
+        alignment = state.alignment()
+        if alignment is not None:
+            for sentence, row in zip(book.alive, alignment, strict=True):
+                aligned[sentence].append(row)
         keep = book.advance(step, best.tolist(), top_log_probs[:, 0].tolist())
         if not keep:
             break
@@ -93,7 +107,13 @@ def greedy_search(
             state.select(rows, rows)
             best = best[rows]
         tokens = best.astype(np.int64)
-    return book.results()
+    results = book.results()
+    if not any(aligned):
+        return results
+    return [
+        replace(h, alignment=np.stack(rows[: len(h.ids)]) if h.ids else _no_rows(rows))
+        for h, rows in zip(results, aligned, strict=True)
+    ]
 
 
 def beam_search(
@@ -107,15 +127,25 @@ def beam_search(
     scores = np.zeros((batch_size, 1), dtype=np.float32)  # (N, beams)
     history = np.zeros((batch_size, 0), dtype=np.int64)  # (N*beams, t)
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (N*beams,)
+    # (N*beams, t, S): each row's alignment rows so far, when the decoder has them.
+    aligned: FloatArray | None = None
 
     def tokens_of(row: int) -> list[int]:
         return list(history[row].tolist())
+
+    def alignment_of(row: int) -> FloatArray:
+        assert aligned is not None
+        rows: FloatArray = aligned[row].copy()
+        return rows
 
     for step in range(options.max_decoding_length):
         banned = book.policy.banned(step)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
         top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + len(banned)), banned)
+        step_alignment = state.alignment()
+        if step_alignment is not None and aligned is None:
+            aligned = np.zeros((len(step_alignment), 0, step_alignment.shape[1]), np.float32)
         n, beams, c = len(book.alive), scores.shape[1], top_log_probs.shape[-1]
         candidates = (scores[:, :, None] + top_log_probs.reshape(n, beams, c)).reshape(n, -1)
         beam_of = np.broadcast_to(np.repeat(np.arange(beams), c), (n, beams * c))  # (N, B*C)
@@ -129,9 +159,13 @@ def beam_search(
             np.take_along_axis(beam_of, order, axis=-1).tolist(),
             np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1).tolist(),
             tokens_of,
+            None if aligned is None else alignment_of,
         )
         if moves is None:
             break
+        if aligned is not None and step_alignment is not None:  # as history: then the moves
+            aligned = np.concatenate([aligned, step_alignment[:, None, :]], axis=1)
+            aligned = aligned[np.array(moves.rows)]
         if moves.select is not None:
             rows, sentences = moves.select
             state.select(np.array(rows, dtype=np.int64), np.array(sentences, dtype=np.int64))
@@ -140,7 +174,12 @@ def beam_search(
         tokens = np.array(moves.tokens, dtype=np.int64)
         history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
         scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
-    return book.results(scores.tolist(), tokens_of)
+    return book.results(scores.tolist(), tokens_of, None if aligned is None else alignment_of)
+
+
+def _no_rows(rows: list[FloatArray]) -> FloatArray:
+    """The alignment of an empty hypothesis: no rows, as wide as the source."""
+    return np.zeros((0, rows[0].shape[-1] if rows else 0), np.float32)
 
 
 def _without(

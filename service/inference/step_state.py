@@ -40,6 +40,7 @@ import numpy as np
 import onnxruntime as ort
 
 from service.bundle.manifest import (
+    ALIGNMENT,
     BEAM_ROWS,
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
@@ -199,6 +200,7 @@ class StaticCacheState:
         self._mask = np.ascontiguousarray(attention_mask, np.int32)  # (N, S)
         self._cross = dict(cross)
         self._k = 0  # candidates per row the outputs are bound for
+        self._aligned = manifest.alignment is not None
         self._binding = session.io_binding()
         self._inputs: dict[str, Value] = {}
         self._outputs: dict[str, Value] = {}
@@ -249,6 +251,12 @@ class StaticCacheState:
     def reorder(self, rows: np.ndarray) -> None:
         n = len(self.live)
         self._follow(rows.reshape(n, self.beams) - (np.arange(n) * self.beams)[:, None])
+
+    def alignment(self) -> np.ndarray | None:
+        if not self._aligned:
+            return None
+        rows: np.ndarray = self._host(ALIGNMENT)[self._rows()]  # (R, S) copy
+        return rows
 
     # --- What the parity checks read ----------------------------------------------------------
 
@@ -397,11 +405,14 @@ class StaticCacheState:
             past_names(self._layers), present_names(self._layers), strict=True
         ):
             binding.bind_ortvalue_output(present, _value(self._cache[past]))
-        for name, shape, dtype in (
+        outputs: list[tuple[str, tuple[int, int], np.dtype[Any]]] = [
             (LOG_PROBS, (rows, self.vocab_size), np.dtype(np.float32)),
             (TOP_LOG_PROBS, (rows, k), np.dtype(np.float32)),
             (TOP_IDS, (rows, k), np.dtype(np.int64)),
-        ):
+        ]
+        if self._aligned:
+            outputs.append((ALIGNMENT, (rows, self._mask.shape[1]), np.dtype(np.float32)))
+        for name, shape, dtype in outputs:
             self._outputs[name] = self.pool.buffer(name, shape, dtype)
             binding.bind_ortvalue_output(name, _value(self._outputs[name]))
         self._k = k

@@ -25,7 +25,7 @@ from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
 from service.settings import Settings
 from service.text import pipeline
-from service.text.pipeline import TextModel, TextTranslation
+from service.text.pipeline import PLAIN, Form, TextModel, TextTranslation
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class Runtime:
         )
 
     def _prepare_now(
-        self, model: TranslationModel, texts: Sequence[str], target: str
+        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
     ) -> pipeline.Prepared:
         return pipeline.prepare(
             model,
@@ -177,12 +177,15 @@ class Runtime:
             target,
             max_segment_characters=self.settings.max_segment_characters,
             max_segments=self.settings.max_queue_segments,
+            format=form.format,
+            translate_attributes=form.translate_attributes,
         )
 
     async def _prepare(
-        self, model: TranslationModel, texts: Sequence[str], target: str
+        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
     ) -> pipeline.Prepared:
-        """Split and tokenize, after the cheap limits: the characters of the request first."""
+        """Parse, split and tokenize, after the cheap limits: the characters of the request
+        (markup as sent) first."""
         characters = sum(len(text) for text in texts)
         if characters > self.settings.max_characters:
             raise ServiceError(
@@ -191,7 +194,7 @@ class Runtime:
                 f"{self.settings.max_characters} (max_characters)",
             )
         if characters <= _INLINE_CHARACTERS:
-            return self._prepare_now(model, texts, target)
+            return self._prepare_now(model, texts, target, form)
         # Off the event loop: splitting and tokenising a large body takes CPU time that would
         # stall every other request (and /health) meanwhile.
         if self._preparing >= PREPARATION_LINE:
@@ -202,7 +205,7 @@ class Runtime:
         self._preparing += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._preparation, self._prepare_now, model, texts, target
+                self._preparation, self._prepare_now, model, texts, target, form
             )
         finally:
             self._preparing -= 1
@@ -214,9 +217,12 @@ class Runtime:
         options: DecodingOptions,
         *,
         deadline: float,
+        form: Form = PLAIN,
     ) -> list[TextTranslation]:
+        """Each text translated as `form` says (plain text or markup, alignments or not)."""
         model = self.models[pair]
-        prepared = await self._prepare(model, texts, pair[1])
+        pipeline.check_form(model, form, options)
+        prepared = await self._prepare(model, texts, pair[1], form)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
@@ -225,7 +231,9 @@ class Runtime:
         nbest = [[nothing()] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
             nbest[i] = hypotheses
-        return pipeline.assemble(model, prepared, nbest, options.num_hypotheses)
+        return pipeline.assemble(
+            model, prepared, nbest, options.num_hypotheses, alignments=form.alignments
+        )
 
 
 # Texts up to this many characters in all are split and tokenised on the event loop: well under

@@ -14,53 +14,111 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+import numpy as np
 
 from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.tokenizer import Span
 from service.errors import ErrorType, ServiceError
 from service.settings import Settings
-from service.text import segment
+from service.text import markup, segment
+from service.text.alignment import SentenceAlignment, TextAlignment, sentence_alignment
+from service.text.markup import Format as MarkupFormat
+
+Format = Literal["text", MarkupFormat]
 
 
 class TextModel(Protocol):
-    """What the pipeline needs of a model: its tokenizer and its limits."""
+    """What the pipeline needs of a model: its tokenizer, its limits, and whether it aligns."""
 
+    name: str
     source_language: str
     max_input_tokens: int  # per segment, </s> included
+    aligns: bool  # hypotheses carry word alignments (markup and return_alignments need them)
 
     def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]: ...
+
+    def target_spans(self, ids: Sequence[int]) -> list[Span]: ...
+
 
 @dataclass(frozen=True)
 class Prepared:
-    """Texts ready for the model: each one's layout, and the token ids of every sentence, text
-    after text (`origins[i]` is sentence i's (text index, sentence index))."""
+    """Texts ready for the model. A plain text is one block; a markup document (`documents`)
+    is the blocks of text its markup holds (service/text/markup.py). Each block's layout, the
+    input text it belongs to (`owners`, ascending), and the token ids of every sentence, block
+    after block (`origins[i]` is sentence i's (block index, sentence index))."""
 
     layouts: list[segment.Layout]
     sources: list[list[int]]
     origins: list[tuple[int, int]]
+    owners: list[int]
+    documents: list[markup.Document] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many input texts."""
+        return len(self.documents) if self.documents is not None else len(self.layouts)
 
     def texts(self, start: int, stop: int) -> Prepared:
         """Texts `start` to `stop` (excluded) alone, as if prepared by themselves."""
-        # origins are sorted: (t,) sorts before every (t, n).
-        first, last = bisect_left(self.origins, (start,)), bisect_left(self.origins, (stop,))
+        first_block, last_block = bisect_left(self.owners, start), bisect_left(self.owners, stop)
+        # origins are sorted: (b,) sorts before every (b, n).
+        first = bisect_left(self.origins, (first_block,))
+        last = bisect_left(self.origins, (last_block,))
         return Prepared(
-            self.layouts[start:stop],
+            self.layouts[first_block:last_block],
             self.sources[first:last],
-            [(t - start, n) for t, n in self.origins[first:last]],
+            [(b - first_block, n) for b, n in self.origins[first:last]],
+            [t - start for t in self.owners[first_block:last_block]],
+            None if self.documents is None else self.documents[start:stop],
         )
 
 
 @dataclass(frozen=True)
 class TextTranslation:
     """One input text translated: its n-best texts (best first), their scores (mean of the
-    segments' scores; None without segments), and each segment's best hypothesis."""
+    segments' scores; None without segments), each segment's best hypothesis, and when asked
+    for, the best text's word alignment (service/text/alignment.py)."""
 
     texts: list[str]
     scores: Sequence[float | None]
     segments: list[Hypothesis]
+    alignment: TextAlignment | None = None
+
+
+@dataclass(frozen=True)
+class Form:
+    """What a request's texts are and what comes back besides translations: plain text or
+    markup (format), markup's alt/title translated or kept, word alignments or not."""
+
+    format: Format = "text"
+    translate_attributes: bool = False
+    alignments: bool = False
+
+
+PLAIN = Form()
+
+
+def check_form(model: TextModel, form: Form, options: DecodingOptions) -> None:
+    """Refuse, before any work, what this model cannot do in this form."""
+    if (form.format != "text" or form.alignments) and not model.aligns:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST,
+            f"{model.name} cannot align words (its bundle was exported before the decoder step "
+            "had an alignment output), which format html/xml and return_alignments need; "
+            "re-export it with `python -m export`",
+        )
+    if form.format != "text" and options.num_hypotheses > 1:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST,
+            f"format {form.format} has one translation per text: alternatives and "
+            "num_hypotheses > 1 are for format text",
+        )
 
 
 def text_label(index: int) -> str:
@@ -76,66 +134,175 @@ def prepare(
     max_segment_characters: int,
     max_segments: int | None = None,
     label: Callable[[int], str] = text_label,
+    format: Format = "text",
+    translate_attributes: bool = False,
 ) -> Prepared:
-    """Split, check and encode `texts` for `model`; a ServiceError names the first text (by
-    `label(index)`) and sentence over a limit. `max_segments` bounds the sentences of all texts
-    together (a request's), checked before anything is tokenized."""
-    layouts = [segment.split(text, model.source_language) for text in texts]
-    origins = [(t, n) for t, layout in enumerate(layouts) for n in range(len(layout.segments))]
+    """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
+    ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
+    and sentence over a limit. `max_segments` bounds the sentences of all texts together (a
+    request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
+    title attributes are translated too."""
+    documents = None
+    blocks: Sequence[str] = texts
+    owners = list(range(len(texts)))
+    if format != "text":
+        documents = []
+        for t, text in enumerate(texts):
+            try:
+                documents.append(
+                    markup.parse(text, format, translate_attributes=translate_attributes)
+                )
+            except markup.MarkupError as e:
+                raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
+        blocks = [block for document in documents for block in document.blocks]
+        owners = [t for t, document in enumerate(documents) for _ in document.blocks]
+    layouts = [segment.split(block, model.source_language) for block in blocks]
+    origins = [(b, n) for b, layout in enumerate(layouts) for n in range(len(layout.segments))]
     if max_segments is not None and len(origins) > max_segments:
         raise ServiceError(
             ErrorType.INVALID_REQUEST,
             f"{len(origins)} sentences in one request; the limit is {max_segments} "
             "(max_queue_segments)",
         )
-    for t, layout in enumerate(layouts):
-        for n, sentence in enumerate(layout.segments):
-            if len(sentence) > max_segment_characters:
-                raise ServiceError(
-                    ErrorType.INPUT_TOO_LONG,
-                    f"{label(t)}, sentence {n}: {len(sentence)} characters, more than the "
-                    f"limit of {max_segment_characters} (max_segment_characters); split it into "
-                    "shorter sentences",
-                )
+    # Sentences are counted per input text, across its blocks.
+    numbers = [n for t in _runs(owners, layouts) for n in range(t)]
+    for (b, n), number in zip(origins, numbers, strict=True):
+        sentence = layouts[b].segments[n]
+        if len(sentence) > max_segment_characters:
+            raise ServiceError(
+                ErrorType.INPUT_TOO_LONG,
+                f"{label(owners[b])}, sentence {number}: {len(sentence)} characters, more than "
+                f"the limit of {max_segment_characters} (max_segment_characters); split it "
+                "into shorter sentences",
+            )
     sources = model.encode([s for layout in layouts for s in layout.segments], target)
     limit = model.max_input_tokens
-    for (t, n), ids in zip(origins, sources, strict=True):
+    for (b, _), number, ids in zip(origins, numbers, sources, strict=True):
         if len(ids) > limit:
             raise ServiceError(
                 ErrorType.INPUT_TOO_LONG,
-                f"{label(t)}, sentence {n}: {len(ids)} tokens, more than the model's limit of "
-                f"{limit} tokens per sentence (</s> included); split it into shorter sentences",
+                f"{label(owners[b])}, sentence {number}: {len(ids)} tokens, more than the "
+                f"model's limit of {limit} tokens per sentence (</s> included); split it into "
+                "shorter sentences",
             )
-    return Prepared(layouts, sources, origins)
+    return Prepared(layouts, sources, origins, owners, documents)
+
+
+def _runs(owners: list[int], layouts: list[segment.Layout]) -> list[int]:
+    """The number of sentences of each input text that has any, in order."""
+    counts: dict[int, int] = {}
+    for owner, layout in zip(owners, layouts, strict=True):
+        counts[owner] = counts.get(owner, 0) + len(layout.segments)
+    return [counts[t] for t in sorted(counts)]
 
 
 def assemble(
-    model: TextModel, prepared: Prepared, nbest: Sequence[list[Hypothesis]], n: int
+    model: TextModel,
+    prepared: Prepared,
+    nbest: Sequence[list[Hypothesis]],
+    n: int,
+    *,
+    alignments: bool = False,
 ) -> list[TextTranslation]:
     """Each text's translation from its sentences' n-best lists (`nbest[i]` for sentence i).
 
     A text's k-th alternative joins each sentence's k-th hypothesis (its last if it has fewer).
-    A text without sentences (empty or only whitespace) translates to ""."""
-    per_text: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
-    for (text, _), hypotheses in zip(prepared.origins, nbest, strict=True):
-        per_text[text].append(hypotheses)
+    A text without sentences (empty or only whitespace) translates to "". With `alignments`,
+    the best translation's word alignment comes along (the hypotheses must carry theirs). A
+    markup document is rendered from its blocks' best translations, its inline elements
+    re-placed through their alignments (its one text; n > 1 is for plain text)."""
+    per_block: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
+    for (block, _), hypotheses in zip(prepared.origins, nbest, strict=True):
+        per_block[block].append(hypotheses)
+    documents = prepared.documents
+    translated = [
+        _assemble(model, layout, own, n, alignments or documents is not None)
+        for layout, own in zip(prepared.layouts, per_block, strict=True)
+    ]
+    if documents is None:
+        return translated
+    if n != 1:
+        raise ValueError("a markup document has one translation")
+    by_document: list[list[TextTranslation]] = [[] for _ in documents]
+    for owner, translation in zip(prepared.owners, translated, strict=True):
+        by_document[owner].append(translation)
     return [
-        _assemble(model, layout, own, n)
-        for layout, own in zip(prepared.layouts, per_text, strict=True)
+        _document(document, blocks, alignments)
+        for document, blocks in zip(documents, by_document, strict=True)
     ]
 
 
+def _document(
+    document: markup.Document, blocks: list[TextTranslation], alignments: bool
+) -> TextTranslation:
+    """A document's translation from its blocks': rendered, scored by its sentences' mean;
+    its alignment, when asked for, is its blocks' sentences (placed within their blocks)."""
+    rendered = markup.render(document, [(block.texts[0], _projection(block)) for block in blocks])
+    segments = [h for block in blocks for h in block.segments]
+    score = sum(h.score for h in segments) / len(segments) if segments else None
+    alignment = None
+    if alignments:
+        alignment = TextAlignment([sentence for block in blocks for sentence in _sentences(block)])
+    return TextTranslation([rendered], [score], segments, alignment)
+
+
+def _projection(block: TextTranslation) -> TextAlignment:
+    if block.alignment is None:
+        raise ValueError("a markup block is translated with its alignment")
+    return block.alignment
+
+
+def _sentences(block: TextTranslation) -> list[tuple[int, int, SentenceAlignment]]:
+    return _projection(block).sentences
+
+
 def _assemble(
-    model: TextModel, layout: segment.Layout, nbest: list[list[Hypothesis]], n: int
+    model: TextModel,
+    layout: segment.Layout,
+    nbest: list[list[Hypothesis]],
+    n: int,
+    alignments: bool,
 ) -> TextTranslation:
     if not layout.segments:
-        return TextTranslation([""] * n, [None] * n, [])
+        return TextTranslation([""] * n, [None] * n, [], TextAlignment([]) if alignments else None)
     texts, scores = [], []
+    best: list[str] = []
     for k in range(n):
         chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
-        texts.append(layout.join([model.decode(h.ids) for h in chosen]))
+        translations = [model.decode(h.ids) for h in chosen]
+        texts.append(layout.join(translations))
         scores.append(sum(h.score for h in chosen) / len(chosen))
-    return TextTranslation(texts, scores, [hyps[0] for hyps in nbest])
+        best = best or translations
+    segments = [hyps[0] for hyps in nbest]
+    alignment = _text_alignment(model, layout, segments, best) if alignments else None
+    return TextTranslation(texts, scores, segments, alignment)
+
+
+def _text_alignment(
+    model: TextModel,
+    layout: segment.Layout,
+    hypotheses: list[Hypothesis],
+    translations: list[str],
+) -> TextAlignment:
+    """The word alignment of a text's best translation: each sentence's, placed where the
+    sentence is in the text and in the translation (both keep the text's separators)."""
+    sentences = []
+    source_at = target_at = len(layout.separators[0])
+    source_spans = model.source_spans(layout.segments)
+    for source, target, hypothesis, spans, separator in zip(
+        layout.segments, translations, hypotheses, source_spans, layout.separators[1:], strict=True
+    ):
+        weights = hypothesis.alignment
+        if weights is None:  # a sentence of no tokens (nothing()), or a model without them
+            if hypothesis.ids:
+                raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
+            weights = np.zeros((0, len(spans) + 1), np.float32)
+        target_spans = model.target_spans(hypothesis.ids)
+        aligned = sentence_alignment(source, target, spans, target_spans, weights)
+        sentences.append((source_at, target_at, aligned))
+        source_at += len(source) + len(separator)
+        target_at += len(target) + len(separator)
+    return TextAlignment(sentences)
 
 
 def decoding_options(

@@ -14,6 +14,7 @@ from model.data import (
 )
 from model.tokenizer import train_tokenizer
 from model.transformer import BOS_ID, EOS_ID, PAD_ID
+from service.bundle.tokenizer import token_words
 
 
 def test_reads_plain_and_gzip_alike(tmp_path) -> None:
@@ -85,3 +86,23 @@ def test_batch_shifts_target_and_pads() -> None:
     assert batch.tgt_out.tolist() == [[6, 6, 6, EOS_ID], [6, EOS_ID, PAD_ID, PAD_ID]]
     assert batch.src.tolist() == [[5, 5, EOS_ID], [5, EOS_ID, PAD_ID]]
     assert batch.n_tgt_tokens == 6
+
+
+def test_encode_pairs_turns_word_links_into_token_links() -> None:
+    tok = train_tokenizer(["a bb ccc dddd", "x yy zzz"] * 5, vocab_size=260)
+    src, tgt = "a bb ccc", "x yy zzz"
+    words = {(0, 2), (2, 0), (2, 1)}  # "a" -> "zzz", "ccc" -> "x" and "yy"
+    (example,) = encode_pairs(tok, [src], [tgt], max_len=64, alignments=[words])
+    src_words = token_words(src, tok.encode(src).offsets)
+    tgt_words = token_words(tgt, tok.encode(tgt).offsets)
+    # Every token of a linked word to every token of the word it is linked to, and no other.
+    expected = {
+        (t, s)
+        for s, sw in enumerate(src_words)
+        for t, tw in enumerate(tgt_words)
+        if (sw, tw) in words
+    }
+    assert set(example.links) == expected and len(example.links) == len(expected)
+    assert {(src_words[s], tgt_words[t]) for t, s in example.links} == words
+    with pytest.raises(DataError, match="2 alignments for 1 sentence pairs"):
+        encode_pairs(tok, ["a"], ["x"], max_len=8, alignments=[set(), set()])

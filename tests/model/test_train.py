@@ -356,3 +356,108 @@ def test_unknown_preset_and_existing_output_are_errors(tiny_files, capsys) -> No
 def test_evaluate_rejects_a_missing_checkpoint(tmp_path, capsys) -> None:
     code = evaluate.main(["--checkpoint", str(tmp_path), "--src", "x", "--ref", "y"])
     assert code == 2 and "config.json" in capsys.readouterr().err
+
+
+# --- Guided alignment -------------------------------------------------------------------------
+
+
+def _aligned_trainer(tmp_path, weight: float) -> tuple[Trainer, Batch]:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40, d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.0, norm="pre", alignment_layer=1, alignment_head=2,
+    )  # fmt: skip
+    examples = [
+        Example([5, 6, 7, EOS_ID], [8, 9, EOS_ID], ((0, 2), (1, 0), (1, 1))),
+        Example([10, 11, EOS_ID], [12, 13, 14, EOS_ID], ((2, 0),)),
+    ]
+    recipe = TrainConfig(alignment_weight=weight, label_smoothing=0.1)
+    model = Transformer(config).train()
+    trainer = Trainer(
+        model, None, recipe, tmp_path, torch.device("cpu"), examples, [], [], [], "de"
+    )
+    return trainer, Batch.from_examples(examples)
+
+
+def test_guided_alignment_adds_the_heads_cross_entropy_against_the_links(tmp_path) -> None:
+    """Garg et al. (2019): the label-smoothed cross-entropy plus weight x sum over linked target
+    tokens of -sum_s G[t, s] log A[t, s], A the alignment head's weights, G the links spread
+    evenly over a target token's source tokens."""
+    trainer, batch = _aligned_trainer(tmp_path, weight=0.5)
+    assert batch.alignment is not None
+    expected_links = torch.zeros(2, 4, 4)
+    expected_links[0, 0, 2] = 1.0
+    expected_links[0, 1, 0] = expected_links[0, 1, 1] = 0.5
+    expected_links[1, 2, 0] = 1.0
+    assert torch.equal(batch.alignment, expected_links)
+    loss, n_tokens = trainer.training_loss(batch)
+    plain, _ = trainer.loss(batch, label_smoothing=0.1)
+    src_mask = trainer.model.source_mask(batch.src)
+    memory = trainer.model.encode(batch.src, src_mask)
+    _, weights = trainer.model.decode_aligned(batch.tgt_in, memory, src_mask)  # (B, T, S)
+    # The head (layer 1, head 2) as the attention computes it, by hand.
+    layer = trainer.model.decoder_layers[1]
+    assert weights.shape == (2, 4, 4)
+    expected = -(expected_links * weights.clamp(min=1e-9).log()).sum()
+    assert loss.item() == pytest.approx(plain.item() + 0.5 * expected.item(), rel=1e-5)
+    assert n_tokens == batch.n_tgt_tokens
+    loss.backward()
+    assert layer.cross_attn.w_q.weight.grad is not None
+
+
+def test_guided_alignment_teaches_the_head_the_links(tmp_path) -> None:
+    """A few dozen updates on one batch bring the head's weight on the linked tokens up."""
+    trainer, batch = _aligned_trainer(tmp_path, weight=1.0)
+    optimizer = torch.optim.Adam(trainer.model.parameters(), lr=0.01)
+
+    def on_links() -> float:
+        with torch.no_grad():
+            _, weights = trainer.model.forward_aligned(batch.src, batch.tgt_in)
+        return float((weights * (batch.alignment > 0)).sum())
+
+    before = on_links()
+    for _ in range(40):
+        loss, n_tokens = trainer.training_loss(batch)
+        optimizer.zero_grad()
+        (loss / n_tokens).backward()
+        optimizer.step()
+    assert on_links() > 2.9 > before  # 3 linked rows: nearly all their weight on the links
+
+
+def test_alignments_train_through_the_cli_and_are_recorded(tmp_path, capsys) -> None:
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    lines = []
+    for line in src.read_text().splitlines():
+        n = len(line.split())
+        lines.append(" ".join(f"{i}-{n - 1 - i}" for i in range(n)))  # the reversal's links
+    links = tmp_path / "links.txt"
+    links.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    code, err = _run_cli(
+        _args(src, tgt, out, "--alignments", str(links), "--alignment-weight", "0.5",
+              "--alignment-layer", "0", "--alignment-head", "1", "--preset", "tiny"),
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["training"]["alignment_weight"] == 0.5
+    assert (config["model"]["alignment_layer"], config["model"]["alignment_head"]) == (0, 1)
+    assert config["data"]["alignments"]["lines"] == 20
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--alignment-weight", "0.5"], "needs both --alignments and --alignment-weight"),
+        (["--alignment-weight", "-1"], "alignment_weight must be >= 0"),
+        (["--alignment-weight", "1", "--rdrop-alpha", "1"], "not combined"),
+        (["--alignment-layer", "9"], "is not a decoder layer"),
+    ],
+)
+def test_bad_guided_alignment_settings_are_clear_errors(
+    tmp_path, capsys, extra: list[str], message: str
+) -> None:
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    code, err = _run_cli(_args(src, tgt, tmp_path / "out", *extra), capsys)
+    assert code == 2 and message in err
+    assert not (tmp_path / "out").exists()

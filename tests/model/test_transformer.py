@@ -179,7 +179,7 @@ def test_layers_equal_torch_reference_layers(norm: str) -> None:
     xt = torch.randn(3, 6, 32, requires_grad=True)  # (B, T, d_model)
     memory = enc(xs, padding_mask(src))
     cross_k, cross_v = dec.cross_attn.project_kv(memory)
-    out, _, _ = dec(xt, causal_mask(6), cross_k, cross_v, padding_mask(src))
+    out, _, _, _ = dec(xt, causal_mask(6), cross_k, cross_v, padding_mask(src))
     ref_memory = ref_enc(xs, src_key_padding_mask=src == PAD_ID)
     ref_out = ref_dec(
         xt,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
@@ -32,8 +33,9 @@ EOS = 2
 
 class FakeModel:
     """A 'translation' that upper-cases: ids are code points (+ </s>); hypothesis k appends k
-    tildes and scores -k. Records each generate call; `gate` (when set up) holds the engine
-    thread until released; a source containing "FAIL" makes the whole call raise."""
+    tildes and scores -k; every character aligns to itself (a tilde to the source's last).
+    Records each generate call; `gate` (when set up) holds the engine thread until released;
+    a source containing "FAIL" makes the whole call raise."""
 
     def __init__(
         self,
@@ -49,6 +51,7 @@ class FakeModel:
         self.encoded_for: list[str | None] = []  # the target of each encode call
         self.max_input_tokens = max_input_tokens
         self.provider = "FakeProvider"
+        self.aligns = True
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Event()  # set when a generate call starts
@@ -61,6 +64,12 @@ class FakeModel:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids).upper()
 
+    def source_spans(self, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
+        return [[(i, i + 1) for i in range(len(text))] if text.strip() else [] for text in texts]
+
+    def target_spans(self, ids: Sequence[int]) -> list[tuple[int, int]]:
+        return [(i, i + 1) for i in range(len(ids))]
+
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
     ) -> list[list[Hypothesis]]:
@@ -72,7 +81,7 @@ class FakeModel:
             raise RuntimeError("engine exploded (test)")
         return [
             [
-                Hypothesis([*s[:-1], *[ord("~")] * k], -float(k), "eos")
+                Hypothesis([*s[:-1], *[ord("~")] * k], -float(k), "eos", _diagonal(len(s), k))
                 for k in range(options.num_hypotheses)
             ]
             for s in sources
@@ -81,6 +90,14 @@ class FakeModel:
     @property
     def batch_sizes(self) -> list[int]:
         return [len(sources) for sources, _ in self.calls]
+
+
+def _diagonal(source_length: int, extra: int) -> np.ndarray:
+    """The fake's alignment: target token i on source token i, the k tildes on the last."""
+    rows = [min(i, source_length - 2) for i in range(source_length - 1 + extra)]
+    weights = np.zeros((len(rows), source_length), np.float32)
+    weights[np.arange(len(rows)), rows] = 1.0
+    return weights
 
 
 def model_translate(

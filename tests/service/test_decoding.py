@@ -55,14 +55,17 @@ class TableState:
     number each), so a search that selected the wrong sentences would read the wrong table.
     """
 
-    def __init__(self, tables: list[Table]) -> None:
+    def __init__(self, tables: list[Table], *, aligned: bool = False) -> None:
         # One table per sentence, one row per sentence until beam search expands them.
         self.tables = list(tables)
         self.prefixes: list[tuple[int, ...]] = [() for _ in self.tables]
         self.rows_stepped: list[int] = []
+        self.aligned = aligned
+        self._inputs: list[int] = []
 
     def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         self.rows_stepped.append(len(tokens))
+        self._inputs = tokens.tolist()
         out = np.tile(1e-6 / (1 + np.arange(V)), (len(self.prefixes), 1))  # (R, V)
         group = rows_per_sentence(tokens, self.tables)
         for r, token in enumerate(tokens.tolist()):
@@ -78,6 +81,14 @@ class TableState:
 
     def reorder(self, rows: IntArray) -> None:
         self.prefixes = [self.prefixes[i] for i in rows.tolist()]
+
+    def alignment(self) -> FloatArray | None:
+        """With `aligned`: each row "looks at" the token it was just given (one-hot over V)."""
+        if not self.aligned:
+            return None
+        rows = np.zeros((len(self._inputs), V), np.float32)
+        rows[np.arange(len(self._inputs)), self._inputs] = 1.0
+        return rows
 
 
 def _search(tables: list[Table], **options: object) -> list[list[Hypothesis]]:
@@ -184,6 +195,24 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
     assert state.rows_stepped == rows_stepped
 
 
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+def test_each_hypothesis_carries_its_own_steps_alignment(beam_size: int) -> None:
+    """Through reordering, expansion, finished rows and rows leaving: a hypothesis's alignment
+    row t is what the row that chose ids[t] looked at (here: the token it was given)."""
+    short: Table = {(): {EOS: 0.6, A: 0.4}, (A,): {EOS: 0.9, B: 0.1}}
+    long: Table = {(): {A: 0.5, B: 0.5}}
+    for prefix in ((A,), (B,), (A, A), (A, B), (B, A), (B, B)):
+        long[prefix] = {A: 0.45, B: 0.55} if len(prefix) == 1 else {A: 0.3, C: 0.7}
+    state = TableState([long, short, long], aligned=True)
+    opts = DecodingOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=4)
+    for nbest in search(state, 3, opts, bos_id=BOS, eos_id=EOS):
+        for hypothesis in nbest:
+            assert hypothesis.alignment is not None
+            assert hypothesis.alignment.shape == (len(hypothesis.ids), V)
+            given = [BOS, *hypothesis.ids[:-1]]
+            assert hypothesis.alignment.argmax(axis=1).tolist() == given[: len(hypothesis.ids)]
+
+
 def test_the_state_arrays_are_not_modified_by_the_search() -> None:
     """min_decoding_length forbids </s> on copies: a state may hand out its own arrays."""
     table = np.log(np.full((2, V), 1 / V, dtype=np.float32))  # enough rows for 2 beams
@@ -197,6 +226,9 @@ def test_the_state_arrays_are_not_modified_by_the_search() -> None:
         def select(self, rows: IntArray, sentences: IntArray) -> None: ...
 
         def reorder(self, rows: IntArray) -> None: ...
+
+        def alignment(self) -> None:
+            return None
 
     for beam_size in (1, 2):
         opts = DecodingOptions(beam_size=beam_size, max_decoding_length=3, min_decoding_length=2)
@@ -298,6 +330,9 @@ class NumpyState:
 
     def reorder(self, rows: IntArray) -> None:
         self.model.keep(rows.tolist())
+
+    def alignment(self) -> None:
+        return None
 
 
 class TorchStepper:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from benchmarks.markup_bench import without_alignment
 from service.__main__ import main
 from service.bundle.manifest import (
     FORMAT_VERSION,
@@ -195,3 +196,17 @@ def test_a_bundle_of_an_older_format_is_exported_again(
         assert shipped_bundle(tiny_checkpoint, bundle) == bundle
     assert f"bundle format version {old}, this service reads {FORMAT_VERSION}" in caplog.text
     assert load_bundle(bundle).manifest.format_version == FORMAT_VERSION
+
+
+def test_a_bundle_exported_before_alignments_is_exported_again(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shipped bundle of an earlier release serves text only: the service re-exports it so
+    that html, xml and return_alignments work without a manual step."""
+    bundle = tmp_path / "bundles" / "tiny"
+    without_alignment(shipped_bundle(tiny_checkpoint, tmp_path / "first"), bundle)
+    assert load_bundle(bundle).manifest.alignment is None
+    with caplog.at_level(logging.WARNING):
+        assert shipped_bundle(tiny_checkpoint, bundle) == bundle
+    assert "exported before the decoder step had an alignment output" in caplog.text
+    assert load_bundle(bundle).manifest.alignment is not None

@@ -1,0 +1,132 @@
+"""Word alignments from the model: which target words translate which source words.
+
+The decoder step's `alignment` output (service/bundle/manifest.py) is, for every target token
+the search chose, where that step looked in the source: one cross-attention's weights (a head
+trained by guided alignment on a word aligner's links, or a layer's heads averaged). `links`
+turns such a matrix into token links, `SentenceAlignment` keeps them with the tokens'
+characters, and `TextAlignment` joins a text's sentences into one character map that markup
+(service/text/markup.py) re-places inline tags through: `span` for a tag's words, `point` for
+what sits between words (an opaque link, a mention, an empty element).
+
+Links are read from the source side: each source token is linked to the target token that
+attends to it most. Every source word then has a partner, so a tag always lands somewhere, and a
+target word the source does not account for (an article German adds) is linked only if it is
+some source token's best: on test2016 this placed tags on eflomal's span more often than the
+target side's argmax, their union, their intersection or grow-diag-final-and of the two
+(benchmarks/RESULTS.md, issue 29).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.bundle.tokenizer import Span
+
+_WORD = re.compile(r"\S+")
+_EDGE_PUNCTUATION = re.compile(r"^[^\w]+|[^\w]+$")
+
+
+def links(weights: npt.NDArray[np.float32]) -> list[tuple[int, int]]:
+    """(source token, target token) links of an alignment matrix (target tokens, source
+    tokens): each source token's most attending target token (module docstring), in order."""
+    if weights.size == 0:
+        return []
+    return [(s, int(t)) for s, t in enumerate(weights.argmax(axis=0))]
+
+
+@dataclass(frozen=True)
+class SentenceAlignment:
+    """One sentence and its translation: each token's characters in its own text, and the
+    (source token, target token) links."""
+
+    source: str
+    target: str
+    source_tokens: list[Span]
+    target_tokens: list[Span]
+    pairs: list[tuple[int, int]]
+
+    def words(self) -> list[tuple[Span, Span]]:
+        """The links as (source word, target word) character spans: each token widened to
+        the whitespace word around it, less the punctuation at the word's edges (a token of
+        punctuation alone stays itself)."""
+        return [
+            (
+                _word(self.source, self.source_tokens[s]),
+                _word(self.target, self.target_tokens[t]),
+            )
+            for s, t in self.pairs
+        ]
+
+
+class TextAlignment:
+    """A text's sentences placed in it and in its translation: (source start, target start,
+    sentence) for each, in order; `word_links` are every sentence's word links, shifted into
+    the whole texts, which `span` and `point` read (markup's Projection)."""
+
+    def __init__(self, sentences: list[tuple[int, int, SentenceAlignment]]) -> None:
+        self.sentences = sentences
+        self.word_links: list[tuple[Span, Span]] = [
+            ((s0 + a, s0 + b), (t0 + c, t0 + d))
+            for s0, t0, sentence in sentences
+            for (a, b), (c, d) in sentence.words()
+        ]
+
+    def span(self, start: int, end: int) -> Span | None:
+        """The smallest target span covering every target word linked to a source word that
+        overlaps characters [start, end); None when none is linked."""
+        targets = [t for s, t in self.word_links if s[0] < end and start < s[1]]
+        if not targets:
+            return None
+        return min(a for a, _ in targets), max(b for _, b in targets)
+
+    def point(self, position: int) -> int:
+        """Where something at source character `position` goes: after the target of the last
+        linked source word that ends at or before it, or, with none before it, before the
+        target of the first one after it; at the start of the text when nothing is linked."""
+        before = [t for s, t in self.word_links if s[1] <= position]
+        if before:
+            last = max(s[1] for s, _ in self.word_links if s[1] <= position)
+            return max(t[1] for s, t in self.word_links if s[1] == last)
+        after = [(s[0], t[0]) for s, t in self.word_links if s[0] >= position]
+        if after:
+            first = min(s for s, _ in after)
+            return min(t for s, t in after if s == first)
+        return 0
+
+
+def sentence_alignment(
+    source: str,
+    target: str,
+    source_tokens: list[Span],
+    target_tokens: list[Span],
+    weights: npt.NDArray[np.float32],
+) -> SentenceAlignment:
+    """A sentence's alignment from its hypothesis's alignment rows (one per target token,
+    one column per source id: the target's token first for a multi-target model, then the
+    source tokens, then </s>); the columns of the target's token and </s> are dropped."""
+    prefix = weights.shape[1] - len(source_tokens) - 1
+    matrix = weights[: len(target_tokens), prefix : prefix + len(source_tokens)]
+    return SentenceAlignment(source, target, source_tokens, target_tokens, links(matrix))
+
+
+def _word(text: str, span: Span) -> Span:
+    """The whitespace word around a token, less its edge punctuation unless that is all the
+    token is."""
+    start, end = span
+    if start >= end:
+        return span
+    for match in _WORD.finditer(text):
+        if match.start() <= start < match.end():
+            word = match.group()
+            lead = _EDGE_PUNCTUATION.match(word)
+            trail = re.search(r"[^\w]+$", word)
+            a = match.start() + (lead.end() if lead and lead.end() < len(word) else 0)
+            b = match.end() - (len(trail.group()) if trail and trail.start() > 0 else 0)
+            if a >= b or not (a <= start < b):
+                return span  # the token is the punctuation itself
+            return a, b
+    return span

@@ -1,0 +1,193 @@
+"""Word alignments: the decoder step's alignment output carried per hypothesis through beam
+search and batching (against the torch model's teacher-forced attention), the links read from
+it, and the character map markup is re-placed through."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.markup_bench import without_alignment
+from export.onnx_export import export_bundle
+from model.transformer import CONFIG_FILE, load_model
+from service.bundle.decoding import DecodingOptions
+from service.bundle.manifest import AlignmentSpec, DecoderCache
+from service.bundle.tokenizer import token_words
+from service.inference.engine import Engine
+from service.text.alignment import SentenceAlignment, TextAlignment, links, sentence_alignment
+
+SENTENCES = [
+    "A man in a blue shirt is playing the guitar.",
+    "Two dogs run.",
+    "A little girl climbs into a wooden playhouse near the big tree in the park.",
+    "",
+    "People.",
+]
+
+
+def torch_alignment(checkpoint: Path, source: list[int], ids: list[int]) -> np.ndarray:
+    """The model's own alignment for a finished hypothesis, teacher-forced: row t is the
+    position that chose ids[t]."""
+    model = load_model(checkpoint).eval()
+    with torch.no_grad():
+        _, weights = model.forward_aligned(
+            torch.tensor([source]), torch.tensor([[model.config.bos_id, *ids]])
+        )
+    return weights[0, : len(ids)].numpy()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_every_hypothesis_carries_the_alignment_the_model_computes(
+    fp32_bundle: Path, tiny_checkpoint: Path, beam_size: int, padded: bool
+) -> None:
+    """Through beam reordering, finished rows leaving (compact) or staying (padded), and a
+    batch of different lengths: each hypothesis's rows are its own steps' attention."""
+    engine = Engine.load(fp32_bundle, device="cpu", padded=padded, max_batch_size=3)
+    sources = engine.encode(SENTENCES)
+    options = DecodingOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=20)
+    for source, hypotheses in zip(sources, engine.generate(sources, options), strict=True):
+        if not source:  # nothing to translate: no model call, nothing to align
+            assert [(h.ids, h.alignment) for h in hypotheses] == [([], None)]
+            continue
+        for hypothesis in hypotheses:
+            assert hypothesis.alignment is not None
+            assert hypothesis.alignment.shape == (len(hypothesis.ids), len(source))
+            if not hypothesis.ids:
+                continue
+            expected = torch_alignment(tiny_checkpoint, source, hypothesis.ids)
+            np.testing.assert_allclose(hypothesis.alignment, expected, atol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def head_checkpoint(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with one head of its first layer as the alignment head (as guided
+    alignment leaves a model), and its bundle beside it."""
+    out = tmp_path_factory.mktemp("head_checkpoint")
+    shutil.copytree(tiny_checkpoint, out, dirs_exist_ok=True)
+    config = json.loads((out / CONFIG_FILE).read_text())
+    config["model"].update(alignment_layer=0, alignment_head=1)
+    (out / CONFIG_FILE).write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize("cache", ["indirection", "gather"])
+def test_an_alignment_head_is_exported_and_carried(
+    head_checkpoint: Path, tmp_path: Path, cache: DecoderCache
+) -> None:
+    bundle = tmp_path / "bundle"
+    export_bundle(head_checkpoint, bundle, cache=cache)
+    engine = Engine.load(bundle, device="cpu")
+    assert engine.manifest.alignment == AlignmentSpec(layer=0, head=1)
+    sources = engine.encode(SENTENCES[:3])
+    nbest = engine.generate(sources, DecodingOptions(beam_size=3, max_decoding_length=12))
+    for source, (best,) in zip(sources, nbest, strict=True):
+        expected = torch_alignment(head_checkpoint, source, best.ids)
+        np.testing.assert_allclose(best.alignment, expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["gather_bundle", "int8_bundle", "fp16_bundle"])
+def test_every_bundle_kind_aligns(name: str, request: pytest.FixtureRequest) -> None:
+    engine = Engine.load(request.getfixturevalue(name), device="cpu")
+    (source,) = engine.encode(SENTENCES[:1])
+    (best,) = engine.generate([source], DecodingOptions(beam_size=2, max_decoding_length=12))[0]
+    assert best.alignment is not None and best.alignment.shape == (len(best.ids), len(source))
+    np.testing.assert_allclose(best.alignment.sum(axis=1), 1.0, atol=2e-3)  # distributions
+
+
+def test_a_bundle_exported_before_alignments_loads_and_translates(
+    fp32_bundle: Path, tmp_path: Path
+) -> None:
+    """Its decoder step has no alignment output and its manifest no alignment entry."""
+    old = without_alignment(fp32_bundle, tmp_path / "old")
+    engine = Engine.load(old, device="cpu")
+    assert not engine.aligns
+    new = Engine.load(fp32_bundle, device="cpu")
+    sources = engine.encode(SENTENCES[:3])
+    options = DecodingOptions(beam_size=2, max_decoding_length=15)
+    for before, after in zip(
+        engine.generate(sources, options), new.generate(sources, options), strict=True
+    ):
+        assert [h.ids for h in before] == [h.ids for h in after]
+        assert all(h.alignment is None for h in before)
+
+
+def test_links_take_each_source_tokens_most_attending_target_token() -> None:
+    weights = np.array(
+        [
+            [0.7, 0.2, 0.1, 0.0],  # target 0 looks at source 0
+            [0.1, 0.1, 0.7, 0.4],  # target 1 at source 2, and most of all targets at source 3
+            [0.0, 0.3, 0.6, 0.1],  # target 2 at source 2, but target 1 looks at it more
+        ],
+        np.float32,
+    )
+    assert links(weights) == [(0, 0), (1, 2), (2, 1), (3, 1)]
+    assert links(np.zeros((0, 3), np.float32)) == []
+
+
+def test_a_sentence_drops_the_target_token_and_eos_columns() -> None:
+    # One column for a multi-target model's language token, two tokens, </s>.
+    weights = np.array([[0.1, 0.1, 0.7, 0.1], [0.1, 0.8, 0.05, 0.05]], np.float32)
+    aligned = sentence_alignment("ab cd", "xy", [(0, 2), (3, 5)], [(0, 1), (1, 2)], weights)
+    assert aligned.pairs == [(0, 1), (1, 0)]
+
+
+def test_words_widen_tokens_and_drop_their_edge_punctuation() -> None:
+    sentence = SentenceAlignment(
+        source="blue shirt,",
+        target="blauen Hemd,",
+        source_tokens=[(0, 2), (2, 4), (5, 10), (10, 11)],
+        target_tokens=[(0, 4), (4, 6), (7, 11), (11, 12)],
+        pairs=[(0, 1), (2, 2), (3, 3)],
+    )
+    assert sentence.words() == [((0, 4), (0, 6)), ((5, 10), (7, 11)), ((10, 11), (11, 12))]
+
+
+def test_span_covers_the_linked_words_and_point_follows_the_word_before() -> None:
+    # "a blue shirt" -> "ein Hemd blau": blue -> blau, shirt -> Hemd, a -> ein.
+    sentence = SentenceAlignment(
+        source="a blue shirt",
+        target="ein Hemd blau",
+        source_tokens=[(0, 1), (2, 6), (7, 12)],
+        target_tokens=[(0, 3), (4, 8), (9, 13)],
+        pairs=[(0, 0), (1, 2), (2, 1)],
+    )
+    text = TextAlignment([(4, 6, sentence)])  # placed after "Hi. " / "Hallo."
+    assert text.span(4 + 2, 4 + 6) == (6 + 9, 6 + 13)  # blue -> blau
+    assert text.span(4 + 2, 4 + 12) == (6 + 4, 6 + 13)  # blue shirt -> Hemd blau
+    assert text.span(0, 3) is None  # nothing linked there
+    assert text.point(4 + 6) == 6 + 13  # after "blue": after "blau"
+    assert text.point(4 + 12) == 6 + 8  # after "shirt": after "Hemd"
+    assert text.point(0) == 6 + 0  # before everything: before the first word's target
+
+
+def test_token_words_read_each_tokens_first_character_past_its_word_boundary() -> None:
+    # Byte-level BPE spans start at the space before a word ("Ġyoung" covers " young").
+    text = "Two young, men"
+    spans = [(0, 3), (3, 9), (9, 10), (10, 11), (10, 14)]
+    assert token_words(text, spans) == [0, 1, 1, None, 2]
+
+
+def test_the_shipped_tokenizers_spans_are_its_tokens_characters(shipped_bundle: Path) -> None:
+    engine = Engine.load(shipped_bundle, device="cpu")
+    text = "A man\x07 in a blue shirt, isn't he?  Über 3€"
+    (spans,) = engine.source_spans([text])
+    (ids,) = engine.encode([text])
+    assert len(spans) == len(ids) - 1  # </s> has no characters
+    pieces = [text[a:b] for a, b in spans]
+    assert pieces[:4] == ["A", "man", "in", "a"]  # the bell is dropped, offsets still hold
+    assert pieces[-3:] == ["€"] * 3  # one character, three byte tokens
+    joined = "".join(text[a:b] for a, b in dict.fromkeys(spans))
+    assert joined == text.replace(" ", "").replace("\x07", "")
+    translation = "Ein Mann im blauen Hemd, nicht wahr? Über 3€"
+    (target_ids,) = engine.encode([translation])
+    target_ids = target_ids[:-1]
+    decoded = engine.decode(target_ids)
+    target = [decoded[a:b] for a, b in engine.target_spans(target_ids)]
+    assert target[:4] == ["Ein", "Mann", "im", "blauen"]
+    assert "".join(target) == decoded.replace(" ", "")

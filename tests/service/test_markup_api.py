@@ -1,0 +1,206 @@
+"""format html/xml and return_alignments through both APIs, in process over the fake engine
+(it upper-cases and aligns every character to itself, so each tag must come back around the
+same words): what a request gets, and how bad markup and models that cannot align are refused."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.http.app import create_app
+from tests.service.helpers import FakeModel, fast_settings, running
+
+pytestmark = pytest.mark.anyio
+
+EN_DE = {"source": "en", "target": "de"}
+LT = "/libretranslate"
+# Mastodon's markup for a status: paragraphs, a mention, a link with its invisible parts, a
+# hashtag, a line break and an entity.
+MENTION = (
+    '<span class="h-card" translate="no"><a href="https://mastodon.social/@bob" '
+    'class="u-url mention">@<span>bob</span></a></span>'
+)
+LINK = (
+    '<a href="https://example.com/a/page" target="_blank" rel="nofollow noopener" '
+    'translate="no"><span class="invisible">https://</span><span class="ellipsis">example.com'
+    '/a/</span><span class="invisible">page</span></a>'
+)
+HASHTAG = (
+    '<a href="https://mastodon.social/tags/dogs" class="mention hashtag" rel="tag">'
+    "#<span>dogs</span></a>"
+)
+STATUS = (
+    f"<p>Thanks {MENTION}, two dogs run &amp; play.<br />Read {LINK} now.</p>"
+    f"<p>A <b>big</b> dog sleeps. {HASHTAG}</p>"
+)
+
+
+@pytest.fixture
+async def markup_client() -> AsyncIterator[httpx.AsyncClient]:
+    async with running(create_app(fast_settings(), models=[FakeModel()])) as client:
+        yield client
+
+
+async def test_html_comes_back_translated_with_its_tags_around_the_same_words(
+    markup_client: httpx.AsyncClient,
+) -> None:
+    body = {"text": '<p>A <b>dog</b> runs &amp; <a href="/x" class="c">jumps</a>.</p>', **EN_DE}
+    response = await markup_client.post("/translate", json={**body, "format": "html"})
+    assert response.status_code == 200, response.text
+    (translation,) = response.json()["translations"]
+    assert translation["text"] == '<p>A <b>DOG</b> RUNS &amp; <a href="/x" class="c">JUMPS</a>.</p>'
+    assert len(translation["segments"]) == 1
+    # As plain text, the same request translates the markup's characters, tags and all.
+    plain = await markup_client.post("/translate", json=body)
+    assert plain.json()["translations"][0]["text"].startswith("<P>A <B>DOG</B>")
+
+
+async def test_a_mastodon_status_keeps_its_mention_link_and_hashtag_byte_for_byte(
+    markup_client: httpx.AsyncClient,
+) -> None:
+    response = await markup_client.post(
+        f"{LT}/translate",
+        json={
+            "q": [STATUS, "<p>Two cats.</p>"],
+            "source": "auto",
+            "target": "de",
+            "format": "html",
+            "api_key": None,
+        },
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    status, second = body["translatedText"]
+    for kept in (MENTION, LINK, HASHTAG, "<br>"):
+        assert kept in status
+    assert "TWO DOGS RUN &amp; PLAY." in status and "<b>BIG</b>" in status
+    assert second == "<p>TWO CATS.</p>"
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    single = await markup_client.post(
+        f"{LT}/translate", json={"q": "<p>A dog.</p>", **EN_DE, "format": "html"}
+    )
+    assert single.json() == {"translatedText": "<p>A DOG.</p>"}
+
+
+async def test_xml_keeps_its_structure_and_malformed_xml_names_the_text_and_position(
+    markup_client: httpx.AsyncClient,
+) -> None:
+    xml = '<doc><title>A dog</title><p>A <em type="x">red</em> ball.</p></doc>'
+    response = await markup_client.post("/translate", json={"text": xml, **EN_DE, "format": "xml"})
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"][0]["text"] == (
+        '<doc><title>A DOG</title><p>A <em type="x">RED</em> BALL.</p></doc>'
+    )
+    response = await markup_client.post(
+        "/translate", json={"text": [xml, "<doc><p>open</doc>"], **EN_DE, "format": "xml"}
+    )
+    assert response.status_code == 422  # the native API's invalid_request
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request"
+    assert error["message"].startswith("text 1: malformed XML at line 1, column ")
+
+
+async def test_return_alignments_gives_each_sentences_tokens_and_links(
+    markup_client: httpx.AsyncClient,
+) -> None:
+    response = await markup_client.post(
+        "/translate", json={"text": "Go. Hi!", **EN_DE, "return_alignments": True}
+    )
+    assert response.status_code == 200, response.text
+    (translation,) = response.json()["translations"]
+    assert translation["text"] == "GO. HI!"
+    first, second = translation["alignments"]
+    assert (first["source"], first["target"]) == ("Go.", "GO.")
+    assert first["source_tokens"] == [
+        {"text": c, "start": i, "end": i + 1} for i, c in enumerate("Go.")
+    ]
+    assert first["pairs"] == [[0, 0], [1, 1], [2, 2]]
+    assert second["target_tokens"][1] == {"text": "I", "start": 1, "end": 2}
+    # Without the flag, no alignments field at all.
+    response = await markup_client.post("/translate", json={"text": "Go.", **EN_DE})
+    assert "alignments" not in response.json()["translations"][0]
+
+
+async def test_html_alignments_are_the_blocks_sentences(markup_client: httpx.AsyncClient) -> None:
+    response = await markup_client.post(
+        "/translate",
+        json={
+            "text": "<p>A <i>b</i>.</p><p>C.</p>",
+            **EN_DE,
+            "format": "html",
+            "return_alignments": True,
+        },
+    )
+    alignments = response.json()["translations"][0]["alignments"]
+    assert [(a["source"], a["target"]) for a in alignments] == [("A b.", "A B."), ("C.", "C.")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"format": "html", "num_hypotheses": 2, "beam_size": 2}, "are for format text"),
+        ({"format": "markdown"}, "format"),
+    ],
+)
+async def test_what_markup_cannot_do_is_refused(
+    markup_client: httpx.AsyncClient, extra: dict[str, Any], message: str
+) -> None:
+    response = await markup_client.post("/translate", json={"text": "<p>x</p>", **EN_DE, **extra})
+    assert response.status_code in (400, 422)
+    assert message in response.json()["error"]["message"]
+
+
+async def test_a_model_without_alignments_serves_text_and_refuses_markup() -> None:
+    model = FakeModel()
+    model.aligns = False
+    async with running(create_app(fast_settings(), models=[model])) as client:
+        text = await client.post("/translate", json={"text": "A dog.", **EN_DE})
+        assert text.json()["translations"][0]["text"] == "A DOG."
+        for extra in ({"format": "html"}, {"return_alignments": True}):
+            response = await client.post("/translate", json={"text": "A dog.", **EN_DE, **extra})
+            assert response.status_code == 422
+            assert "re-export it" in response.json()["error"]["message"]
+        response = await client.post(f"{LT}/translate", json={"q": "x", **EN_DE, "format": "html"})
+        assert response.status_code == 400 and "cannot align words" in response.json()["error"]
+
+
+async def test_the_size_limit_counts_the_markup_as_sent() -> None:
+    limit = 400
+    async with running(
+        create_app(fast_settings(max_characters=limit), models=[FakeModel()])
+    ) as client:
+        # Little text, much markup: over the limit as sent.
+        html = "<p>" + '<span class="x">a</span>' * 20 + "</p>"
+        assert len(html) > limit
+        response = await client.post("/translate", json={"text": html, **EN_DE, "format": "html"})
+        error = response.json()["error"]
+        assert error["type"] == "input_too_long"
+        assert error["message"].startswith(f"{len(html)} characters in one request")
+
+
+_PIECES = [
+    *"<>/=\"'&;#! abpiXY\n",
+    *["<p>", "</p>", "<b>", "</b>", "<a href='x'>", "</a>", "<br>", "<!--", "-->", "<table>"],
+    *["<td>", "<script>", "</script>", "&amp;", "&nbsp;", "&#0;", "<svg>", "@bob", "#tag"],
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=40).map("".join))
+def test_any_html_gets_a_translation_never_a_server_error(html: str) -> None:
+    """Broken markup is repaired the way a browser repairs it; nothing reaches a 500."""
+
+    async def check() -> None:
+        async with running(create_app(fast_settings(), models=[FakeModel()])) as client:
+            response = await client.post(
+                "/translate", json={"text": html, **EN_DE, "format": "html"}
+            )
+            assert response.status_code == 200, (html, response.text)
+
+    anyio.run(check)
