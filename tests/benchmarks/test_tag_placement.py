@@ -1,7 +1,7 @@
 """benchmarks.tag_placement: the span arithmetic on hand-made alignments, the tagged output's
 reading, the whole benchmark with stand-in translators (one that places every tag right, one
 that places every tag a word late), and a short run of the real thing on the shipped model.
-The aligner itself is tested in tests/model/test_alignment.py."""
+The aligner itself is tested in tests/model/test_word_aligner.py."""
 
 from __future__ import annotations
 
