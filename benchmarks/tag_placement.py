@@ -59,13 +59,10 @@ from benchmarks.reference_alignment import (
     EXTRA_TARGET,
     MAX_SPAN_WORDS,
     REPO,
-    TEST_SOURCE,
-    Alignment,
-    align,
-    covering_span,
     multi30k_dir,
     read_words,
 )
+from model.alignment import Alignment, align, covering_span
 
 __all__ = [
     "Span",
@@ -236,7 +233,7 @@ def _collapse(text: str) -> str:
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     data = multi30k_dir()
     # An empty line has no span to tag.
-    sources = [words for words in read_words(data / TEST_SOURCE) if words]
+    sources = [words for words in read_words(data / f"{args.split}.en.gz") if words]
     rng = random.Random(args.seed)
     spans = [pick_span(len(words), rng) for words in sources]  # drawn before the cut: stable
     if args.limit is not None:
@@ -351,7 +348,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks.tag_placement", description=__doc__.split("\n")[0]
     )
     p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--limit", type=int, default=None, help="the first N test sentences only")
+    p.add_argument(
+        "--split",
+        choices=("test_2016_flickr", "val"),
+        default="test_2016_flickr",
+        help="the Multi30k English sentences to tag (val: for choices, leaving test unseen)",
+    )
+    p.add_argument("--limit", type=int, default=None, help="the first N sentences only")
     p.add_argument("--seed", type=int, default=0, help="for the tagged spans")
     p.add_argument("--beam-size", type=int, default=4)
     p.add_argument("--flags", default="", help="more `python -m service.translate` flags")

@@ -39,6 +39,7 @@ from model.search import decode_batches, generate
 from model.transformer import WEIGHTS_FILE, Transformer, load_model
 from service.bundle.decoding import Hypothesis, OptionFields, options_within
 from service.bundle.manifest import (
+    ALIGNMENT,
     ATTENTION_MASK,
     INPUT_IDS,
     LOG_PROBS,
@@ -350,10 +351,16 @@ def _check_outputs(
         ort_bundle, encoded, attention_mask, max_decoding_length=steps, top_k=top_k
     )
     tokens = torch.full((src.size(0),), config.bos_id, dtype=torch.long)  # (B,)
+    inputs: list[Tensor] = []  # each step's tokens, (B,)
+    aligned: list[np.ndarray] = []  # each step's alignment output, (B, S)
     for step in range(steps):
         where = f"decoder_step {step} (past length {step})"
         expected, cache = model.decode_step(tokens, cache, src_mask)  # (B, V)
         log_probs = stepper.step(tokens).numpy()
+        inputs.append(tokens)
+        alignment = stepper.state.alignment()
+        if alignment is not None:
+            aligned.append(alignment)
         report.compare(LOG_PROBS, expected, log_probs, where)
         top_log_probs, top_ids = stepper.top
         report.compare(TOP_LOG_PROBS, expected.topk(top_k).values, top_log_probs, where)
@@ -367,6 +374,10 @@ def _check_outputs(
                 present_value(i), cache.self_v[i], stepper.state.cache(past_value(i)), where
             )
         tokens = expected.argmax(dim=-1)  # both sides continue with torch's greedy choice
+    if aligned:  # the steps' alignment rows: the model's, teacher-forced on the same tokens
+        _, expected_alignment = model.decode_aligned(torch.stack(inputs, dim=1), memory, src_mask)
+        where = f"decoder_step alignment, steps 0-{steps - 1}"
+        report.compare(ALIGNMENT, expected_alignment, np.stack(aligned, axis=1), where)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,9 @@ Links are read from the source side: each source token is linked to the target t
 attends to it most. Every source word then has a partner, so a tag always lands somewhere, and a
 target word the source does not account for (an article German adds) is linked only if it is
 some source token's best: on test2016 this placed tags on eflomal's span more often than the
-target side's argmax, their union, their intersection or grow-diag-final-and of the two
+target side's argmax, their union, their intersection or grow-diag-final-and of the two. A link
+is strong when its attention is at least STRONG: a tag's span is read from its words' strong
+links when they have any (a weakly attended function word does not stretch it), else from all
 (benchmarks/RESULTS.md, issue 29).
 """
 
@@ -30,12 +32,25 @@ _WORD = re.compile(r"\S+")
 _EDGE_PUNCTUATION = re.compile(r"^[^\w]+|[^\w]+$")
 
 
+# A link whose attention is below this is weak: a tag's span is read from its words' strong links
+# when they have any (chosen on val: benchmarks/RESULTS.md, issue 29).
+STRONG = 0.25
+
+
 def links(weights: npt.NDArray[np.float32]) -> list[tuple[int, int]]:
     """(source token, target token) links of an alignment matrix (target tokens, source
     tokens): each source token's most attending target token (module docstring), in order."""
     if weights.size == 0:
         return []
     return [(s, int(t)) for s, t in enumerate(weights.argmax(axis=0))]
+
+
+def strong(weights: npt.NDArray[np.float32]) -> list[bool]:
+    """Whether each source token's link (`links`) is strong: its target attends to it with at
+    least STRONG."""
+    if weights.size == 0:
+        return []
+    return [bool(w >= STRONG) for w in weights.max(axis=0)]
 
 
 @dataclass(frozen=True)
@@ -48,17 +63,19 @@ class SentenceAlignment:
     source_tokens: list[Span]
     target_tokens: list[Span]
     pairs: list[tuple[int, int]]
+    strong: list[bool]  # per pair: whether the attention behind it is at least STRONG
 
-    def words(self) -> list[tuple[Span, Span]]:
-        """The links as (source word, target word) character spans: each token widened to
-        the whitespace word around it, less the punctuation at the word's edges (a token of
-        punctuation alone stays itself)."""
+    def words(self) -> list[tuple[Span, Span, bool]]:
+        """The links as (source word, target word) character spans and their strength: each
+        token widened to the whitespace word around it, less the punctuation at the word's
+        edges (a token of punctuation alone stays itself)."""
         return [
             (
                 _word(self.source, self.source_tokens[s]),
                 _word(self.target, self.target_tokens[t]),
+                strong,
             )
-            for s, t in self.pairs
+            for (s, t), strong in zip(self.pairs, self.strong, strict=True)
         ]
 
 
@@ -69,19 +86,24 @@ class TextAlignment:
 
     def __init__(self, sentences: list[tuple[int, int, SentenceAlignment]]) -> None:
         self.sentences = sentences
-        self.word_links: list[tuple[Span, Span]] = [
-            ((s0 + a, s0 + b), (t0 + c, t0 + d))
+        links = [
+            ((s0 + a, s0 + b), (t0 + c, t0 + d), strong)
             for s0, t0, sentence in sentences
-            for (a, b), (c, d) in sentence.words()
+            for (a, b), (c, d), strong in sentence.words()
         ]
+        self.word_links: list[tuple[Span, Span]] = [(s, t) for s, t, _ in links]
+        self.strong_links: list[tuple[Span, Span]] = [(s, t) for s, t, strong in links if strong]
 
     def span(self, start: int, end: int) -> Span | None:
-        """The smallest target span covering every target word linked to a source word that
-        overlaps characters [start, end); None when none is linked."""
-        targets = [t for s, t in self.word_links if s[0] < end and start < s[1]]
-        if not targets:
-            return None
-        return min(a for a, _ in targets), max(b for _, b in targets)
+        """The smallest target span covering every target word strongly linked to a source
+        word that overlaps characters [start, end), or, with no strong link there, every
+        linked one; None when none is linked. (A weakly attended source word, often a
+        function word the target has no word for, does not stretch a tag.)"""
+        for word_links in (self.strong_links, self.word_links):
+            targets = [t for s, t in word_links if s[0] < end and start < s[1]]
+            if targets:
+                return min(a for a, _ in targets), max(b for _, b in targets)
+        return None
 
     def point(self, position: int) -> int:
         """Where something at source character `position` goes: after the target of the last
@@ -110,7 +132,9 @@ def sentence_alignment(
     source tokens, then </s>); the columns of the target's token and </s> are dropped."""
     prefix = weights.shape[1] - len(source_tokens) - 1
     matrix = weights[: len(target_tokens), prefix : prefix + len(source_tokens)]
-    return SentenceAlignment(source, target, source_tokens, target_tokens, links(matrix))
+    return SentenceAlignment(
+        source, target, source_tokens, target_tokens, links(matrix), strong(matrix)
+    )
 
 
 def _word(text: str, span: Span) -> Span:

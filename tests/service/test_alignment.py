@@ -144,8 +144,13 @@ def test_words_widen_tokens_and_drop_their_edge_punctuation() -> None:
         source_tokens=[(0, 2), (2, 4), (5, 10), (10, 11)],
         target_tokens=[(0, 4), (4, 6), (7, 11), (11, 12)],
         pairs=[(0, 1), (2, 2), (3, 3)],
+        strong=[True, True, False],
     )
-    assert sentence.words() == [((0, 4), (0, 6)), ((5, 10), (7, 11)), ((10, 11), (11, 12))]
+    assert sentence.words() == [
+        ((0, 4), (0, 6), True),
+        ((5, 10), (7, 11), True),
+        ((10, 11), (11, 12), False),
+    ]
 
 
 def test_span_covers_the_linked_words_and_point_follows_the_word_before() -> None:
@@ -156,6 +161,7 @@ def test_span_covers_the_linked_words_and_point_follows_the_word_before() -> Non
         source_tokens=[(0, 1), (2, 6), (7, 12)],
         target_tokens=[(0, 3), (4, 8), (9, 13)],
         pairs=[(0, 0), (1, 2), (2, 1)],
+        strong=[True, True, True],
     )
     text = TextAlignment([(4, 6, sentence)])  # placed after "Hi. " / "Hallo."
     assert text.span(4 + 2, 4 + 6) == (6 + 9, 6 + 13)  # blue -> blau
@@ -191,3 +197,16 @@ def test_the_shipped_tokenizers_spans_are_its_tokens_characters(shipped_bundle: 
     target = [decoded[a:b] for a, b in engine.target_spans(target_ids)]
     assert target[:4] == ["Ein", "Mann", "im", "blauen"]
     assert "".join(target) == decoded.replace(" ", "")
+
+
+def test_a_weak_link_does_not_stretch_a_tag_unless_it_is_all_there_is() -> None:
+    """ "woman is" -> "Frau sitzt": "is" weakly attended by "sitzt" covers only "Frau"; "is"
+    alone still lands on "sitzt"."""
+    weights = np.array([[0.9, 0.05, 0.05], [0.1, 0.2, 0.7]], np.float32)  # (targets, sources+</s>)
+    sentence = sentence_alignment(
+        "woman is", "Frau sitzt", [(0, 5), (6, 8)], [(0, 4), (5, 10)], weights
+    )
+    assert sentence.pairs == [(0, 0), (1, 1)] and sentence.strong == [True, False]
+    text = TextAlignment([(0, 0, sentence)])
+    assert text.span(0, 8) == (0, 4)  # "woman is" -> "Frau"
+    assert text.span(6, 8) == (5, 10)  # "is" -> "sitzt"
