@@ -278,8 +278,12 @@ def _alignment(
     (shape,) = g.op("Concat", [sentences_beams, by_heads], axis=0)  # [N, G, H, Dh]
     (q,) = g.op("Reshape", [query, shape])
     (q,) = g.op("Transpose", [q], perm=[0, 2, 1, 3])  # (N, H, G, Dh)
-    (k,) = g.op("Transpose", [keys], perm=[0, 1, 3, 2])  # (N, H, Dh, S)
-    (scores,) = g.op("MatMul", [q, k])  # (N, H, G, S)
+    if config.alignment_head is not None:  # that head alone: (N, 1, G, Dh), (N, 1, S, Dh)
+        head = g.constant("alignment.head", np.array([config.alignment_head], np.int64))
+        (q,) = g.op("Gather", [q, head], axis=1)
+        (keys,) = g.op("Gather", [keys, head], axis=1)
+    (k,) = g.op("Transpose", [keys], perm=[0, 1, 3, 2])  # (N, H or 1, Dh, S)
+    (scores,) = g.op("MatMul", [q, k])  # (N, H or 1, G, S)
     scale = g.constant("alignment.scale", np.array(1 / math.sqrt(d_head), g.float_type))
     (scores,) = g.op("Mul", [scores, scale])
     axes = g.constant("alignment.axes", np.array([1, 2], np.int64))
@@ -288,14 +292,12 @@ def _alignment(
     masked = g.constant("alignment.masked", np.array(-1e4, g.float_type))  # fp16 holds it
     (scores,) = g.op("Where", [valid, scores, masked])
     (weights,) = g.op("Softmax", [scores], axis=-1)
-    if config.alignment_head is not None:
-        head = g.constant("alignment.head", np.array([config.alignment_head], np.int64))
-        (weights,) = g.op("Gather", [weights, head], axis=1)  # (N, 1, G, S)
-    elif opset >= 18:  # ReduceMean's axes became an input
-        one = g.constant("alignment.head_axis", np.array([1], np.int64))
-        (weights,) = g.op("ReduceMean", [weights, one], keepdims=1)
-    else:
-        (weights,) = g.op("ReduceMean", [weights], axes=[1], keepdims=1)
+    if config.alignment_head is None:  # the heads' mean: (N, 1, G, S)
+        if opset >= 18:  # ReduceMean's axes became an input
+            one = g.constant("alignment.head_axis", np.array([1], np.int64))
+            (weights,) = g.op("ReduceMean", [weights, one], keepdims=1)
+        else:
+            (weights,) = g.op("ReduceMean", [weights], axes=[1], keepdims=1)
     if g.float_type != np.float32:
         (weights,) = g.op("Cast", [weights], to=TensorProto.FLOAT)
     g.op("Flatten", [weights], [ALIGNMENT], axis=3)  # (N, 1, G, S) -> (R, S)

@@ -272,15 +272,17 @@ class Engine:
     def source_spans(self, texts: Sequence[str]) -> list[list[Span]]:
         """The characters of each text each of its tokens stands for (`encode`'s ids without
         the target's token and </s>)."""
+        cleaned = [text.translate(_CONTROL_CHARACTERS) for text in texts]
         spans = []
-        for text in texts:
-            kept = [i for i, c in enumerate(text) if ord(c) not in _CONTROL_CHARACTERS]
-            if len(kept) == len(text):
-                spans += self._tokenizer.source_spans([text])
+        for text, clean, own in zip(
+            texts, cleaned, self._tokenizer.source_spans(cleaned), strict=True
+        ):
+            if len(clean) == len(text):
+                spans.append(own)
                 continue
-            cleaned = "".join(text[i] for i in kept)
-            kept.append(len(text))  # where the cleaned text's end is
-            own = self._tokenizer.source_spans([cleaned])[0]
+            # Offsets in the cleaned text, mapped back to the text's own characters.
+            kept = [i for i, c in enumerate(text) if ord(c) not in _CONTROL_CHARACTERS]
+            kept.append(len(text))
             spans.append([(kept[a], kept[b - 1] + 1 if b > a else kept[a]) for a, b in own])
         return spans
 

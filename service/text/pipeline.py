@@ -23,7 +23,7 @@ from service.bundle.tokenizer import Span
 from service.errors import ErrorType, ServiceError
 from service.settings import Settings
 from service.text import markup, segment
-from service.text.alignment import SentenceAlignment, TextAlignment, sentence_alignment
+from service.text.alignment import TextAlignment, sentence_alignment
 from service.text.markup import Format as MarkupFormat
 
 Format = Literal["text", MarkupFormat]
@@ -165,7 +165,11 @@ def prepare(
             "(max_queue_segments)",
         )
     # Sentences are counted per input text, across its blocks.
-    numbers = [n for t in _runs(owners, layouts) for n in range(t)]
+    numbers = []  # each sentence's number within its input text, across the text's blocks
+    counts: dict[int, int] = {}
+    for b, _ in origins:
+        numbers.append(counts.get(owners[b], 0))
+        counts[owners[b]] = numbers[-1] + 1
     for (b, n), number in zip(origins, numbers, strict=True):
         sentence = layouts[b].segments[n]
         if len(sentence) > max_segment_characters:
@@ -186,14 +190,6 @@ def prepare(
                 "shorter sentences",
             )
     return Prepared(layouts, sources, origins, owners, documents)
-
-
-def _runs(owners: list[int], layouts: list[segment.Layout]) -> list[int]:
-    """The number of sentences of each input text that has any, in order."""
-    counts: dict[int, int] = {}
-    for owner, layout in zip(owners, layouts, strict=True):
-        counts[owner] = counts.get(owner, 0) + len(layout.segments)
-    return [counts[t] for t in sorted(counts)]
 
 
 def assemble(
@@ -242,7 +238,7 @@ def _document(
     score = sum(h.score for h in segments) / len(segments) if segments else None
     alignment = None
     if alignments:
-        alignment = TextAlignment([sentence for block in blocks for sentence in _sentences(block)])
+        alignment = TextAlignment([s for block in blocks for s in _projection(block).sentences])
     return TextTranslation([rendered], [score], segments, alignment)
 
 
@@ -250,10 +246,6 @@ def _projection(block: TextTranslation) -> TextAlignment:
     if block.alignment is None:
         raise ValueError("a markup block is translated with its alignment")
     return block.alignment
-
-
-def _sentences(block: TextTranslation) -> list[tuple[int, int, SentenceAlignment]]:
-    return _projection(block).sentences
 
 
 def _assemble(

@@ -4,6 +4,7 @@ it, and the character map markup is re-placed through."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ import torch
 
 from benchmarks.markup_bench import without_alignment
 from export.onnx_export import export_bundle
-from model.transformer import CONFIG_FILE, load_model
+from model.transformer import CONFIG_FILE, Transformer, load_model
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import AlignmentSpec, DecoderCache
 from service.bundle.tokenizer import token_words
@@ -30,10 +31,15 @@ SENTENCES = [
 ]
 
 
+@functools.cache
+def _model(checkpoint: Path) -> Transformer:
+    return load_model(checkpoint).eval()
+
+
 def torch_alignment(checkpoint: Path, source: list[int], ids: list[int]) -> np.ndarray:
     """The model's own alignment for a finished hypothesis, teacher-forced: row t is the
     position that chose ids[t]."""
-    model = load_model(checkpoint).eval()
+    model = _model(checkpoint)
     with torch.no_grad():
         _, weights = model.forward_aligned(
             torch.tensor([source]), torch.tensor([[model.config.bos_id, *ids]])
