@@ -246,7 +246,7 @@ def build_decoder_step(
             num_heads=heads,
         )  # (N, G, d_model)
         if i == config.aligned_layer:
-            _alignment(g, model, query, cross_key(i), sentences_beams, opset)
+            _alignment(g, model, inner, query, cross_key(i), sentences_beams, opset)
         (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
         out = g.matmul(attended, f"{prefix}.cross.o.weight", cross.w_o.weight)
         add_and_norm(out, g.weight(f"{prefix}.cross.o.bias", cross.w_o.bias), 3 * i + 1)
@@ -266,23 +266,37 @@ def build_decoder_step(
 
 
 def _alignment(
-    g: _Graph, model: Transformer, query: str, keys: str, sentences_beams: str, opset: int
+    g: _Graph,
+    model: Transformer,
+    inner: str,
+    query: str,
+    keys: str,
+    sentences_beams: str,
+    opset: int,
 ) -> None:
     """The `alignment` output (R, S) float32: the aligned layer's cross-attention weights
     (its alignment head's, or the heads' mean) for each row, recomputed from its query
     (N, G, d_model) and the sentence's keys (N, H, S, Dh), as the fused attention kernel does
-    not return them. A few small nodes at one layer: the step's cost barely moves."""
+    not return them; with an aligner (ModelConfig.aligner), the weights of its own query, made
+    from the layer's cross-attention input `inner` (R, d_model), over all heads' keys as one
+    product. A few small nodes at one layer: the step's cost barely moves."""
     config = model.config
     heads, d_head = config.h, config.d_k
+    if model.aligner is not None:  # its own query, over the heads' keys side by side
+        query = g.linear(inner, "aligner", model.aligner)  # (R, d_model), grouped below
+        heads, d_head = 1, config.d_model
     by_heads = g.constant("alignment.shape", np.array([heads, d_head], np.int64))
-    (shape,) = g.op("Concat", [sentences_beams, by_heads], axis=0)  # [N, G, H, Dh]
+    (shape,) = g.op("Concat", [sentences_beams, by_heads], axis=0)  # [N, G, H or 1, Dh or d]
     (q,) = g.op("Reshape", [query, shape])
-    (q,) = g.op("Transpose", [q], perm=[0, 2, 1, 3])  # (N, H, G, Dh)
+    (q,) = g.op("Transpose", [q], perm=[0, 2, 1, 3])  # (N, H or 1, G, Dh or d_model)
     if config.alignment_head is not None:  # that head alone: (N, 1, G, Dh), (N, 1, S, Dh)
         head = g.constant("alignment.head", np.array([config.alignment_head], np.int64))
         (q,) = g.op("Gather", [q, head], axis=1)
         (keys,) = g.op("Gather", [keys, head], axis=1)
     (k,) = g.op("Transpose", [keys], perm=[0, 1, 3, 2])  # (N, H or 1, Dh, S)
+    if model.aligner is not None:  # (N, H, Dh, S) -> (N, 1, d_model, S): one product, no sum
+        joined = g.constant("alignment.joined", np.array([0, 1, d_head, -1], np.int64))
+        (k,) = g.op("Reshape", [k, joined])
     (scores,) = g.op("MatMul", [q, k])  # (N, H or 1, G, S)
     scale = g.constant("alignment.scale", np.array(1 / math.sqrt(d_head), g.float_type))
     (scores,) = g.op("Mul", [scores, scale])
@@ -292,7 +306,7 @@ def _alignment(
     masked = g.constant("alignment.masked", np.array(-1e4, g.float_type))  # fp16 holds it
     (scores,) = g.op("Where", [valid, scores, masked])
     (weights,) = g.op("Softmax", [scores], axis=-1)
-    if config.alignment_head is None:  # the heads' mean: (N, 1, G, S)
+    if config.alignment_head is None and model.aligner is None:  # the heads' mean: (N, 1, G, S)
         if opset >= 18:  # ReduceMean's axes became an input
             one = g.constant("alignment.head_axis", np.array([1], np.int64))
             (weights,) = g.op("ReduceMean", [weights, one], keepdims=1)

@@ -309,7 +309,9 @@ def export_bundle(
         source_language=source_language,
         target_language=target_language,
         target_tokens=meta.get("target_tokens", {}),
-        alignment=AlignmentSpec(layer=config.aligned_layer, head=config.alignment_head),
+        alignment=AlignmentSpec(
+            layer=config.aligned_layer, head=config.alignment_head, aligner=config.aligner
+        ),
         dtype=dtype,
         decoder_cache=cache,
         opset=opset,

@@ -4,6 +4,7 @@
         [--preset tiny|base | --config FILE.json] [--max-updates N] [--max-tokens N]
         [--device cpu|cuda] [--seed S] [--resume] [--average-last K] [--init-from MODEL_DIR]
         [--alignments LINKS --alignment-weight W [--alignment-layer L] [--alignment-head H]]
+        [--alignments LINKS --train-aligner [--alignment-layer L]]
 
 DIR receives model.safetensors (the average of the last K checkpoints), config.json (model
 config, training recipe, data files with their sha256), tokenizer.json, metrics.jsonl and
@@ -11,8 +12,9 @@ training_curve.png; DIR/checkpoints/ holds the periodic checkpoints and the resu
 --init-from starts from a trained model directory (its weights, architecture and tokenizer) to
 continue or fine-tune it under this run's recipe. --alignments (python -m model.alignment) with
 --alignment-weight trains one cross-attention head on a word aligner's links (guided alignment),
-the head whose weights the service re-places markup through. Every input is checked before
-anything is written.
+the head whose weights the service re-places markup through; --train-aligner instead trains a
+dedicated alignment query alone on them, every other weight frozen (the model translates as
+before). Every input is checked before anything is written.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alignment-weight", type=float, help="guided alignment's loss weight (0: off)")
     p.add_argument("--alignment-layer", type=int, help="the decoder layer guided alignment trains")
     p.add_argument("--alignment-head", type=int, help="the head of that layer it trains")
+    p.add_argument(
+        "--train-aligner",
+        action="store_const",
+        const=True,
+        help="train a dedicated alignment query alone on --alignments, all else frozen",
+    )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int)
@@ -103,8 +111,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
     src_valid, tgt_valid = read_parallel(args.src_valid, args.tgt_valid)
-    if bool(config.alignment_weight) != (args.alignments is not None):
-        raise DataError("guided alignment needs both --alignments and --alignment-weight > 0")
+    if config.aligned != (args.alignments is not None):
+        raise DataError(
+            "--alignments goes with guided alignment (--alignment-weight > 0) "
+            "or --train-aligner, and they with it"
+        )
     alignments = None
     if args.alignments is not None:
         alignments = [parse_links(line) for line in read_lines(args.alignments)]
@@ -138,10 +149,20 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(config.seed)
     model = Transformer(model_config)
     if args.init_from is not None and not args.resume:  # on resume the saved state has them
+        weights = load_file(str(args.init_from / WEIGHTS_FILE))
+        new_aligner = config.train_aligner and not any(k.startswith("aligner.") for k in weights)
         try:
-            model.load_state_dict(load_file(str(args.init_from / WEIGHTS_FILE)))
+            # A model trained without an aligner gets one, started from its aligned layer.
+            missing, unexpected = model.load_state_dict(weights, strict=not new_aligner)
         except RuntimeError as e:
             raise DataError(f"--init-from: {args.init_from} does not match its config: {e}") from e
+        if unexpected or any(not k.startswith("aligner.") for k in missing):
+            raise DataError(
+                f"--init-from: {args.init_from} does not match its config: "
+                f"missing {missing}, unexpected {unexpected}"
+            )
+        if new_aligner:
+            model.init_aligner()
     model = model.to(device)
     log.info(
         "%s -> %s: %d train / %d valid pairs, %d parameters, %s on %s",

@@ -84,6 +84,12 @@ class ModelConfig:
     # the penultimate one (`aligned_layer`).
     alignment_layer: int | None = None
     alignment_head: int | None = None
+    # A dedicated alignment query instead (Transformer.aligner): its own projection of the
+    # aligned layer's cross-attention input, over that layer's keys (all heads as one d_model
+    # product). It feeds nothing else, so training it alone (model/train.py --train-aligner)
+    # leaves every translation as it was; its row at each step aligns the token that step
+    # reads (the previous step's choice), which knows the word it aligns.
+    aligner: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.h != 0:
@@ -123,6 +129,8 @@ class ModelConfig:
             raise ValueError(
                 f"alignment_head {self.alignment_head} is not a head (0..{self.h - 1})"
             )
+        if self.aligner and self.alignment_head is not None:
+            raise ValueError("an aligner aligns through its own query: no alignment_head with it")
 
     @property
     def aligned_layer(self) -> int:
@@ -248,6 +256,16 @@ class MultiHeadAttention(nn.Module):
         projected: Tensor = self.w_o(out)
         return projected, weights
 
+    def joint_weights(self, q: Tensor, k: Tensor, mask: Tensor) -> Tensor:
+        """Attention weights of already projected queries q (B, Tq, d_model) over all heads'
+        keys k (N, H, Tk, Dh) taken as one d_model-wide product: (N, 1, G * Tq, Tk), grouped
+        as `attend` groups (B = N * G); mask broadcasts to (N, 1, G * Tq, Tk)."""
+        n, heads, length, d_k = k.shape
+        keys = k.transpose(1, 2).reshape(n, 1, length, heads * d_k)  # (N, 1, Tk, d_model)
+        queries = q.reshape(n, 1, -1, heads * d_k)  # (N, 1, G*Tq, d_model)
+        scores = queries @ keys.transpose(-2, -1) / math.sqrt(heads * d_k)
+        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(dim=-1)
+
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -330,11 +348,13 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         past_k: Tensor | None = None,
         past_v: Tensor | None = None,
+        aligner: nn.Linear | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (B, T, d_model) new positions; past_k/v (B, H, T_past, Dh) cached self-attention.
 
         Returns the layer output, the self-attention keys/values including the new positions,
-        and the cross-attention weights (N, H, G * T, S).
+        and the cross-attention weights (N, H, G * T, S), or with `aligner` the weights of its
+        query over the same keys (N, 1, G * T, S) (ModelConfig.aligner).
         """
         r = cast(Residual, self.sublayer[0])  # (nn.ModuleList's items are typed as Modules)
         y = r.inner(x)
@@ -344,7 +364,10 @@ class DecoderLayer(nn.Module):
             v = torch.cat([past_v, v], dim=2)
         x = r.outer(x, self.self_attn.attend(y, k, v, tgt_mask)[0])
         r = cast(Residual, self.sublayer[1])
-        attended, weights = self.cross_attn.attend(r.inner(x), cross_k, cross_v, src_mask)
+        query = r.inner(x)
+        attended, weights = self.cross_attn.attend(query, cross_k, cross_v, src_mask)
+        if aligner is not None:
+            weights = self.cross_attn.joint_weights(aligner(query), cross_k, src_mask)
         x = r.outer(x, attended)
         r = cast(Residual, self.sublayer[2])
         x = r.outer(x, self.feed_forward(r.inner(x)))
@@ -432,6 +455,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream un-normalised: a final norm per stack.
         self.encoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+        self.aligner = nn.Linear(config.d_model, config.d_model) if config.aligner else None
         self.reset_parameters()
 
     @property
@@ -456,6 +480,14 @@ class Transformer(nn.Module):
             nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model**-0.5)
             with torch.no_grad():
                 embedding.weight[self.config.pad_id].zero_()
+
+    def init_aligner(self) -> None:
+        """Start the aligner as the aligned layer's cross-attention query projection, so that
+        it first attends as that layer's heads do together."""
+        if self.aligner is None:
+            raise ValueError("the model has no aligner (ModelConfig.aligner)")
+        layer = cast(DecoderLayer, self.decoder_layers[self.config.aligned_layer])
+        self.aligner.load_state_dict(layer.cross_attn.w_q.state_dict())
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -522,8 +554,9 @@ class Transformer(nn.Module):
     def decode_aligned(
         self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """`decode`'s logits, and the alignment (B, T, S): row t is where the position that
-        predicts target token t looks in the source (`alignment`)."""
+        """`decode`'s logits, and the alignment (B, T, S): row t is where position t looks in the
+        source (`alignment`), aligning the token it predicts, tgt_out[t], or with an aligner
+        the token it reads, tgt_in[t] (ModelConfig.aligner)."""
         tgt_mask = causal_mask(tgt_in.size(1), tgt_in.device)
         cross_k, cross_v = self.cross_kv(memory)
         x = self.embed(tgt_in, target=True)
@@ -531,14 +564,17 @@ class Transformer(nn.Module):
         for i, (layer, ck, cv) in enumerate(
             zip(self.decoder_layers, cross_k, cross_v, strict=True)
         ):
-            x, _, _, weights = layer(x, tgt_mask, ck, cv, src_mask)
-            if i == self.config.aligned_layer:
+            aligned = i == self.config.aligned_layer
+            x, _, _, weights = layer(
+                x, tgt_mask, ck, cv, src_mask, aligner=self.aligner if aligned else None
+            )
+            if aligned:
                 alignment = self.alignment(weights)
         return self.output_logits(self.decoder_norm(x)), alignment
 
     def alignment(self, weights: Tensor) -> Tensor:
         """The aligned layer's cross-attention weights (N, H, Tq, S) -> its alignment head's,
-        or the heads' mean, (N, Tq, S)."""
+        or the heads' mean, (N, Tq, S); an aligner's (N, 1, Tq, S) are their own mean."""
         head = self.config.alignment_head
         return weights.mean(dim=1) if head is None else weights[:, head]
 

@@ -75,8 +75,12 @@ class Trainer:
         self.train_examples = train_examples
         self.valid = ValidationSet(valid_examples, valid_src, valid_ref, target_language)
         self.batches = token_budget_batches(train_examples, config.max_tokens)
+        if config.train_aligner:  # the aligner alone learns; the translation stays as it was
+            for name, parameter in model.named_parameters():
+                parameter.requires_grad_(name.startswith("aligner."))
+            model.eval()  # and the frozen layers run as they will serve: no dropout
         self.optimizer = torch.optim.Adam(
-            model.parameters(),
+            [p for p in model.parameters() if p.requires_grad],
             lr=config.lr,
             betas=config.adam_betas,
             eps=config.adam_eps,
@@ -115,6 +119,10 @@ class Trainer:
         L_NLL^2 + alpha * L_KL), over the doubled batch's 2N target tokens.
         """
         config = self.config
+        if config.train_aligner:
+            if batch.alignment is None:
+                raise ValueError("the aligner trains on batches with word links")
+            return self.aligner_loss(batch, batch.alignment)
         if config.alignment_weight and batch.alignment is not None:
             return self.aligned_loss(batch, batch.alignment)
         if config.rdrop_alpha == 0:
@@ -149,9 +157,22 @@ class Trainer:
             label_smoothing=self.config.label_smoothing,
             reduction="sum",
         )
-        # Masked source positions have weight ~0 and no link: clamp keeps 0 * log(0) at 0.
-        aligned = -(links * alignment.float().clamp(min=1e-9).log()).sum()
-        return cross_entropy + self.config.alignment_weight * aligned, batch.n_tgt_tokens
+        return cross_entropy + self.config.alignment_weight * _links_loss(links, alignment), (
+            batch.n_tgt_tokens
+        )
+
+    def aligner_loss(self, batch: Batch, links: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The aligner's cross-entropy against `links` (B, T, S), its only objective: its row
+        t aligns the token position t reads, tgt_in[t], so row t is scored against the links
+        of tgt_out[t - 1] (the start token's row has none), summed over linked tokens."""
+        src_mask = self.model.source_mask(batch.src)
+        with torch.no_grad(), self.autocast():  # nothing below the aligner learns
+            memory = self.model.encode(batch.src, src_mask)
+        with self.autocast():
+            _, alignment = self.model.decode_aligned(batch.tgt_in, memory, src_mask)
+        read = torch.zeros_like(links)
+        read[:, 1:] = links[:, :-1]
+        return _links_loss(read, alignment), batch.n_tgt_tokens
 
     # --- resumable state -------------------------------------------------------------------
 
@@ -214,7 +235,7 @@ class Trainer:
 
     def train(self) -> None:
         config, state = self.config, self.state
-        self.model.train()
+        self.model.train(not config.train_aligner)  # the aligner alone: no dropout (__init__)
         progress = tqdm(
             total=config.max_updates, initial=state.update, desc="train", dynamic_ncols=True
         )
@@ -277,3 +298,10 @@ class Trainer:
                 state.epoch += 1
                 state.batch_in_epoch = 0
         progress.close()
+
+
+def _links_loss(links: torch.Tensor, alignment: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of alignment rows (B, T, S) against link distributions (B, T, S), summed;
+    rows without links add nothing."""
+    # Masked source positions have weight ~0 and no link: clamp keeps 0 * log(0) at 0.
+    return -(links * alignment.float().clamp(min=1e-9).log()).sum()

@@ -49,6 +49,10 @@ class TrainConfig:
     # between the model's alignment head (ModelConfig.alignment_layer/head) and a word aligner's
     # links (`--alignments`, model/alignment.py), per target token. 0: no alignment loss.
     alignment_weight: float = 0.0
+    # Train the model's aligner alone (ModelConfig.aligner, added if the model has none) on the
+    # cross-entropy of its weights against the aligner's links; every other weight is frozen,
+    # so the model translates exactly as before (model/train.py --train-aligner).
+    train_aligner: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rdrop_alpha < math.inf:
@@ -57,6 +61,17 @@ class TrainConfig:
             raise ValueError(f"alignment_weight must be >= 0, got {self.alignment_weight}")
         if self.alignment_weight and self.rdrop_alpha:
             raise ValueError("guided alignment and R-Drop are not combined: set one of them")
+        if self.train_aligner and (self.alignment_weight or self.rdrop_alpha):
+            raise ValueError(
+                "train_aligner trains the aligner alone, on its alignment loss: "
+                "no alignment_weight or rdrop_alpha with it"
+            )
+
+    @property
+    def aligned(self) -> bool:
+        """Whether training reads word links (`--alignments`): guided alignment or the
+        aligner."""
+        return bool(self.alignment_weight) or self.train_aligner
 
 
 def init_model_fields(directory: Path) -> dict[str, Any]:
@@ -115,6 +130,8 @@ def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig
         value = getattr(args, name, None)
         if value is not None:
             model_fields[name] = value
+    if training.get("train_aligner"):
+        model_fields["aligner"] = True
     model_fields.pop("vocab_size", None)
     # Validate the model fields now (with a placeholder vocabulary) so errors come before I/O.
     try:

@@ -39,7 +39,8 @@ def validate(
     device: torch.device,
 ) -> dict[str, float]:
     """nll, ppl and bleu; `loss` is the trainer's (its precision), without label smoothing.
-    The model is back in training mode afterwards."""
+    The model is back in the mode it was in afterwards."""
+    training = model.training
     model.eval()
     total, tokens = 0.0, 0
     for indices in token_budget_batches(data.examples, max_tokens):
@@ -49,5 +50,5 @@ def validate(
     n_bleu = min(bleu_sentences, len(data.src))
     texts, _ = translate(model, tokenizer, data.src[:n_bleu], beam_size=1, batch_size=128)
     scores = score_translations(texts, data.ref[:n_bleu], data.target_language)
-    model.train()
+    model.train(training)
     return {"nll": total / tokens, "ppl": math.exp(total / tokens), "bleu": scores["bleu"]}

@@ -277,10 +277,13 @@ class Provenance(_Frozen):
 
 class AlignmentSpec(_Frozen):
     """Which cross-attention the decoder step's `alignment` output is: a decoder layer, and
-    one head of it (trained by guided alignment) or None for the mean of its heads."""
+    one head of it (trained by guided alignment) or None for the mean of its heads; or, with
+    `aligner`, that layer's dedicated alignment query (model/transformer.py ModelConfig.aligner),
+    whose row at each step aligns the token the step reads, not the one it picks."""
 
     layer: int
     head: int | None = None
+    aligner: bool = False
 
 
 class Manifest(_Frozen):

@@ -155,6 +155,8 @@ class Engine:
         self.max_input_tokens: int = self.manifest.model.max_positions
         # Hypotheses carry word alignments: the bundle's decoder step has the output.
         self.aligns: bool = self.manifest.alignment is not None
+        # Its rows align the token each step reads (an aligner), not the one it picks.
+        self._aligns_read = self.manifest.alignment is not None and self.manifest.alignment.aligner
         self.provider: str = decoder_step.get_providers()[0]
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
@@ -318,7 +320,7 @@ class Engine:
                 chunk = order[start : start + self.max_batch_size]
                 nbest = self._generate_batch([sources[i] for i in chunk], options)
                 for i, hyps in zip(chunk, nbest, strict=True):
-                    results[i] = [_within_source(h, len(sources[i])) for h in hyps]
+                    results[i] = [_aligned(h, len(sources[i]), self._aligns_read) for h in hyps]
         return results
 
     def _generate_batch(
@@ -404,11 +406,18 @@ class Engine:
         return cross
 
 
-def _within_source(hypothesis: Hypothesis, length: int) -> Hypothesis:
-    """A hypothesis's alignment cut to its source's positions (the batch's are padded)."""
+def _aligned(hypothesis: Hypothesis, length: int, reads: bool) -> Hypothesis:
+    """A hypothesis's alignment as one row per token, cut to its source's positions (the
+    batch's are padded). The search keeps a row for every step the hypothesis ran; a token's
+    row is the step that picked it, or with `reads` the step that read it, the next one (a
+    hypothesis cut by the length limit never read its last token: that row is zeros, no link)."""
     if hypothesis.alignment is None:
         return hypothesis
-    return replace(hypothesis, alignment=hypothesis.alignment[:, :length])
+    tokens = len(hypothesis.ids)
+    rows = hypothesis.alignment[1 if reads else 0 :][:tokens, :length]
+    if len(rows) < tokens:
+        rows = np.concatenate([rows, np.zeros((tokens - len(rows), length), rows.dtype)])
+    return replace(hypothesis, alignment=rows)
 
 
 def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.SessionOptions:

@@ -24,7 +24,9 @@ finish, the rows' moves, the n-best lists). This module keeps the array work:
   cross keys/values, the source mask) is never copied per beam.
 - When the decoder step has an alignment output (`DecoderState.alignment`), each row's rows of
   it follow the row as its tokens do (greedy: per sentence; beam: gathered by the moves'
-  back-pointers), and every finished hypothesis carries those of its own steps.
+  back-pointers), and every finished hypothesis carries those of every step it ran: one per
+  token and one for the step that picked </s> (the engine keeps a row per token: the step
+  that picked it, or for an aligner the step that read it).
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """
 
@@ -111,7 +113,7 @@ def greedy_search(
     if not any(aligned):
         return results
     return [
-        replace(h, alignment=np.stack(rows[: len(h.ids)]) if h.ids else _no_rows(rows))
+        replace(h, alignment=np.stack(rows) if rows else _no_rows(rows))
         for h, rows in zip(results, aligned, strict=True)
     ]
 
@@ -129,11 +131,19 @@ def beam_search(
     tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (N*beams,)
     # (N*beams, t, S): each row's alignment rows so far, when the decoder has them.
     aligned: FloatArray | None = None
+    step_alignment: FloatArray | None = None  # this step's rows, before the moves
 
     def tokens_of(row: int) -> list[int]:
         return list(history[row].tolist())
 
+    def ending_alignment(row: int) -> FloatArray:
+        """The alignment rows of a row that ends at this step: its history's and this step's."""
+        assert aligned is not None and step_alignment is not None
+        rows: FloatArray = np.concatenate([aligned[row], step_alignment[row, None]])
+        return rows
+
     def alignment_of(row: int) -> FloatArray:
+        """A row's alignment rows once the steps are over (the last one's are in)."""
         assert aligned is not None
         rows: FloatArray = aligned[row].copy()
         return rows
@@ -159,7 +169,7 @@ def beam_search(
             np.take_along_axis(beam_of, order, axis=-1).tolist(),
             np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1).tolist(),
             tokens_of,
-            None if aligned is None else alignment_of,
+            None if aligned is None else ending_alignment,
         )
         if moves is None:
             break

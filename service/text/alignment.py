@@ -1,8 +1,10 @@
 """Word alignments from the model: which target words translate which source words.
 
-The decoder step's `alignment` output (service/bundle/manifest.py) is, for every target token
-the search chose, where that step looked in the source: one cross-attention's weights (a head
-trained by guided alignment on a word aligner's links, or a layer's heads averaged). `links`
+The decoder step's `alignment` output (service/bundle/manifest.py) gives every target token the
+search chose a row of weights over the source (the engine picks the row: the step that chose
+the token, or for an aligner the step that read it): a dedicated alignment query trained alone
+on a word aligner's links (the shipped model's), a head trained by guided alignment, or a
+layer's heads averaged. `links`
 turns such a matrix into token links, `SentenceAlignment` keeps them with the tokens'
 characters, and `TextAlignment` joins a text's sentences into one character map that markup
 (service/text/markup.py) re-places inline tags through: `span` for a tag's words, `point` for
@@ -13,9 +15,11 @@ attends to it most. Every source word then has a partner, so a tag always lands 
 target word the source does not account for (an article German adds) is linked only if it is
 some source token's best: on test2016 this placed tags on eflomal's span more often than the
 target side's argmax, their union, their intersection or grow-diag-final-and of the two. A link
-is strong when its attention is at least STRONG: a tag's span is read from its words' strong
-links when they have any (a weakly attended function word does not stretch it), else from all
-(benchmarks/RESULTS.md, issue 29).
+is strong when its attention is at least STRONG, and lexical when its source token has a letter
+or digit: a tag's span is read from its words' strong lexical links when they have any, then
+from their lexical ones, then strong, then all. A weakly attended function word does not
+stretch a tag, nor does the full stop inside "<b>people.</b>", whose partner ends the
+translation (benchmarks/RESULTS.md, issue 29).
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ import numpy.typing as npt
 from service.bundle.tokenizer import Span
 
 _WORD = re.compile(r"\S+")
+_LEXICAL = re.compile(r"\w")
 _EDGE_PUNCTUATION = re.compile(r"^[^\w]+|[^\w]+$")
 
 
 # A link whose attention is below this is weak: a tag's span is read from its words' strong links
-# when they have any (chosen on val: benchmarks/RESULTS.md, issue 29).
-STRONG = 0.25
+# first (chosen on val for the shipped model's aligner: benchmarks/RESULTS.md, issue 29).
+STRONG = 0.35
 
 
 def links(weights: npt.NDArray[np.float32]) -> list[tuple[int, int]]:
@@ -65,15 +70,17 @@ class SentenceAlignment:
     pairs: list[tuple[int, int]]
     strong: list[bool]  # per pair: whether the attention behind it is at least STRONG
 
-    def words(self) -> list[tuple[Span, Span, bool]]:
-        """The links as (source word, target word) character spans and their strength: each
-        token widened to the whitespace word around it, less the punctuation at the word's
-        edges (a token of punctuation alone stays itself)."""
+    def words(self) -> list[tuple[Span, Span, bool, bool]]:
+        """The links as (source word, target word) character spans, their strength, and
+        whether the source token is lexical (has a letter or digit): each token widened to the
+        whitespace word around it, less the punctuation at the word's edges (a token of
+        punctuation alone stays itself)."""
         return [
             (
                 _word(self.source, self.source_tokens[s]),
                 _word(self.target, self.target_tokens[t]),
                 strong,
+                _LEXICAL.search(self.source, *self.source_tokens[s]) is not None,
             )
             for (s, t), strong in zip(self.pairs, self.strong, strict=True)
         ]
@@ -87,19 +94,24 @@ class TextAlignment:
     def __init__(self, sentences: list[tuple[int, int, SentenceAlignment]]) -> None:
         self.sentences = sentences
         links = [
-            ((s0 + a, s0 + b), (t0 + c, t0 + d), strong)
+            ((s0 + a, s0 + b), (t0 + c, t0 + d), strong, lexical)
             for s0, t0, sentence in sentences
-            for (a, b), (c, d), strong in sentence.words()
+            for (a, b), (c, d), strong, lexical in sentence.words()
         ]
-        self.word_links: list[tuple[Span, Span]] = [(s, t) for s, t, _ in links]
-        self.strong_links: list[tuple[Span, Span]] = [(s, t) for s, t, strong in links if strong]
+        self.word_links: list[tuple[Span, Span]] = [(s, t) for s, t, _, _ in links]
+        # What `span` reads, in order: strong lexical links, lexical, strong, all.
+        self._span_pools: list[list[tuple[Span, Span]]] = [
+            [(s, t) for s, t, strong, lexical in links if strong and lexical],
+            [(s, t) for s, t, _, lexical in links if lexical],
+            [(s, t) for s, t, strong, _ in links if strong],
+            self.word_links,
+        ]
 
     def span(self, start: int, end: int) -> Span | None:
-        """The smallest target span covering every target word strongly linked to a source
-        word that overlaps characters [start, end), or, with no strong link there, every
-        linked one; None when none is linked. (A weakly attended source word, often a
-        function word the target has no word for, does not stretch a tag.)"""
-        for word_links in (self.strong_links, self.word_links):
+        """The smallest target span covering every target word linked to a source word that
+        overlaps characters [start, end), from the first of these that has any there: strong
+        lexical links, lexical, strong, all (module docstring); None when none is linked."""
+        for word_links in self._span_pools:
             targets = [t for s, t in word_links if s[0] < end and start < s[1]]
             if targets:
                 return min(a for a, _ in targets), max(b for _, b in targets)

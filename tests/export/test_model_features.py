@@ -42,6 +42,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
         dict(output_bias=True, suppressed_ids=(PAD_ID, FAVOURED), renormalize_suppressed=True),
         "gather",
     ),
+    "aligner": (dict(aligner=True, alignment_layer=1), "indirection"),
 }
 
 
@@ -59,6 +60,8 @@ def test_every_model_variant_exports_with_parity(
     assert report.ok, report.failures
     assert report.tokens_equal
 
+    if model.config.aligner:
+        _check_read_alignment(model, bundle, sources)
     if not model.config.suppressed_ids:
         return
     assert ort_bundle.bundle.manifest.model.suppressed_ids == model.config.suppressed_ids
@@ -68,6 +71,26 @@ def test_every_model_variant_exports_with_parity(
         tokens = [h.ids for hypotheses in engine.generate(sources, options) for h in hypotheses]
         assert all(ids for ids in tokens)
         assert not any(set(model.config.suppressed_ids) & set(ids) for ids in tokens)
+
+
+def _check_read_alignment(model: Transformer, bundle: Path, sources: list[list[int]]) -> None:
+    """An aligner's row aligns the token a step reads: the engine gives token t the row of the
+    step after the one that picked it, which is torch's teacher-forced row t + 1."""
+    engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
+    for beam_size in (1, 4):
+        options = DecodingOptions(beam_size=beam_size, num_hypotheses=1)
+        for source, [best] in zip(sources, engine.generate(sources, options), strict=True):
+            assert best.alignment is not None
+            assert best.alignment.shape == (len(best.ids), len(source))
+            # Cut by the length limit, the last token was never read: no row, no link.
+            read = len(best.ids) - (best.finish_reason == "length")
+            src = torch.tensor([source])
+            tgt_in = torch.tensor([[model.config.bos_id, *best.ids[:read]]])
+            with torch.no_grad():
+                _, expected = model.forward_aligned(src, tgt_in)  # (1, read + 1, S)
+            rows = torch.from_numpy(best.alignment)
+            assert torch.allclose(rows[:read], expected[0, 1 : read + 1], atol=1e-4)
+            assert not rows[read:].any()
 
 
 def _variant(eos_checkpoint: Path, fields: dict[str, Any], out: Path) -> Transformer:

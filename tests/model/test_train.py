@@ -448,7 +448,10 @@ def test_alignments_train_through_the_cli_and_are_recorded(tmp_path, capsys) -> 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--alignment-weight", "0.5"], "needs both --alignments and --alignment-weight"),
+        (["--alignment-weight", "0.5"], "--alignments goes with guided alignment"),
+        (["--train-aligner"], "--alignments goes with guided alignment"),
+        (["--train-aligner", "--alignment-weight", "1"], "trains the aligner alone"),
+        (["--train-aligner", "--alignment-head", "1"], "no alignment_head with it"),
         (["--alignment-weight", "-1"], "alignment_weight must be >= 0"),
         (["--alignment-weight", "1", "--rdrop-alpha", "1"], "not combined"),
         (["--alignment-layer", "9"], "is not a decoder layer"),
@@ -461,3 +464,118 @@ def test_bad_guided_alignment_settings_are_clear_errors(
     code, err = _run_cli(_args(src, tgt, tmp_path / "out", *extra), capsys)
     assert code == 2 and message in err
     assert not (tmp_path / "out").exists()
+
+
+# --- The aligner ------------------------------------------------------------------------------
+
+
+def _aligner_trainer(tmp_path) -> tuple[Trainer, Batch]:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40, d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.3, norm="pre", alignment_layer=1, aligner=True,
+    )  # fmt: skip
+    examples = [
+        Example([5, 6, 7, EOS_ID], [8, 9, EOS_ID], ((0, 2), (1, 0), (1, 1))),
+        Example([10, 11, EOS_ID], [12, 13, 14, EOS_ID], ((2, 0),)),
+    ]
+    model = Transformer(config)
+    model.init_aligner()
+    trainer = Trainer(
+        model, None, TrainConfig(train_aligner=True), tmp_path, torch.device("cpu"), examples,
+        [], [], [], "de",
+    )  # fmt: skip
+    return trainer, Batch.from_examples(examples)
+
+
+def test_the_aligner_attends_with_its_own_query_over_all_heads_keys(tmp_path) -> None:
+    """Its weights: softmax(aligner(q) . k / sqrt(d_model)), q the aligned layer's
+    cross-attention input, k its keys with the heads side by side, padding masked; it starts
+    as the layer's own query projection, and feeds nothing (the logits do not depend on it)."""
+    trainer, batch = _aligner_trainer(tmp_path)
+    model = trainer.model.eval()
+    layer = model.decoder_layers[1]
+    assert model.aligner is not None
+    assert torch.equal(model.aligner.weight, layer.cross_attn.w_q.weight)
+    src_mask = model.source_mask(batch.src)
+    memory = model.encode(batch.src, src_mask)
+    queries = []
+    original = layer.cross_attn.attend
+
+    def spy(x, k, v, mask):  # the layer's cross-attention input
+        queries.append(x)
+        return original(x, k, v, mask)
+
+    layer.cross_attn.attend = spy
+    logits, weights = model.decode_aligned(batch.tgt_in, memory, src_mask)
+    del layer.cross_attn.attend
+    keys = layer.cross_attn.w_k(memory)  # (B, S, d_model): the heads side by side
+    scores = model.aligner(queries[0]) @ keys.transpose(1, 2) / 32**0.5
+    expected = scores.masked_fill(~src_mask[:, 0], -1e9).softmax(-1)
+    assert torch.allclose(weights, expected, atol=1e-6)
+    assert weights[1, :, 3].abs().max() < 1e-6  # the second source's padding
+    with torch.no_grad():
+        model.aligner.weight.mul_(3.0)
+    again, moved = model.decode_aligned(batch.tgt_in, memory, src_mask)
+    assert torch.equal(again, logits) and not torch.allclose(moved, weights)
+
+
+def test_the_aligner_learns_the_read_tokens_links_alone(tmp_path) -> None:
+    """Its loss scores row t against the links of tgt_out[t - 1] (the token row t reads); a few
+    dozen updates bring its weight onto them, and no other weight gets a gradient."""
+    trainer, batch = _aligner_trainer(tmp_path)
+    assert batch.alignment is not None
+    loss, n_tokens = trainer.training_loss(batch)
+    src_mask = trainer.model.source_mask(batch.src)
+    assert not trainer.model.training  # the frozen layers run without dropout
+    with torch.no_grad():
+        _, weights = trainer.model.forward_aligned(batch.src, batch.tgt_in)
+    read = torch.zeros_like(batch.alignment)
+    read[:, 1:] = batch.alignment[:, :-1]
+    expected = -(read * weights.clamp(min=1e-9).log()).sum()
+    assert src_mask.shape == (2, 1, 1, 4)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert n_tokens == batch.n_tgt_tokens
+    loss.backward()
+    trained = {n for n, p in trainer.model.named_parameters() if p.grad is not None}
+    assert trained == {"aligner.weight", "aligner.bias"}
+
+    def on_links() -> float:
+        with torch.no_grad():
+            _, weights = trainer.model.forward_aligned(batch.src, batch.tgt_in)
+        return float((weights * (read > 0)).sum())
+
+    before = on_links()
+    for _ in range(60):
+        loss, n_tokens = trainer.training_loss(batch)
+        trainer.optimizer.zero_grad()
+        (loss / n_tokens).backward()
+        trainer.optimizer.step()
+    assert on_links() > 2.9 > before  # 3 linked rows
+
+
+def test_train_aligner_through_the_cli_changes_no_translation_weight(tmp_path, capsys) -> None:
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    base = tmp_path / "base"
+    code, err = _run_cli(_args(src, tgt, base, "--preset", "tiny"), capsys)
+    assert code == 0, err
+    lines = []
+    for line in src.read_text().splitlines():
+        n = len(line.split())
+        lines.append(" ".join(f"{i}-{n - 1 - i}" for i in range(n)))
+    links = tmp_path / "links.txt"
+    links.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    code, err = _run_cli(
+        [*_args(src, tgt, out, "--alignments", str(links), "--train-aligner"),
+         "--init-from", str(base), "--max-updates", "3", "--lr", "0.01"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["aligner"] is True and config["training"]["train_aligner"] is True
+    before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(after) - set(before) == {"aligner.weight", "aligner.bias"}
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    started_as = before["decoder_layers.2.cross_attn.w_q.weight"]  # the penultimate layer's
+    assert not torch.equal(after["aligner.weight"], started_as)

@@ -153,10 +153,26 @@ def test_words_widen_tokens_and_drop_their_edge_punctuation() -> None:
         strong=[True, True, False],
     )
     assert sentence.words() == [
-        ((0, 4), (0, 6), True),
-        ((5, 10), (7, 11), True),
-        ((10, 11), (11, 12), False),
+        ((0, 4), (0, 6), True, True),
+        ((5, 10), (7, 11), True, True),
+        ((10, 11), (11, 12), False, False),  # "," is no word: not lexical
     ]
+
+
+def test_a_tags_punctuation_does_not_stretch_it_to_where_the_punctuation_went() -> None:
+    """In "<b>people.</b>" the full stop links to the translation's last one; the tag follows its
+    word's lexical link, strong or weak, not the strong link of its punctuation."""
+    sentence = SentenceAlignment(
+        source="people. x",
+        target="Menschen spielen Musik.",
+        source_tokens=[(0, 6), (6, 7), (8, 9)],
+        target_tokens=[(0, 8), (9, 16), (17, 22), (22, 23)],
+        pairs=[(0, 0), (1, 3), (2, 1)],
+        strong=[False, True, True],
+    )
+    text = TextAlignment([(0, 0, sentence)])
+    assert text.span(0, 7) == (0, 8)  # people. -> Menschen, not "Menschen spielen Musik."
+    assert text.span(6, 7) == (22, 23)  # the full stop alone still goes where its link does
 
 
 def test_span_covers_the_linked_words_and_point_follows_the_word_before() -> None:

@@ -198,7 +198,8 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
 def test_each_hypothesis_carries_its_own_steps_alignment(beam_size: int) -> None:
     """Through reordering, expansion, finished rows and rows leaving: a hypothesis's alignment
-    row t is what the row that chose ids[t] looked at (here: the token it was given)."""
+    has a row for every step it ran, its tokens' and, when it ended with </s>, that step's; row
+    t is what the row that chose token t looked at (here: the token it was given)."""
     short: Table = {(): {EOS: 0.6, A: 0.4}, (A,): {EOS: 0.9, B: 0.1}}
     long: Table = {(): {A: 0.5, B: 0.5}}
     for prefix in ((A,), (B,), (A, A), (A, B), (B, A), (B, B)):
@@ -208,9 +209,10 @@ def test_each_hypothesis_carries_its_own_steps_alignment(beam_size: int) -> None
     for nbest in search(state, 3, opts, bos_id=BOS, eos_id=EOS):
         for hypothesis in nbest:
             assert hypothesis.alignment is not None
-            assert hypothesis.alignment.shape == (len(hypothesis.ids), V)
-            given = [BOS, *hypothesis.ids[:-1]]
-            assert hypothesis.alignment.argmax(axis=1).tolist() == given[: len(hypothesis.ids)]
+            steps = len(hypothesis.ids) + (hypothesis.finish_reason == "eos")
+            assert hypothesis.alignment.shape == (steps, V)
+            given = [BOS, *hypothesis.ids]
+            assert hypothesis.alignment.argmax(axis=1).tolist() == given[:steps]
 
 
 def test_the_state_arrays_are_not_modified_by_the_search() -> None:
