@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
     src_valid, tgt_valid = read_parallel(args.src_valid, args.tgt_valid)
+    if config.train_aligner and args.init_from is None and not args.resume:
+        raise DataError("--train-aligner trains the aligner of a trained model: give --init-from")
     if config.aligned != (args.alignments is not None):
         raise DataError(
             "--alignments goes with guided alignment (--alignment-weight > 0) "

@@ -132,6 +132,11 @@ def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig
             model_fields[name] = value
     if training.get("train_aligner"):
         model_fields["aligner"] = True
+    elif training.get("alignment_weight") and model_fields.get("aligner"):
+        raise DataError(
+            "guided alignment trains a head, and this model aligns through its aligner: "
+            "train the aligner with --train-aligner instead"
+        )
     model_fields.pop("vocab_size", None)
     # Validate the model fields now (with a placeholder vocabulary) so errors come before I/O.
     try:

@@ -89,8 +89,10 @@ class Hypothesis:
     ids: list[int]  # target token ids, without </s>
     score: float
     finish_reason: FinishReason
-    # (len(ids), S): where the step that chose each id looked in the source (the decoder step's
-    # alignment output); None when the model has none. Not part of equality.
+    # (steps, S): the decoder step's alignment output for each step the hypothesis ran (its ids'
+    # and the one that picked </s>) as the search returns it; (len(ids), S) from the engine,
+    # one row per id (service/inference/engine.py). None when the model has none. Not part of
+    # equality.
     alignment: npt.NDArray[np.float32] | None = field(default=None, compare=False)
 
 

@@ -113,7 +113,7 @@ def greedy_search(
     if not any(aligned):
         return results
     return [
-        replace(h, alignment=np.stack(rows) if rows else _no_rows(rows))
+        replace(h, alignment=np.stack(rows))  # every sentence ran a step at least
         for h, rows in zip(results, aligned, strict=True)
     ]
 
@@ -185,11 +185,6 @@ def beam_search(
         history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
         scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
     return book.results(scores.tolist(), tokens_of, None if aligned is None else alignment_of)
-
-
-def _no_rows(rows: list[FloatArray]) -> FloatArray:
-    """The alignment of an empty hypothesis: no rows, as wide as the source."""
-    return np.zeros((0, rows[0].shape[-1] if rows else 0), np.float32)
 
 
 def _without(

@@ -449,7 +449,7 @@ def test_alignments_train_through_the_cli_and_are_recorded(tmp_path, capsys) -> 
     ("extra", "message"),
     [
         (["--alignment-weight", "0.5"], "--alignments goes with guided alignment"),
-        (["--train-aligner"], "--alignments goes with guided alignment"),
+        (["--train-aligner"], "give --init-from"),
         (["--train-aligner", "--alignment-weight", "1"], "trains the aligner alone"),
         (["--train-aligner", "--alignment-head", "1"], "no alignment_head with it"),
         (["--alignment-weight", "-1"], "alignment_weight must be >= 0"),
@@ -579,3 +579,32 @@ def test_train_aligner_through_the_cli_changes_no_translation_weight(tmp_path, c
     assert all(torch.equal(before[name], after[name]) for name in before)
     started_as = before["decoder_layers.2.cross_attn.w_q.weight"]  # the penultimate layer's
     assert not torch.equal(after["aligner.weight"], started_as)
+
+
+def test_train_aligner_refuses_guided_alignment_on_an_aligner_model(tmp_path, capsys) -> None:
+    """A model that aligns through its aligner has no head for guided alignment to train."""
+    src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
+    base = tmp_path / "base"
+    code, err = _run_cli(_args(src, tgt, base, "--preset", "tiny"), capsys)
+    assert code == 0, err
+    config = json.loads((base / "config.json").read_text())
+    config["model"]["aligner"] = True
+    (base / "config.json").write_text(json.dumps(config))
+    links = tmp_path / "links.txt"
+    links.write_text("0-0\n" * 20)
+    code, err = _run_cli(
+        [*_args(src, tgt, tmp_path / "out", "--alignments", str(links), "--alignment-weight", "1"),
+         "--init-from", str(base)],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "--train-aligner instead" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_batch_without_links_gives_the_aligner_a_zero_loss(tmp_path) -> None:
+    trainer, _ = _aligner_trainer(tmp_path)
+    batch = Batch.from_examples([Example([5, 6, EOS_ID], [8, EOS_ID])])
+    assert batch.alignment is None
+    loss, n_tokens = trainer.training_loss(batch)
+    assert loss.item() == 0.0 and n_tokens == 2
+    loss.backward()  # nothing to learn, and nothing breaks

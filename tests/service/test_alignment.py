@@ -16,10 +16,10 @@ import torch
 from benchmarks.markup_bench import without_alignment
 from export.onnx_export import export_bundle
 from model.transformer import CONFIG_FILE, Transformer, load_model
-from service.bundle.decoding import DecodingOptions
+from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import AlignmentSpec, DecoderCache
 from service.bundle.tokenizer import token_words
-from service.inference.engine import Engine
+from service.inference.engine import Engine, _aligned
 from service.text.alignment import SentenceAlignment, TextAlignment, links, sentence_alignment
 
 SENTENCES = [
@@ -232,3 +232,20 @@ def test_a_weak_link_does_not_stretch_a_tag_unless_it_is_all_there_is() -> None:
     text = TextAlignment([(0, 0, sentence)])
     assert text.span(0, 8) == (0, 4)  # "woman is" -> "Frau"
     assert text.span(6, 8) == (5, 10)  # "is" -> "sitzt"
+
+
+@pytest.mark.parametrize("reads", [False, True])
+def test_the_engine_keeps_one_row_per_token(reads: bool) -> None:
+    """The search's rows are one per step run (a step per token, and the one that picked </s>);
+    a token's row is the step that picked it, or for an aligner (`reads`) the one that read it,
+    the next: cut by the length limit, the last token was never read and gets zeros."""
+    steps = np.arange(4 * 3, dtype=np.float32).reshape(4, 3) + 1  # 4 steps, 3 source columns
+    ended = _aligned(Hypothesis([7, 8, 9], -1.0, "eos", steps), 2, reads)
+    assert ended.alignment is not None
+    assert ended.alignment.tolist() == (steps[1:4] if reads else steps[:3])[:, :2].tolist()
+    cut = _aligned(Hypothesis([7, 8, 9], -1.0, "length", steps[:3]), 2, reads)
+    assert cut.alignment is not None
+    expected = [*steps[1:3, :2].tolist(), [0.0, 0.0]] if reads else steps[:3, :2].tolist()
+    assert cut.alignment.tolist() == expected
+    empty = _aligned(Hypothesis([], -1.0, "eos", steps[:1]), 2, reads)
+    assert empty.alignment is not None and empty.alignment.shape == (0, 2)
