@@ -46,6 +46,7 @@ from model.transformer import (
 )
 from service.bundle.manifest import (
     ATTENTION_MASK,
+    CARD_FILE,
     DECODER_STEP_FILE,
     ENCODER_FILE,
     FORMAT_VERSION,
@@ -222,6 +223,15 @@ def _recorded_bleu(config: dict[str, Any]) -> float | None:
     return None
 
 
+def _recorded_license(config: dict[str, Any]) -> str | None:
+    """The weights' license the checkpoint records: top-level "license", else the one an
+    import took from its origin (model/importers/: imported_from.license)."""
+    for value in (config.get("license"), (config.get("imported_from") or {}).get("license")):
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 def _special_ids(config: ModelConfig) -> SpecialIds:
     return SpecialIds(pad=config.pad_id, bos=config.bos_id, eos=config.eos_id, unk=config.unk_id)
 
@@ -282,7 +292,8 @@ def export_bundle(
         for key in ("source_language", "target_language")
     )
     tokenizer = _checkpoint_tokenizer(checkpoint, meta, config)
-    files = tokenizer_files(tokenizer)
+    card = CARD_FILE if (checkpoint / CARD_FILE).is_file() else None
+    files = [*tokenizer_files(tokenizer), *([card] if card else [])]
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
@@ -312,6 +323,8 @@ def export_bundle(
         alignment=AlignmentSpec(
             layer=config.aligned_layer, head=config.alignment_head, aligner=config.aligner
         ),
+        card=card,
+        license=_recorded_license(meta),
         dtype=dtype,
         decoder_cache=cache,
         opset=opset,

@@ -50,6 +50,7 @@ from torch import Tensor
 from model.importers.common import UnsupportedCheckpoint, build_parser, read_json, run
 from model.transformer import ModelConfig, Transformer, save_model
 from service.bundle.manifest import (
+    CARD_FILE,
     BundleError,
     SentencePieceFiles,
     SpecialIds,
@@ -59,7 +60,6 @@ from service.bundle.manifest import (
 from service.bundle.tokenizer import SentencePieceTokenizer
 
 MODEL_TYPE = "marian"
-CARD_FILE = "MODEL_CARD.md"
 _SAFETENSORS, _SAFETENSORS_INDEX, _PICKLE = (
     "model.safetensors",
     "model.safetensors.index.json",

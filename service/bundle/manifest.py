@@ -9,6 +9,7 @@ which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 Layout of a bundle directory (format version 5):
 
     manifest.json      this schema, written last by the exporter
+    MODEL_CARD.md      the checkpoint's model card, when it has one (the manifest's `card`)
     tokenizer.json     Hugging Face tokenizers file (this project's models), or, for Marian
                        (OPUS-MT) models, source.spm, target.spm and vocab.json (target_vocab.json
                        with separate vocabularies): see service/bundle/tokenizer.py
@@ -77,6 +78,7 @@ MANIFEST_FILE = "manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
+CARD_FILE = "MODEL_CARD.md"  # a checkpoint's model card, copied into its bundles
 
 Dtype = Literal["fp32", "fp16", "int8"]
 # How the decoder step's static cache follows beams (module docstring).
@@ -306,6 +308,12 @@ class Manifest(_Frozen):
     # The decoder step's alignment output (markup and return_alignments need it); None: a
     # bundle exported before it, which serves text only.
     alignment: AlignmentSpec | None = None
+    # The model card's file in the bundle (listed in `files`), and the weights' license as the
+    # checkpoint records it: what the service's /status shows an operator, in an image that
+    # carries bundles but no checkpoints. None: the checkpoint has none (or the bundle was
+    # exported before these fields).
+    card: str | None = None
+    license: str | None = None
 
     @property
     def target_languages(self) -> list[str]:
@@ -432,7 +440,13 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
                 f"listed inputs {graph.input_names}, outputs {graph.output_names}; "
                 f"expected inputs {inputs}, outputs {outputs}"
             )
-    for file in (manifest.encoder.file, manifest.decoder_step.file, *manifest.tokenizer_files):
+    card = [] if manifest.card is None else [manifest.card]
+    for file in (
+        manifest.encoder.file,
+        manifest.decoder_step.file,
+        *manifest.tokenizer_files,
+        *card,
+    ):
         if file not in manifest.files:
             raise BundleError(f"{manifest_path}: lists no sha256 for {file}")
 

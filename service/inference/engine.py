@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -158,18 +158,23 @@ class Engine:
         # Its rows align the token each step reads (an aligner), not the one it picks.
         self._aligns_read = self.manifest.alignment is not None and self.manifest.alignment.aligner
         self.provider: str = decoder_step.get_providers()[0]
+        self.device: Literal["cpu", "cuda"] = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
+        self.dtype: str = self.manifest.dtype
+        # What /status shows an operator: the card travels in the bundle (hash-verified).
+        card = self.manifest.card
+        self.card: str | None = None if card is None else bundle.path(card).read_text("utf-8")
+        self.license: str | None = self.manifest.license
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
         self._encoder = encoder
         self._decoder_step = decoder_step
-        device_type = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
         # Padded batches (step_state.py): CUDA's policy; on the CPU, for the tests' sake.
-        self.padded: bool = device_type == "cuda" if padded is None else padded
-        self._pool = BufferPool(device_type, device_id)
+        self.padded: bool = self.device == "cuda" if padded is None else padded
+        self._pool = BufferPool(self.device, device_id)
         # CUDA graphs replay on fixed shapes and addresses: padded batches only.
         self.cuda_graphs: bool = (
             cuda_graphs
-            and device_type == "cuda"
+            and self.device == "cuda"
             and self.padded
             and self.manifest.decoder_cache == "gather"
         )

@@ -11,9 +11,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from service.bundle.manifest import (
+    CARD_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
@@ -100,7 +101,20 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     actual = sha256_file(weights)
     if recorded != actual:
         return f"exported from weights with sha256 {recorded}; {weights} has {actual}"
+    card = checkpoint / CARD_FILE
+    if card.is_file() and _card_sha256(raw) != sha256_file(card):
+        # The card is what /status shows: an edited (or, from before bundles carried one,
+        # missing) card is worth the few seconds an export of the shipped model takes.
+        return f"its model card is not {card}"
     return None
+
+
+def _card_sha256(manifest: dict[str, Any]) -> str | None:
+    """The sha256 a raw manifest lists for its model card; None without one."""
+    files, name = manifest.get("files"), manifest.get("card")
+    entry = files.get(name) if isinstance(files, dict) and isinstance(name, str) else None
+    sha256 = entry.get("sha256") if isinstance(entry, dict) else None
+    return sha256 if isinstance(sha256, str) else None
 
 
 def _export(checkpoint: Path, bundle: Path) -> None:

@@ -20,6 +20,7 @@ from model.transformer import (
 from service.bundle.manifest import (
     BEAM_ROWS,
     CACHE_INDIRECTION,
+    CARD_FILE,
     DECODER_STEP_FILE,
     ENCODER_ATTENTION_MASK,
     ENCODER_FILE,
@@ -75,6 +76,8 @@ def test_manifest_describes_the_checkpoint(fp32_bundle: Path, tiny_checkpoint: P
     # as it did before them.
     raw = json.loads((fp32_bundle / MANIFEST_FILE).read_text())
     assert "target_tokens" not in raw and "target_vocab_size" not in raw["model"]
+    # Nor do a card and a license that the checkpoint does not have.
+    assert "card" not in raw and "license" not in raw
 
 
 def test_sentence_beam_source_and_capacity_axes_are_dynamic(fp32_bundle: Path) -> None:
@@ -208,6 +211,26 @@ def test_recorded_bleu_goes_into_provenance(tiny_checkpoint: Path, tmp_path: Pat
     (checkpoint / CONFIG_FILE).write_text(json.dumps(config))
     manifest = export_bundle(checkpoint, tmp_path / "bundle")
     assert manifest.provenance.bleu == 37.5
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [{"license": "CC-BY-4.0"}, {"imported_from": {"license": "CC-BY-4.0"}}],
+    ids=["license", "an import's license"],
+)
+def test_the_model_card_and_license_go_into_the_bundle(
+    recorded: dict[str, object], tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """What /status shows of a model comes from its bundle: a serving image has no checkpoint."""
+    checkpoint = Path(shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint"))
+    config = json.loads((checkpoint / CONFIG_FILE).read_text())
+    (checkpoint / CONFIG_FILE).write_text(json.dumps({**config, **recorded}))
+    (checkpoint / CARD_FILE).write_text("# tiny\n\nRandom weights.\n", encoding="utf-8")
+    export_bundle(checkpoint, tmp_path / "bundle")
+    manifest = load_bundle(tmp_path / "bundle").manifest  # the card's hash verified
+    assert (manifest.card, manifest.license) == (CARD_FILE, "CC-BY-4.0")
+    assert CARD_FILE in manifest.files
+    assert (tmp_path / "bundle" / CARD_FILE).read_text() == "# tiny\n\nRandom weights.\n"
 
 
 def test_export_leaves_the_model_in_eval_mode(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -14,9 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from model.data import pad, read_lines
-from model.importers.marian import CARD_FILE, main
+from model.importers.marian import main
 from model.search import generate
 from model.transformer import WEIGHTS_FILE, load_model
+from service.bundle.manifest import CARD_FILE
 from tests.transformers_reference import generate as reference_generate
 from tests.transformers_reference import reference
 

@@ -253,6 +253,8 @@ def test_engine_describes_its_model(engine: Engine, eos_checkpoint: Path) -> Non
     assert engine.name == eos_checkpoint.name
     assert (engine.source_language, engine.target_languages) == ("en", ("de",))
     assert engine.max_input_tokens == engine.manifest.model.max_positions == 48
+    assert (engine.device, engine.dtype) == ("cpu", "fp32")
+    assert engine.card is None and engine.license is None  # the test checkpoint has neither
 
 
 def test_over_long_input_names_the_limit_and_runs_nothing(

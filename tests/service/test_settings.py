@@ -17,6 +17,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from benchmarks.markup_bench import without_alignment
 from service.__main__ import main
 from service.bundle.manifest import (
+    CARD_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
@@ -25,6 +26,7 @@ from service.bundle.manifest import (
 )
 from service.http.app import create_app
 from service.http.server import fit_open_files, uvicorn_config
+from service.inference.engine import Engine
 from service.inference.models import shipped_bundle
 from service.settings import Settings
 from tests.service.helpers import FakeModel
@@ -210,3 +212,24 @@ def test_a_bundle_exported_before_alignments_is_exported_again(
         assert shipped_bundle(tiny_checkpoint, bundle) == bundle
     assert "exported before the decoder step had an alignment output" in caplog.text
     assert load_bundle(bundle).manifest.alignment is not None
+
+
+def test_a_bundle_without_the_checkpoints_model_card_is_exported_again(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The card is what /status shows: one added or edited after the export is re-exported
+    (a bundle from before bundles carried cards has none)."""
+    checkpoint = Path(shutil.copytree(tiny_checkpoint, tmp_path / "checkpoint"))
+    bundle = tmp_path / "bundles" / "tiny"
+    shipped_bundle(checkpoint, bundle)
+    assert load_bundle(bundle).manifest.card is None
+    for card in ("# tiny\n", "# tiny, edited\n"):
+        (checkpoint / CARD_FILE).write_text(card, encoding="utf-8")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert shipped_bundle(checkpoint, bundle) == bundle
+        assert "its model card is not" in caplog.text
+        assert Engine.load(bundle, device="cpu").card == card
+    written = (bundle / MANIFEST_FILE).stat().st_mtime_ns
+    assert shipped_bundle(checkpoint, bundle) == bundle  # the same card: no export
+    assert (bundle / MANIFEST_FILE).stat().st_mtime_ns == written
