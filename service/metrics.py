@@ -6,6 +6,10 @@ loaded bundles, reasons are error types; never a client address, key or text.
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Request latency and queue wait (seconds): from a few ms to a minute.
@@ -116,3 +120,36 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestRate:
+    """Events per second over the last `window_s` seconds, counted in one-second slots: what
+    /status reports as requests per second. Prometheus answers that only as the difference of
+    two scrapes; a status page wants the figure now, from one call. Over a service younger than
+    the window the count is divided by its age (at least a second), not by the whole window."""
+
+    def __init__(self, window_s: int = 60, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s < 1:
+            raise ValueError(f"window_s must be at least 1, got {window_s}")
+        self.window_s = window_s
+        self._clock = clock
+        self._start = clock()
+        self._seconds = [-1] * window_s  # which second each slot counts
+        self._counts = [0] * window_s
+
+    def record(self) -> None:
+        second = math.floor(self._clock())
+        slot = second % self.window_s
+        if self._seconds[slot] != second:
+            self._seconds[slot], self._counts[slot] = second, 0
+        self._counts[slot] += 1
+
+    def per_second(self) -> float:
+        now = self._clock()
+        second = math.floor(now)
+        recent = sum(
+            count
+            for counted, count in zip(self._seconds, self._counts, strict=True)
+            if second - self.window_s < counted <= second
+        )
+        return recent / min(self.window_s, max(1.0, now - self._start))

@@ -1,13 +1,16 @@
-"""The native HTTP routes: /translate, /languages, /health, /ready, /metrics (their request and
-response models are in schemas.py). The runtime they call is service/scheduling/runtime.py; the
-LibreTranslate surface is service/http/libretranslate.py."""
+"""The native HTTP routes: /translate, /languages, /health, /ready, /metrics, /status and the
+model cards (their request and response models are in schemas.py). The runtime they call is
+service/scheduling/runtime.py; the LibreTranslate surface is service/http/libretranslate.py."""
 
 from __future__ import annotations
 
 import math
 import time
+import urllib.parse
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -24,8 +27,11 @@ from service.http.schemas import (
     Alternative,
     ErrorBody,
     LanguagePair,
+    Limits,
+    ModelStatus,
     SegmentInfo,
     SentenceAlignmentOut,
+    ServiceStatus,
     Status,
     Token,
     TranslateRequest,
@@ -33,7 +39,7 @@ from service.http.schemas import (
     TranslationOut,
 )
 from service.metrics import Metrics
-from service.scheduling.runtime import Runtime
+from service.scheduling.runtime import Runtime, TranslationModel
 from service.text.alignment import TextAlignment
 from service.text.pipeline import Form, TextTranslation
 
@@ -112,9 +118,16 @@ def _alignments(alignment: TextAlignment) -> list[SentenceAlignmentOut]:
             source_tokens=tokens(sentence.source, sentence.source_tokens),
             target_tokens=tokens(sentence.target, sentence.target_tokens),
             pairs=sentence.pairs,
+            weights=None if sentence.weights is None else _rounded(sentence.weights),
         )
         for _, _, sentence in alignment.sentences
     ]
+
+
+def _rounded(weights: npt.NDArray[np.float32]) -> list[list[float]]:
+    """Three decimals: a heatmap's worth, at a fraction of float32's digits in JSON."""
+    rounded: list[list[float]] = np.round(weights.astype(np.float64), 3).tolist()
+    return rounded
 
 
 def _check_count(runtime: Runtime, count: int) -> None:
@@ -152,6 +165,63 @@ async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     registry: Metrics = request.app.state.metrics
     return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/status", response_model=ServiceStatus)
+async def status(runtime: RuntimeDep) -> ServiceStatus:
+    """The models and how busy the service is: what the web page's status panel shows, in one
+    call (no key needed, as for /metrics, which tells the same)."""
+    settings = runtime.settings
+    models = {model.name: model for model in runtime.models.values()}  # one per name, in order
+    depths = {name: batcher.depth for name, batcher in runtime.batchers.items()}
+    return ServiceStatus(
+        ready=runtime.ready,
+        draining=runtime.draining,
+        api_key_required=bool(settings.api_keys),
+        language_detection=False,
+        queue_depth=sum(depths.values()),
+        in_flight=runtime.in_flight,
+        requests_per_second=round(runtime.request_rate.per_second(), 3),
+        rate_window_s=runtime.request_rate.window_s,
+        limits=Limits(
+            max_texts=settings.max_texts,
+            max_characters=settings.max_characters,
+            max_segment_characters=settings.max_segment_characters,
+            max_beam_size=settings.max_beam_size,
+            default_beam_size=settings.default_beam_size,
+        ),
+        models=[_model_status(model, depths[name]) for name, model in models.items()],
+    )
+
+
+def _model_status(model: TranslationModel, depth: int) -> ModelStatus:
+    # Relative to /status's own URL, so that it resolves under a proxy's path prefix too.
+    card = f"models/{urllib.parse.quote(model.name, safe='')}/card"
+    return ModelStatus(
+        name=model.name,
+        source=model.source_language,
+        targets=list(model.target_languages),
+        device=model.device,
+        provider=model.provider,
+        dtype=model.dtype,
+        aligns=model.aligns,
+        license=model.license,
+        card=card if model.card is not None else None,
+        queue_depth=depth,
+    )
+
+
+@router.get(
+    "/models/{name}/card",
+    response_class=Response,
+    responses={200: {"content": {"text/markdown": {}}}, 404: {"model": ErrorBody}},
+)
+async def model_card(name: str, runtime: RuntimeDep) -> Response:
+    """A served model's card, as its bundle carries it (Markdown)."""
+    for model in runtime.models.values():
+        if model.name == name and model.card is not None:
+            return Response(model.card, media_type="text/markdown; charset=utf-8")
+    raise ServiceError(ErrorType.NOT_FOUND, f"no model card for {name!r}")
 
 
 def _finite(score: float | None) -> float | None:

@@ -76,6 +76,11 @@ class SentenceAlignmentOut(BaseModel):
     source_tokens: list[Token]
     target_tokens: list[Token]
     pairs: list[tuple[int, int]] = Field(description="(source token, target token) links")
+    weights: list[list[float]] | None = Field(
+        None,
+        description="the attention the links were read from: one row per target token, one "
+        "column per source token (a row sums to at most 1), to 3 decimals",
+    )
 
 
 class TranslationOut(BaseModel):
@@ -103,6 +108,51 @@ class LanguagePair(BaseModel):
 
 class Status(BaseModel):
     status: str
+
+
+class ModelStatus(BaseModel):
+    name: str
+    source: str
+    targets: list[str]
+    device: Literal["cpu", "cuda"]
+    provider: str = Field(description="ONNX Runtime's execution provider")
+    dtype: str = Field(description="the bundle's precision: fp32, fp16 or int8")
+    aligns: bool = Field(description="serves return_alignments and format html/xml")
+    license: str | None = Field(
+        description="the weights' license as the bundle records it; null: none recorded"
+    )
+    card: str | None = Field(
+        description="the model card's URL (Markdown), relative to this one's, when the bundle "
+        "carries a card"
+    )
+    queue_depth: int = Field(description="its segments waiting for a batch")
+
+
+class Limits(BaseModel):
+    """The settings a client needs to stay within (docs/configuration.md)."""
+
+    max_texts: int
+    max_characters: int
+    max_segment_characters: int
+    max_beam_size: int
+    default_beam_size: int
+
+
+class ServiceStatus(BaseModel):
+    ready: bool = Field(description="what GET /ready answers")
+    draining: bool = Field(description="shutting down: new translations get 503")
+    api_key_required: bool
+    language_detection: bool = Field(
+        description="whether source 'auto' is served (not yet: every request names its source)"
+    )
+    queue_depth: int = Field(description="segments waiting for a batch, all models")
+    in_flight: int = Field(description="translation requests accepted and not yet answered")
+    requests_per_second: float = Field(
+        description="translation requests answered per second over the last rate_window_s"
+    )
+    rate_window_s: int
+    limits: Limits
+    models: list[ModelStatus]
 
 
 class ErrorDetail(BaseModel):

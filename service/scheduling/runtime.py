@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from service.bundle.decoding import DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
-from service.metrics import Metrics
+from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits
 from service.settings import Settings
 from service.text import pipeline
@@ -38,6 +38,10 @@ class TranslationModel(TextModel, Protocol):
     name: str  # unique among the served models: the metrics' model label
     target_languages: tuple[str, ...]  # several for a multi-target model
     provider: str
+    device: Literal["cpu", "cuda"]
+    dtype: str  # the bundle's: fp32, fp16, int8
+    card: str | None  # the bundle's model card (Markdown), if it carries one
+    license: str | None  # the weights' license, as the bundle records it
 
     def generate(
         self, sources: Sequence[Sequence[int]], options: DecodingOptions
@@ -91,6 +95,7 @@ class Runtime:
         self._in_flight = 0
         self._no_requests = asyncio.Event()
         self._no_requests.set()
+        self.request_rate = RequestRate()  # translation requests answered, for /status
 
     @property
     def ready(self) -> bool:
@@ -124,8 +129,14 @@ class Runtime:
         finally:
             self._in_flight -= 1
             self.metrics.in_flight.dec()
+            self.request_rate.record()
             if self._in_flight == 0:
                 self._no_requests.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Translation requests accepted and not yet answered."""
+        return self._in_flight
 
     async def finish_requests(self, timeout: float) -> bool:
         """Refuse new requests and wait for the accepted ones to be answered, until `timeout`

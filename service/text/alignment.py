@@ -25,7 +25,7 @@ translation (benchmarks/RESULTS.md, issue 29).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -69,6 +69,9 @@ class SentenceAlignment:
     target_tokens: list[Span]
     pairs: list[tuple[int, int]]
     strong: list[bool]  # per pair: whether the attention behind it is at least STRONG
+    # The (target tokens, source tokens) attention the links were read from; None when the
+    # links were made another way (tests). return_alignments answers it for a heatmap.
+    weights: npt.NDArray[np.float32] | None = field(default=None, compare=False)
 
     def words(self) -> list[tuple[Span, Span, bool, bool]]:
         """The links as (source word, target word) character spans, their strength, and
@@ -145,7 +148,7 @@ def sentence_alignment(
     prefix = weights.shape[1] - len(source_tokens) - 1
     matrix = weights[: len(target_tokens), prefix : prefix + len(source_tokens)]
     return SentenceAlignment(
-        source, target, source_tokens, target_tokens, links(matrix), strong(matrix)
+        source, target, source_tokens, target_tokens, links(matrix), strong(matrix), matrix
     )
 
 

@@ -51,6 +51,10 @@ class FakeModel:
         self.encoded_for: list[str | None] = []  # the target of each encode call
         self.max_input_tokens = max_input_tokens
         self.provider = "FakeProvider"
+        self.device = "cpu"
+        self.dtype = "fp32"
+        self.card: str | None = f"# {self.name}\n\nUpper-cases its input (tests).\n"
+        self.license: str | None = "Apache-2.0"
         self.aligns = True
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
         self.gate: threading.Event | None = None

@@ -141,6 +141,8 @@ def test_a_sentence_drops_the_target_token_and_eos_columns() -> None:
     weights = np.array([[0.1, 0.1, 0.7, 0.1], [0.1, 0.8, 0.05, 0.05]], np.float32)
     aligned = sentence_alignment("ab cd", "xy", [(0, 2), (3, 5)], [(0, 1), (1, 2)], weights)
     assert aligned.pairs == [(0, 1), (1, 0)]
+    assert aligned.weights is not None  # what return_alignments answers: the tokens' columns
+    assert aligned.weights.tolist() == weights[:, 1:3].tolist()
 
 
 def test_words_widen_tokens_and_drop_their_edge_punctuation() -> None:

@@ -121,6 +121,8 @@ async def test_return_alignments_gives_each_sentences_tokens_and_links(
         {"text": c, "start": i, "end": i + 1} for i, c in enumerate("Go.")
     ]
     assert first["pairs"] == [[0, 0], [1, 1], [2, 2]]
+    # The attention behind the links, a row per target token: the fake's is the diagonal.
+    assert first["weights"] == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     assert second["target_tokens"][1] == {"text": "I", "start": 1, "end": 2}
     # Without the flag, no alignments field at all.
     response = await markup_client.post("/translate", json={"text": "Go.", **EN_DE})
