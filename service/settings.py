@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     libretranslate_prefix: str = Field(
         "/libretranslate", description="path of the LibreTranslate-compatible API; empty: off"
     )
+    web_ui: bool = Field(
+        True, description="the web page at / and its files under /web/; off: both are 404"
+    )
 
     # --- Connections (uvicorn) -----------------------------------------------------------------
     keep_alive_timeout_s: int = Field(

@@ -21,6 +21,7 @@ from service.http.middleware import (
     ResponseHeadersMiddleware,
 )
 from service.http.routes import router
+from service.http.web_ui import PAGE_PATH, web_router
 from service.inference.models import load_models
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime, TranslationModel
@@ -70,6 +71,8 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     if settings.libretranslate_prefix:
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
+    if settings.web_ui:
+        app.include_router(web_router())
     install_error_handlers(app, renderer)
     # The last added is the outermost: metrics see every answer, CORS and 413s included.
     # Inside the body limit: a body over it is refused at once, not after waiting its turn.
@@ -84,5 +87,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         )
     app.add_middleware(ResponseHeadersMiddleware)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
+    if settings.web_ui:
+        routes |= {PAGE_PATH}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app

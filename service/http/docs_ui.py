@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import HTMLResponse
+
+from service.http.assets import add_asset_route
 
 ASSETS_DIR = Path(__file__).resolve().parent / "static" / "swagger-ui"
 
-# The only files /docs/assets/ serves, with their media types. A fixed allow-list rather than a
-# static mount of the folder: a name from the URL is never joined to a path unless it is one of
-# these, so there is no traversal to guard against, and the README and licences stay unserved.
+# The only files /docs/assets/ serves, with their media types (service/http/assets.py says why
+# an allow-list); the README and licences stay unserved.
 ASSETS: dict[str, str] = {
     "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
     "swagger-ui.css": "text/css; charset=utf-8",
@@ -40,10 +41,6 @@ def docs_router(openapi_url: str, title: str) -> APIRouter:
 
     Raises FileNotFoundError when a vendored asset is missing, so a wheel or image built without
     the package data fails when the app is built rather than with a blank /docs page."""
-    missing = [name for name in ASSETS if not (ASSETS_DIR / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"Swagger UI assets missing from {ASSETS_DIR}: {missing}")
-
     router = APIRouter()
 
     @router.get(DOCS_PATH, include_in_schema=False)
@@ -64,15 +61,5 @@ def docs_router(openapi_url: str, title: str) -> APIRouter:
             swagger_ui_parameters={"validatorUrl": None},
         )
 
-    @router.get(f"{ASSETS_PATH}/{{name}}", include_in_schema=False)
-    async def swagger_ui_asset(name: str) -> FileResponse:
-        media_type = ASSETS.get(name)
-        if media_type is None:
-            raise HTTPException(status_code=404, detail="Not Found")
-        return FileResponse(
-            ASSETS_DIR / name,
-            media_type=media_type,
-            headers={"Cache-Control": ASSET_CACHE_CONTROL},
-        )
-
+    add_asset_route(router, ASSETS_PATH, ASSETS_DIR, ASSETS, ASSET_CACHE_CONTROL)
     return router

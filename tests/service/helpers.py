@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,20 @@ async def async_wait_for(predicate: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > end:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+class _UrlCollector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.urls += [value for name, value in attrs if name in ("src", "href") and value]
+
+
+def referenced_urls(html: str) -> list[str]:
+    """Every src= and href= value in a page, in order (what a browser would fetch or follow)."""
+    collector = _UrlCollector()
+    collector.feed(html)
+    collector.close()
+    return collector.urls

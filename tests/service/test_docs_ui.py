@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections.abc import Iterator
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from fastapi.testclient import TestClient
 from service.http import docs_ui
 from service.http.app import create_app
 from service.http.docs_ui import docs_router
-from tests.service.helpers import FakeModel, fast_settings
+from tests.service.helpers import FakeModel, fast_settings, referenced_urls
 
 # What each asset must be served as, and the least it can weigh (the bundle is ~1.7 MB, the CSS
 # ~190 kB: a few bytes would mean an empty or truncated file).
@@ -27,24 +26,6 @@ EXPECTED = {
     ".css": ("text/css", 50_000),
     ".png": ("image/png", 100),
 }
-
-
-class UrlCollector(HTMLParser):
-    """Every src= and href= value in a page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.urls += [value for name, value in attrs if name in ("src", "href") and value]
-
-
-def referenced_urls(html: str) -> list[str]:
-    collector = UrlCollector()
-    collector.feed(html)
-    collector.close()
-    return collector.urls
 
 
 def small_app() -> FastAPI:
