@@ -183,6 +183,8 @@ def test_typing_gives_the_apis_translation_and_its_alignment(
     wait_for_translation(browser, translation["text"])
     assert re.fullmatch(r"\d+ ms · multi30k-en-de", text_of(browser, "timing"))
     assert text_of(browser, "count") == f"{len(SENTENCE)} / {MAX_CHARACTERS} characters"
+    browser.find_element(By.ID, "copy").click()
+    wait(browser, lambda: text_of(browser, "copied") == "Copied", "the copy to be confirmed")
     swap = browser.find_element(By.ID, "swap")  # no model translates de -> en here
     assert not swap.is_enabled() and swap.get_attribute("title") == "No model translates de → en"
 
