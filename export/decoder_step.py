@@ -33,7 +33,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from model.transformer import DecoderLayer, Transformer
+from model.transformer import Aligner, DecoderLayer, Transformer
 from service.bundle.manifest import (
     ALIGNMENT,
     BEAM_AXIS,
@@ -283,7 +283,7 @@ def _alignment(
     config = model.config
     heads, d_head = config.h, config.d_k
     if model.aligner is not None:  # its own query, over the heads' keys side by side
-        query = g.linear(inner, "aligner", model.aligner)  # (R, d_model), grouped below
+        query = _aligner_query(g, inner, model.aligner)  # (R, d_model), grouped below
         heads, d_head = 1, config.d_model
     by_heads = g.constant("alignment.shape", np.array([heads, d_head], np.int64))
     (shape,) = g.op("Concat", [sentences_beams, by_heads], axis=0)  # [N, G, H or 1, Dh or d]
@@ -315,6 +315,17 @@ def _alignment(
     if g.float_type != np.float32:
         (weights,) = g.op("Cast", [weights], to=TensorProto.FLOAT)
     g.op("Flatten", [weights], [ALIGNMENT], axis=3)  # (N, 1, G, S) -> (R, S)
+
+
+def _aligner_query(g: _Graph, inner: str, aligner: Aligner) -> str:
+    """The aligner's query (R, d_model) of the aligned layer's cross-attention input `inner`:
+    its projection, plus its hidden ReLU layer's output when it has one (Aligner)."""
+    query = g.linear(inner, "aligner.q", aligner.w_q)
+    if aligner.w_1 is None or aligner.w_2 is None:
+        return query
+    (hidden,) = g.op("Relu", [g.linear(inner, "aligner.1", aligner.w_1)])
+    (query,) = g.op("Add", [query, g.linear(hidden, "aligner.2", aligner.w_2)])
+    return query
 
 
 def _activation(g: _Graph, name: str, x: str) -> str:

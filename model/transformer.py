@@ -90,6 +90,9 @@ class ModelConfig:
     # leaves every translation as it was; its row at each step aligns the token that step
     # reads (the previous step's choice), which knows the word it aligns.
     aligner: bool = False
+    # The aligner's hidden ReLU layer, this wide, beside its projection (Aligner); 0: none, the
+    # projection alone.
+    aligner_hidden: int = 0
 
     def __post_init__(self) -> None:
         if self.d_model % self.h != 0:
@@ -131,6 +134,11 @@ class ModelConfig:
             )
         if self.aligner and self.alignment_head is not None:
             raise ValueError("an aligner aligns through its own query: no alignment_head with it")
+        if self.aligner_hidden < 0 or (self.aligner_hidden and not self.aligner):
+            raise ValueError(
+                f"aligner_hidden {self.aligner_hidden}: the width of an aligner's hidden layer "
+                "(0 for none; an aligner only)"
+            )
 
     @property
     def aligned_layer(self) -> int:
@@ -331,6 +339,27 @@ class EncoderLayer(nn.Module):
         return r.outer(x, self.feed_forward(r.inner(x)))
 
 
+class Aligner(nn.Module):
+    """The dedicated alignment query (ModelConfig.aligner) of the aligned layer's cross-attention
+    input x: a projection, plus with `hidden` > 0 a ReLU layer's output beside it,
+    q = x W_q + max(0, x W_1) W_2. The hidden layer starts at zero, so the aligner starts as
+    its projection; it lets the query depend on the word it reads in ways a projection of the
+    layer's state cannot (benchmarks/RESULTS.md, issue 29)."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_1 = nn.Linear(d_model, hidden) if hidden else None
+        self.w_2 = nn.Linear(hidden, d_model) if hidden else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        q: Tensor = self.w_q(x)
+        if self.w_1 is None or self.w_2 is None:
+            return q
+        out: Tensor = q + self.w_2(F.relu(self.w_1(x)))
+        return out
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -348,7 +377,7 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         past_k: Tensor | None = None,
         past_v: Tensor | None = None,
-        aligner: nn.Linear | None = None,
+        aligner: Aligner | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """x (B, T, d_model) new positions; past_k/v (B, H, T_past, Dh) cached self-attention.
 
@@ -455,7 +484,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream un-normalised: a final norm per stack.
         self.encoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
-        self.aligner = nn.Linear(config.d_model, config.d_model) if config.aligner else None
+        self.aligner = Aligner(config.d_model, config.aligner_hidden) if config.aligner else None
         self.reset_parameters()
 
     @property
@@ -483,11 +512,16 @@ class Transformer(nn.Module):
 
     def init_aligner(self) -> None:
         """Start the aligner as the aligned layer's cross-attention query projection, so that
-        it first attends as that layer's heads do together."""
+        it first attends as that layer's heads do together (its hidden layer adds nothing
+        yet)."""
         if self.aligner is None:
             raise ValueError("the model has no aligner (ModelConfig.aligner)")
         layer = cast(DecoderLayer, self.decoder_layers[self.config.aligned_layer])
-        self.aligner.load_state_dict(layer.cross_attn.w_q.state_dict())
+        self.aligner.w_q.load_state_dict(layer.cross_attn.w_q.state_dict())
+        if self.aligner.w_2 is not None:
+            with torch.no_grad():
+                self.aligner.w_2.weight.zero_()
+                self.aligner.w_2.bias.zero_()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -557,20 +591,32 @@ class Transformer(nn.Module):
         """`decode`'s logits, and the alignment (B, T, S): row t is where position t looks in the
         source (`alignment`), aligning the token it predicts, tgt_out[t], or with an aligner
         the token it reads, tgt_in[t] (ModelConfig.aligner)."""
+        x, alignment = self._decode_layers(tgt_in, memory, src_mask, self.config.n_decoder_layers)
+        return self.output_logits(self.decoder_norm(x)), alignment
+
+    def align(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """`decode_aligned`'s alignment alone, without the layers above the aligned one and
+        the output projection (what training the aligner needs)."""
+        return self._decode_layers(tgt_in, memory, src_mask, self.config.aligned_layer + 1)[1]
+
+    def _decode_layers(
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, layers: int
+    ) -> tuple[Tensor, Tensor]:
+        """The first `layers` decoder layers, teacher-forced: their output (B, T, d_model) and
+        the alignment (B, T, S) (`decode_aligned`)."""
         tgt_mask = causal_mask(tgt_in.size(1), tgt_in.device)
-        cross_k, cross_v = self.cross_kv(memory)
+        stack = cast(list[DecoderLayer], list(self.decoder_layers)[:layers])
         x = self.embed(tgt_in, target=True)
         alignment = memory.new_empty(0)
-        for i, (layer, ck, cv) in enumerate(
-            zip(self.decoder_layers, cross_k, cross_v, strict=True)
-        ):
+        for i, layer in enumerate(stack):
+            ck, cv = layer.cross_attn.project_kv(memory)
             aligned = i == self.config.aligned_layer
             x, _, _, weights = layer(
                 x, tgt_mask, ck, cv, src_mask, aligner=self.aligner if aligned else None
             )
             if aligned:
                 alignment = self.alignment(weights)
-        return self.output_logits(self.decoder_norm(x)), alignment
+        return x, alignment
 
     def alignment(self, weights: Tensor) -> Tensor:
         """The aligned layer's cross-attention weights (N, H, Tq, S) -> its alignment head's,

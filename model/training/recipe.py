@@ -74,6 +74,11 @@ class TrainConfig:
         return bool(self.alignment_weight) or self.train_aligner
 
 
+# Model fields a config may add to an --init-from model: they choose how it aligns, or shape an
+# aligner it does not have yet (train_aligner gives it one), and change no trained weight.
+ALIGNMENT_FIELDS = ("alignment_layer", "alignment_head", "aligner_hidden")
+
+
 def init_model_fields(directory: Path) -> dict[str, Any]:
     """The model config of the directory --init-from names, once its three files are there."""
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
@@ -98,12 +103,13 @@ def build_configs(args: argparse.Namespace) -> tuple[dict[str, Any], TrainConfig
         raw = json.loads(args.config.read_text())
     training = dict(raw.get("training", {}))
     if args.init_from is not None:
-        if args.preset is not None or "model" in raw:
+        added = dict(raw.get("model", {}))
+        if args.preset is not None or set(added) - set(ALIGNMENT_FIELDS):
             raise DataError(
-                "--init-from takes the model from its directory: "
-                "drop --preset and the config's model section"
+                "--init-from takes the model from its directory: drop --preset and the "
+                f"config's model section but for {', '.join(ALIGNMENT_FIELDS)}"
             )
-        model_fields = init_model_fields(args.init_from)
+        model_fields = {**init_model_fields(args.init_from), **added}
     elif args.config is not None:
         model_fields = dict(raw.get("model", {}))
     else:

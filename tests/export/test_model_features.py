@@ -43,6 +43,10 @@ VARIANTS: dict[str, tuple[dict[str, Any], str]] = {
         "gather",
     ),
     "aligner": (dict(aligner=True, alignment_layer=1), "indirection"),
+    "aligner with a hidden layer": (
+        dict(aligner=True, alignment_layer=1, aligner_hidden=16),
+        "gather",
+    ),
 }
 
 

@@ -469,11 +469,11 @@ def test_bad_guided_alignment_settings_are_clear_errors(
 # --- The aligner ------------------------------------------------------------------------------
 
 
-def _aligner_trainer(tmp_path) -> tuple[Trainer, Batch]:
+def _aligner_trainer(tmp_path, hidden: int = 0) -> tuple[Trainer, Batch]:
     torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=40, d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2,
-        dropout=0.3, norm="pre", alignment_layer=1, aligner=True,
+        dropout=0.3, norm="pre", alignment_layer=1, aligner=True, aligner_hidden=hidden,
     )  # fmt: skip
     examples = [
         Example([5, 6, 7, EOS_ID], [8, 9, EOS_ID], ((0, 2), (1, 0), (1, 1))),
@@ -488,15 +488,19 @@ def _aligner_trainer(tmp_path) -> tuple[Trainer, Batch]:
     return trainer, Batch.from_examples(examples)
 
 
-def test_the_aligner_attends_with_its_own_query_over_all_heads_keys(tmp_path) -> None:
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_the_aligner_attends_with_its_own_query_over_all_heads_keys(tmp_path, hidden) -> None:
     """Its weights: softmax(aligner(q) . k / sqrt(d_model)), q the aligned layer's
     cross-attention input, k its keys with the heads side by side, padding masked; it starts
-    as the layer's own query projection, and feeds nothing (the logits do not depend on it)."""
-    trainer, batch = _aligner_trainer(tmp_path)
+    as the layer's own query projection (a hidden layer adds nothing yet), and feeds nothing
+    (the logits do not depend on it)."""
+    trainer, batch = _aligner_trainer(tmp_path, hidden)
     model = trainer.model.eval()
     layer = model.decoder_layers[1]
     assert model.aligner is not None
-    assert torch.equal(model.aligner.weight, layer.cross_attn.w_q.weight)
+    assert torch.equal(model.aligner.w_q.weight, layer.cross_attn.w_q.weight)
+    x = torch.randn(3, 32)
+    assert torch.equal(model.aligner(x), layer.cross_attn.w_q(x))
     src_mask = model.source_mask(batch.src)
     memory = model.encode(batch.src, src_mask)
     queries = []
@@ -514,16 +518,19 @@ def test_the_aligner_attends_with_its_own_query_over_all_heads_keys(tmp_path) ->
     expected = scores.masked_fill(~src_mask[:, 0], -1e9).softmax(-1)
     assert torch.allclose(weights, expected, atol=1e-6)
     assert weights[1, :, 3].abs().max() < 1e-6  # the second source's padding
+    assert torch.equal(model.align(batch.tgt_in, memory, src_mask), weights)
     with torch.no_grad():
-        model.aligner.weight.mul_(3.0)
+        changed = model.aligner.w_q if model.aligner.w_2 is None else model.aligner.w_2
+        changed.weight.add_(torch.randn_like(changed.weight))
     again, moved = model.decode_aligned(batch.tgt_in, memory, src_mask)
     assert torch.equal(again, logits) and not torch.allclose(moved, weights)
 
 
-def test_the_aligner_learns_the_read_tokens_links_alone(tmp_path) -> None:
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_the_aligner_learns_the_read_tokens_links_alone(tmp_path, hidden) -> None:
     """Its loss scores row t against the links of tgt_out[t - 1] (the token row t reads); a few
     dozen updates bring its weight onto them, and no other weight gets a gradient."""
-    trainer, batch = _aligner_trainer(tmp_path)
+    trainer, batch = _aligner_trainer(tmp_path, hidden)
     assert batch.alignment is not None
     loss, n_tokens = trainer.training_loss(batch)
     src_mask = trainer.model.source_mask(batch.src)
@@ -538,7 +545,8 @@ def test_the_aligner_learns_the_read_tokens_links_alone(tmp_path) -> None:
     assert n_tokens == batch.n_tgt_tokens
     loss.backward()
     trained = {n for n, p in trainer.model.named_parameters() if p.grad is not None}
-    assert trained == {"aligner.weight", "aligner.bias"}
+    layers = ["q", "1", "2"] if hidden else ["q"]
+    assert trained == {f"aligner.w_{layer}.{p}" for layer in layers for p in ("weight", "bias")}
 
     def on_links() -> float:
         with torch.no_grad():
@@ -554,7 +562,12 @@ def test_the_aligner_learns_the_read_tokens_links_alone(tmp_path) -> None:
     assert on_links() > 2.9 > before  # 3 linked rows
 
 
-def test_train_aligner_through_the_cli_changes_no_translation_weight(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("hidden", [0, 8])
+def test_train_aligner_through_the_cli_changes_no_translation_weight(
+    tmp_path, capsys, hidden
+) -> None:
+    """An --init-from model gets an aligner; a config's model section may give it a hidden
+    layer (ALIGNMENT_FIELDS), and only the aligner's weights are new or changed."""
     src, tgt = _write_reverse_task(tmp_path, 20, seed=3)
     base = tmp_path / "base"
     code, err = _run_cli(_args(src, tgt, base, "--preset", "tiny"), capsys)
@@ -566,19 +579,24 @@ def test_train_aligner_through_the_cli_changes_no_translation_weight(tmp_path, c
     links = tmp_path / "links.txt"
     links.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
+    recipe = tmp_path / "aligner.json"
+    recipe.write_text(json.dumps({"model": {"aligner_hidden": hidden}, "training": {}}))
     code, err = _run_cli(
         [*_args(src, tgt, out, "--alignments", str(links), "--train-aligner"),
-         "--init-from", str(base), "--max-updates", "3", "--lr", "0.01"],
+         "--init-from", str(base), "--max-updates", "3", "--lr", "0.01", "--config", str(recipe)],
         capsys,
     )  # fmt: skip
     assert code == 0, err
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["aligner"] is True and config["training"]["train_aligner"] is True
+    assert config["model"]["aligner_hidden"] == hidden
     before, after = load_file(base / "model.safetensors"), load_file(out / "model.safetensors")
-    assert set(after) - set(before) == {"aligner.weight", "aligner.bias"}
+    layers = ["q", "1", "2"] if hidden else ["q"]
+    new = {f"aligner.w_{layer}.{p}" for layer in layers for p in ("weight", "bias")}
+    assert set(after) - set(before) == new
     assert all(torch.equal(before[name], after[name]) for name in before)
     started_as = before["decoder_layers.2.cross_attn.w_q.weight"]  # the penultimate layer's
-    assert not torch.equal(after["aligner.weight"], started_as)
+    assert not torch.equal(after["aligner.w_q.weight"], started_as)
 
 
 def test_train_aligner_refuses_guided_alignment_on_an_aligner_model(tmp_path, capsys) -> None:

@@ -20,7 +20,13 @@ from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import AlignmentSpec, DecoderCache
 from service.bundle.tokenizer import token_words
 from service.inference.engine import Engine, _aligned
-from service.text.alignment import SentenceAlignment, TextAlignment, links, sentence_alignment
+from service.text.alignment import (
+    SentenceAlignment,
+    TextAlignment,
+    lexical_only,
+    links,
+    sentence_alignment,
+)
 
 SENTENCES = [
     "A man in a blue shirt is playing the guitar.",
@@ -134,6 +140,32 @@ def test_links_take_each_source_tokens_most_attending_target_token() -> None:
     )
     assert links(weights) == [(0, 0), (1, 2), (2, 1), (3, 1)]
     assert links(np.zeros((0, 3), np.float32)) == []
+
+
+def test_a_word_links_to_a_word_not_to_the_full_stop_that_looks_at_it() -> None:
+    """The row that reads "." looks back at "bike" more than "Fahrrad"'s row does: a word
+    still goes to the best word, and the full stop to the full stop."""
+    # "a bike." -> "ein Fahrrad.": source tokens a, bike, "."; target ein, Fahrrad, "."; </s>.
+    weights = np.array(
+        [
+            [0.9, 0.05, 0.05, 0.0],  # ein -> a
+            [0.1, 0.40, 0.30, 0.2],  # Fahrrad -> bike, weakly
+            [0.0, 0.55, 0.45, 0.0],  # "." -> bike, more than Fahrrad does
+        ],
+        np.float32,
+    )
+    source, target = "a bike.", "ein Fahrrad."
+    source_tokens, target_tokens = [(0, 1), (2, 6), (6, 7)], [(0, 3), (4, 11), (11, 12)]
+    assert links(weights[:, :3]) == [(0, 0), (1, 2), (2, 2)]  # read raw: bike -> "."
+    aligned = sentence_alignment(source, target, source_tokens, target_tokens, weights)
+    assert aligned.pairs == [(0, 0), (1, 1), (2, 2)]
+    assert aligned.strong == [True, True, True]
+    assert aligned.weights is not None and aligned.weights.tolist() == weights[:, :3].tolist()
+    text = TextAlignment([(0, 0, aligned)])
+    assert text.span(2, 7) == (4, 11)  # <b>bike.</b> -> <b>Fahrrad</b>.
+    # A translation of punctuation alone: the words keep their links there.
+    only = lexical_only(weights[:1, :3], source, "…", source_tokens, [(0, 1)])
+    assert only.tolist() == weights[:1, :3].tolist()
 
 
 def test_a_sentence_drops_the_target_token_and_eos_columns() -> None:
