@@ -113,19 +113,24 @@ async def _run_level(
             for _ in range(concurrency)
         ]
 
+        latencies: list[float] = []
+        statuses: Counter[str] = Counter()  # of the measured requests
+        refused: Counter[str] = Counter()  # of the warm-up's, reported with them
+
         async def warm_up(client: httpx.AsyncClient) -> None:
-            # Connects, so no measured request pays for a TCP handshake.
+            # Connects, so no measured request pays for a TCP handshake. An overloaded server
+            # may refuse it (429, 503): counted with the errors, and the level goes on.
             for i in range(args.warmup_requests):
-                response = await client.post("/translate", json=body(i))
+                try:
+                    response = await client.post("/translate", json=body(i))
+                except httpx.HTTPError as e:
+                    refused[f"warm-up {type(e).__name__}"] += 1
+                    continue
                 if response.status_code != 200:
-                    raise SystemExit(
-                        f"warm-up request failed with {response.status_code}: {response.text}"
-                    )
+                    refused[f"warm-up {response.status_code}"] += 1
 
         await asyncio.gather(*(warm_up(client) for client in clients))
         before = _batch_totals((await clients[0].get("/metrics")).text)
-        latencies: list[float] = []
-        statuses: Counter[str] = Counter()
         issued = 0
         start = time.perf_counter()
         end = start + args.duration
@@ -159,7 +164,7 @@ async def _run_level(
         p50_ms=percentile_ms(latencies, 50),
         p95_ms=percentile_ms(latencies, 95),
         p99_ms=percentile_ms(latencies, 99),
-        errors=dict(statuses),
+        errors=dict(statuses + refused),
         mean_batch_size=round(segments / batches, 2) if batches else 0.0,
     )
 

@@ -97,7 +97,7 @@ class UncachedStepper:
 
 def greedy_search(
     stepper: Stepper,
-    batch_size: int,
+    limits: Sequence[int],
     options: DecodingOptions,
     *,
     bos_id: int = BOS_ID,
@@ -108,10 +108,11 @@ def greedy_search(
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
-    book = GreedyBook(StepPolicy(options, eos_id), batch_size)
-    tokens = torch.full((batch_size,), bos_id, dtype=torch.long, device=device)
-    for step in range(options.max_decoding_length):
-        log_probs = _without(stepper.step(tokens), book.policy.banned(step))  # (R, V)
+    book = GreedyBook(StepPolicy(options, eos_id), limits)
+    tokens = torch.full((len(limits),), bos_id, dtype=torch.long, device=device)
+    for step in range(book.steps):
+        bans = book.policy.bans(step, len(tokens), book.history)
+        log_probs = _without(stepper.step(tokens), bans)  # (R, V)
         best_log_probs, best = log_probs.max(dim=-1)  # (R,)
         keep = book.advance(step, best.tolist(), best_log_probs.tolist())
         if not keep:
@@ -126,7 +127,7 @@ def greedy_search(
 
 def beam_search(
     stepper: Stepper,
-    batch_size: int,
+    limits: Sequence[int],
     options: DecodingOptions,
     *,
     bos_id: int = BOS_ID,
@@ -135,7 +136,8 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
     sentence (sentence-major) from the second step on: it expands them itself (`select`)."""
-    book = BeamBook(StepPolicy(options, eos_id), batch_size)
+    book = BeamBook(StepPolicy(options, eos_id), limits)
+    batch_size = len(limits)
     k = options.beam_size
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = torch.zeros(batch_size, 1, device=device)  # (N, beams)
@@ -145,8 +147,9 @@ def beam_search(
     def tokens_of(row: int) -> list[int]:
         return list(history[row].tolist())
 
-    for step in range(options.max_decoding_length):
-        log_probs = _without(stepper.step(tokens), book.policy.banned(step))  # (N*beams, V)
+    for step in range(book.steps):
+        bans = book.policy.bans(step, len(tokens), tokens_of)
+        log_probs = _without(stepper.step(tokens), bans)  # (N*beams, V)
         n, beams, vocab = len(book.alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
@@ -173,13 +176,19 @@ def beam_search(
             dim=1,
         )
         scores = torch.tensor(moves.scores, device=device).view(-1, k)
-    return book.results(scores.tolist(), tokens_of)
+    return book.results()
 
 
-def _without(log_probs: Tensor, banned: tuple[int, ...]) -> Tensor:
-    """The step's log-probs with the `banned` tokens at -inf (never chosen)."""
-    if banned:
-        log_probs[:, list(banned)] = -math.inf
+def _without(log_probs: Tensor, bans: list[tuple[int, ...]]) -> Tensor:
+    """The step's log-probs with each row's banned tokens (`bans`, one tuple per row) at -inf
+    (never chosen)."""
+    if len(set(bans)) == 1:  # the step's bans alone, the same for every row
+        if bans[0]:
+            log_probs[:, list(bans[0])] = -math.inf
+        return log_probs
+    for row, banned in enumerate(bans):
+        if banned:
+            log_probs[row, list(banned)] = -math.inf
     return log_probs
 
 
@@ -206,13 +215,14 @@ def decode_batches(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         stepper = make_stepper(pad([sources[i] for i in chunk], pad_id=pad_id))  # (B, S) -> B rows
+        limits = [options.limit(len(sources[i])) for i in chunk]
         if options.beam_size > 1:
             nbest = beam_search(
-                stepper, len(chunk), options, bos_id=bos_id, eos_id=eos_id, device=device
+                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device
             )
         else:
             greedy = greedy_search(
-                stepper, len(chunk), options, bos_id=bos_id, eos_id=eos_id, device=device
+                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device
             )
             nbest = [[h] for h in greedy]
         for i, hyps in zip(chunk, nbest, strict=True):

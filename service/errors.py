@@ -21,6 +21,7 @@ class ErrorType(StrEnum):
     REQUEST_TIMEOUT = "request_timeout"
     QUEUE_FULL = "queue_full"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    DECODING_TIMEOUT = "decoding_timeout"
     CLIENT_DISCONNECTED = "client_disconnected"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"

@@ -90,6 +90,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.stopped = Counter(
+            "mt_stopped_segments",
+            "Segments taken out of their batch between decoder steps: past the request "
+            "deadline (deadline) or client gone (cancelled)",
+            ["model", "reason"],
+            registry=r,
+        )
         self.open_connections = Gauge(
             "mt_open_connections", "HTTP connections open (refused ones not counted)", registry=r
         )

@@ -152,6 +152,20 @@ class Settings(BaseSettings):
     default_max_decoding_length: int = Field(
         256, ge=1, description="capped by the model's maximum positions"
     )
+    max_length_a: float = Field(
+        3.0,
+        ge=0.0,
+        description="a sentence of L source tokens gets at most floor(a * L + b) target tokens, "
+        "within max_decoding_length (3: Marian's max-length-factor): a degenerate input cannot "
+        "run to the cap",
+    )
+    max_length_b: int = Field(10, ge=0, description="b of max_length_a's a * L + b")
+    default_no_repeat_ngram_size: int = Field(
+        0,
+        ge=0,
+        description="when a request names none: no n-gram of this many tokens twice in a "
+        "sentence's translation (0: off)",
+    )
 
     # --- Batching ------------------------------------------------------------------------------
     max_batch_size: int = Field(32, ge=1, description="segments per engine call")

@@ -146,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{defaults['default_max_decoding_length']}, capped by the model)",
     )
     p.add_argument(
+        "--no-repeat-ngram-size",
+        type=int,
+        help="no n-gram of this many tokens twice in a sentence's translation (default: the "
+        f"service's, {defaults['default_no_repeat_ngram_size']}: off)",
+    )
+    p.add_argument(
         "--format",
         choices=("text", "html", "xml"),
         default="text",
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             "beam_size": args.beam_size,
             "length_penalty": args.length_penalty,
             "max_decoding_length": args.max_decoding_length,
+            "no_repeat_ngram_size": args.no_repeat_ngram_size,
         }
         options = pipeline.decoding_options(
             settings,

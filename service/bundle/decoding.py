@@ -8,27 +8,35 @@ within float rounding). What an option means lives here, so a decoding option is
 (the reference to the whole (R, V) log-probs, the service to the step's top-k candidates).
 
 Conventions both searches follow:
-- A hypothesis's ids exclude </s>; it has at most `max_decoding_length` of them and ends with
-  finish_reason "eos" or "length".
+- A hypothesis's ids exclude </s>; it has at most `DecodingOptions.limit` of them (the
+  sentence's own limit: max_decoding_length, or less by the relative limit) and ends with
+  finish_reason "eos" or "length", or in the service "deadline" (the search stopped it: its
+  request's deadline passed, or nobody waits for it any more).
 - Its score is the sum of the log-probs of its tokens (with </s> when emitted), divided by
   length ** length_penalty, where length counts </s> too (`StepPolicy.normalized`). Greedy search
   sums in float64, beam search keeps running scores in float32.
-- At each step, a token `StepPolicy.banned` names is never chosen (</s> before
-  `min_decoding_length`).
+- At each step, a token `StepPolicy.bans` names for a row is never chosen by it (</s> before
+  `min_decoding_length`; with `no_repeat_ngram_size` n, a token that would repeat an n-gram of
+  the row's own tokens).
 - beam_size=1 gives the same tokens as greedy search.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import numpy.typing as npt
 
-FinishReason = Literal["eos", "length"]
+FinishReason = Literal["eos", "length", "deadline"]
+
+# When sentence i of a search must be done (time.monotonic()); read before every step, so it
+# may change while the search runs (a caller that no longer wants a sentence moves it to the
+# past). The service's search stops a sentence past it ("deadline").
+Deadline = Callable[[int], float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,10 +53,24 @@ class DecodingOptions:
     length_penalty: float = 1.0
     max_decoding_length: int = 256
     min_decoding_length: int = 0
+    # The relative limit (fairseq's max_len_a/b): a sentence of L source tokens gets at most
+    # floor(a * L + b) target tokens (`limit`), within max_decoding_length; None: no relative
+    # limit. A degenerate source then cannot run to max_decoding_length.
+    max_length_a: float | None = None
+    max_length_b: int = 0
+    # No n-gram of this size occurs twice in a hypothesis (fairseq's no_repeat_ngram_size);
+    # 0: off.
+    no_repeat_ngram_size: int = 0
     return_scores: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "num_hypotheses", "max_decoding_length", "min_decoding_length"):
+        for name in (
+            "beam_size",
+            "num_hypotheses",
+            "max_decoding_length",
+            "min_decoding_length",
+            "no_repeat_ngram_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -72,6 +94,26 @@ class DecodingOptions:
             self.length_penalty
         ):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(
+                f"no_repeat_ngram_size must be at least 0 (0: off), got {self.no_repeat_ngram_size}"
+            )
+        a, b = self.max_length_a, self.max_length_b
+        if a is not None and (
+            not isinstance(a, int | float) or isinstance(a, bool) or not 0 <= a < math.inf
+        ):
+            raise ValueError(f"max_length_a must be a finite number >= 0 or None, got {a!r}")
+        if not isinstance(b, int) or isinstance(b, bool) or b < 0:
+            raise ValueError(f"max_length_b must be an integer >= 0, got {b!r}")
+
+    def limit(self, source_length: int) -> int:
+        """The most target tokens a sentence of `source_length` source tokens may get:
+        max_decoding_length, or floor(max_length_a * source_length + max_length_b) when that is
+        less, but never less than min_decoding_length or 1."""
+        if self.max_length_a is None:
+            return self.max_decoding_length
+        relative = math.floor(self.max_length_a * source_length + self.max_length_b)
+        return min(self.max_decoding_length, max(relative, self.min_decoding_length, 1))
 
     def within(self, limit: int) -> DecodingOptions:
         """These options for a model of `limit` positions: it cannot produce more tokens, so both
@@ -105,6 +147,9 @@ class OptionFields(TypedDict, total=False):
     length_penalty: float
     max_decoding_length: int | None
     min_decoding_length: int
+    max_length_a: float | None
+    max_length_b: int
+    no_repeat_ngram_size: int
     return_scores: bool
 
 
@@ -129,9 +174,19 @@ class StepPolicy:
     options: DecodingOptions
     eos_id: int
 
-    def banned(self, step: int) -> tuple[int, ...]:
-        """Token ids no row may choose at `step` (0-based: the step that picks token step + 1)."""
-        return (self.eos_id,) if step < self.options.min_decoding_length else ()
+    def bans(
+        self, step: int, rows: int, history: Callable[[int], Sequence[int]]
+    ) -> list[tuple[int, ...]]:
+        """The token ids each of `rows` rows may not choose at `step` (0-based: the step that
+        picks token step + 1): </s> before min_decoding_length, and with no_repeat_ngram_size n
+        the tokens that would repeat an n-gram of the row's tokens so far, `history(row)`
+        (fairseq's rule: each token that followed an earlier occurrence of the row's last n - 1
+        tokens). Without n-grams every row gets the same tuple and `history` is not called."""
+        step_bans = (self.eos_id,) if step < self.options.min_decoding_length else ()
+        n = self.options.no_repeat_ngram_size
+        if n == 0:
+            return [step_bans] * rows
+        return [step_bans + _repeats(history(row), n) for row in range(rows)]
 
     def normalized(self, score: float, length: int) -> float:
         """A finished hypothesis's score: the sum of its log-probs over `length` tokens (</s>
@@ -139,16 +194,41 @@ class StepPolicy:
         return score / math.pow(length, self.options.length_penalty)
 
 
+def _repeats(tokens: Sequence[int], n: int) -> tuple[int, ...]:
+    """The tokens that would end an n-gram already in `tokens` (StepPolicy.bans), in order of
+    first occurrence."""
+    start = len(tokens) - n + 1  # where the last n - 1 tokens begin
+    if start < 0:
+        return ()
+    key = list(tokens[start:])
+    found: dict[int, None] = {}
+    for i in range(start):
+        if list(tokens[i : i + n - 1]) == key:
+            found[tokens[i + n - 1]] = None
+    return tuple(found)
+
+
 class GreedyBook:
     """A greedy search's decisions, the same in both searches (each keeps its own arrays):
-    every live row takes its best token; a row that takes </s> finishes and leaves the batch."""
+    every live row takes its best token; a row that takes </s>, or reaches its sentence's
+    limit (`limits`, one per sentence: DecodingOptions.limit), finishes and leaves the batch."""
 
-    def __init__(self, policy: StepPolicy, batch_size: int) -> None:
+    def __init__(self, policy: StepPolicy, limits: Sequence[int]) -> None:
         self.policy = policy
-        self.alive = list(range(batch_size))  # sentence index of each live row
-        self._outputs: list[list[int]] = [[] for _ in range(batch_size)]
-        self._totals = [0.0] * batch_size  # float64 sums of float32 log-probs
-        self._results: list[Hypothesis | None] = [None] * batch_size
+        self.alive = list(range(len(limits)))  # sentence index of each live row
+        self._limits = list(limits)
+        self._outputs: list[list[int]] = [[] for _ in limits]
+        self._totals = [0.0] * len(limits)  # float64 sums of float32 log-probs
+        self._results: list[Hypothesis | None] = [None] * len(limits)
+
+    @property
+    def steps(self) -> int:
+        """How many steps the search may take: the longest limit."""
+        return max(self._limits, default=0)
+
+    def history(self, row: int) -> list[int]:
+        """A live row's tokens so far."""
+        return self._outputs[self.alive[row]]
 
     def advance(self, step: int, tokens: list[int], log_probs: list[float]) -> list[int]:
         """Each live row's best token at `step` and its log-prob -> the rows that go on, in
@@ -159,21 +239,33 @@ class GreedyBook:
         ):
             self._totals[sentence] += log_prob
             if token == self.policy.eos_id:
-                score = self.policy.normalized(self._totals[sentence], step + 1)
-                self._results[sentence] = Hypothesis(self._outputs[sentence], score, "eos")
+                self._finish(sentence, step + 1, "eos")
+                continue
+            self._outputs[sentence].append(token)
+            if step + 1 == self._limits[sentence]:
+                self._finish(sentence, step + 1, "length")
             else:
-                self._outputs[sentence].append(token)
                 keep.append(row)
         self.alive = [self.alive[row] for row in keep]
         return keep
 
+    def stop(self, rows: Collection[int]) -> list[int]:
+        """End these live rows now ("deadline": what they have so far) -> the rows that go on,
+        in order."""
+        keep = [row for row in range(len(self.alive)) if row not in rows]
+        for row in rows:
+            sentence = self.alive[row]
+            self._finish(sentence, len(self._outputs[sentence]) or 1, "deadline")
+        self.alive = [self.alive[row] for row in keep]
+        return keep
+
     def results(self) -> list[Hypothesis]:
-        """One hypothesis per sentence; those still alive end at max_decoding_length."""
-        length = self.policy.options.max_decoding_length
-        for sentence in self.alive:
-            score = self.policy.normalized(self._totals[sentence], length)
-            self._results[sentence] = Hypothesis(self._outputs[sentence], score, "length")
+        """One hypothesis per sentence, once every sentence has finished."""
         return [r for r in self._results if r is not None]
+
+    def _finish(self, sentence: int, length: int, reason: FinishReason) -> None:
+        score = self.policy.normalized(self._totals[sentence], length)
+        self._results[sentence] = Hypothesis(self._outputs[sentence], score, reason)
 
 
 @dataclass(frozen=True)
@@ -195,13 +287,21 @@ class BeamBook:
     CTranslate2/fairseq's rules: the first step runs one row per sentence, whose best candidates
     become its K beams (expand_after_first_step); each step scans a sentence's 2K best
     candidates, a </s> among the first K finishes a hypothesis, the others continue until K
-    beams are filled; a sentence with K finished hypotheses leaves the batch."""
+    beams are filled; a sentence with K finished hypotheses leaves the batch, and so does one
+    whose beams reach its limit (`limits`, one per sentence: DecodingOptions.limit), its live
+    beams finishing with "length"."""
 
-    def __init__(self, policy: StepPolicy, batch_size: int) -> None:
+    def __init__(self, policy: StepPolicy, limits: Sequence[int]) -> None:
         self.policy = policy
         self.k = policy.options.beam_size
-        self.alive = list(range(batch_size))  # sentence index of each live block of rows
-        self._finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+        self.alive = list(range(len(limits)))  # sentence index of each live block of rows
+        self._limits = list(limits)
+        self._finished: list[list[Hypothesis]] = [[] for _ in limits]
+
+    @property
+    def steps(self) -> int:
+        """How many steps the search may take: the longest limit."""
+        return max(self._limits, default=0)
 
     def advance(
         self,
@@ -251,6 +351,17 @@ class BeamBook:
                 scs.append(score)
             if len(self._finished[sentence]) >= k:
                 continue
+            if step + 1 == self._limits[sentence]:
+                for row, token, score in zip(rows, toks, scs, strict=True):
+                    self._finished[sentence].append(
+                        Hypothesis(
+                            [*history(row), token],
+                            self.policy.normalized(score, step + 1),
+                            "length",
+                            None if alignment is None else alignment(row),
+                        )
+                    )
+                continue
             while len(rows) < k:  # fewer live candidates than beams: dead filler rows
                 rows.append(i * beams)
                 toks.append(eos_id)
@@ -274,26 +385,23 @@ class BeamBook:
             return BeamMoves(next_rows, next_tokens, next_scores, (kept_rows, kept), within)
         return BeamMoves(next_rows, next_tokens, next_scores, None, next_rows)
 
-    def results(
-        self,
-        scores: list[list[float]],
+    def stop(
+        self, positions: Collection[int], beams: int, scores: list[list[float]],
         history: Callable[[int], list[int]],
-        alignment: Callable[[int], npt.NDArray[np.float32]] | None = None,
-    ) -> list[list[Hypothesis]]:
-        """The n-best lists, best first: the hypotheses finished with </s>, and the live beams
-        (`scores[i][beam]`, `history(i * K + beam)`) ending at max_decoding_length."""
-        length = self.policy.options.max_decoding_length
-        for i, sentence in enumerate(self.alive):
-            for beam, score in enumerate(scores[i]):
-                if score > -math.inf:
-                    normalized = self.policy.normalized(score, length)
-                    row = i * self.k + beam
-                    hypothesis = Hypothesis(
-                        history(row),
-                        normalized,
-                        "length",
-                        None if alignment is None else alignment(row),
-                    )
-                    self._finished[sentence].append(hypothesis)
+    ) -> list[int]:  # fmt: skip
+        """End the live sentences at these positions of `alive` now: each gets one "deadline"
+        hypothesis, its best beam so far (`beams` rows per sentence, running `scores[i]`,
+        `history(row)`). -> the positions that go on, in order."""
+        keep = [i for i in range(len(self.alive)) if i not in positions]
+        for i in positions:
+            row = i * beams  # a sentence's best beam is its first row
+            length = max(len(history(row)), 1)
+            score = self.policy.normalized(scores[i][0], length)
+            self._finished[self.alive[i]] = [Hypothesis(history(row), score, "deadline")]
+        self.alive = [self.alive[i] for i in keep]
+        return keep
+
+    def results(self) -> list[list[Hypothesis]]:
+        """The n-best lists, best first, once every sentence has finished."""
         n = self.policy.options.num_hypotheses
         return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n] for hyps in self._finished]

@@ -41,6 +41,8 @@ ERROR_TABLE: dict[ErrorType, ErrorRow] = {
     ErrorType.REQUEST_TIMEOUT: ErrorRow(408, retry_after=False),
     ErrorType.QUEUE_FULL: ErrorRow(429, retry_after=True),
     ErrorType.DEADLINE_EXCEEDED: ErrorRow(503, retry_after=True),
+    # Decoded past the deadline: the same request would take as long again, so no Retry-After.
+    ErrorType.DECODING_TIMEOUT: ErrorRow(504, retry_after=False),
     ErrorType.UNAVAILABLE: ErrorRow(503, retry_after=True),
     # nginx's code: nobody reads this answer, it labels the metrics and the access log.
     ErrorType.CLIENT_DISCONNECTED: ErrorRow(499, retry_after=False),

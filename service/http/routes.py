@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
 from service.http.middleware import (
     RuntimeDep,
@@ -100,11 +101,18 @@ def _translation_out(result: TextTranslation, body: TranslateRequest) -> Transla
         score=score(result.scores[0]),
         alternatives=alternatives if body.num_hypotheses > 1 else None,
         segments=[
-            SegmentInfo(finish_reason=h.finish_reason, score=score(h.score))
+            SegmentInfo(finish_reason=_answered(h.finish_reason), score=score(h.score))
             for h in result.segments
         ],
         alignments=None if result.alignment is None else _alignments(result.alignment),
     )
+
+
+def _answered(reason: FinishReason) -> Literal["eos", "length"]:
+    """A sentence's finish reason in an answer: a "deadline" one failed its request (504)."""
+    if reason == "deadline":
+        raise AssertionError("a sentence stopped at its deadline reached an answer")
+    return reason
 
 
 def _alignments(alignment: TextAlignment) -> list[SentenceAlignmentOut]:

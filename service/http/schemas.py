@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.bundle.decoding import DecodingOptions, FinishReason
+from service.bundle.decoding import DecodingOptions
 from service.errors import ErrorType
 
 # The request fields that are decoding options.
@@ -35,6 +35,12 @@ class TranslateRequest(BaseModel):
     length_penalty: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False)
     max_decoding_length: int | None = Field(
         None, ge=1, description="tokens per sentence, capped by the model; default from settings"
+    )
+    no_repeat_ngram_size: int | None = Field(
+        None,
+        ge=0,
+        description="no n-gram of this many tokens twice in a sentence's translation (0: off); "
+        "default from settings",
     )
     return_scores: bool = False
     format: Literal["text", "html", "xml"] = Field(
@@ -60,7 +66,8 @@ class Alternative(BaseModel):
 
 
 class SegmentInfo(BaseModel):
-    finish_reason: FinishReason
+    # A "deadline" hypothesis never reaches an answer: its request got a 504.
+    finish_reason: Literal["eos", "length"]
     score: float | None = None
 
 

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle.decoding import DecodingOptions, Hypothesis, nothing
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -298,11 +298,17 @@ class Engine:
         return self._tokenizer.target_spans(ids)
 
     def generate(
-        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+        self,
+        sources: Sequence[Sequence[int]],
+        options: DecodingOptions,
+        deadline: Deadline | None = None,
     ) -> list[list[Hypothesis]]:
-        """n-best lists in the input order. An empty source gets one empty "eos" hypothesis
-        without a model call; any source over `max_input_tokens` raises InputTooLongError, and
-        a token id outside the vocabulary ValueError, before anything runs.
+        """n-best lists in the input order, each of at most `options.limit(len(source))`
+        tokens. An empty source gets one empty "eos" hypothesis without a model call; any
+        source over `max_input_tokens` raises InputTooLongError, and a token id outside the
+        vocabulary ValueError, before anything runs. `deadline(i)` is when source i must be
+        done (time.monotonic()), read before every decoder step: a source past it leaves its
+        batch there and gets one "deadline" hypothesis, the others go on undisturbed.
 
         Safe to call from several threads, but calls run one at a time (module docstring).
         """
@@ -323,13 +329,20 @@ class Engine:
         with self._lock:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
-                nbest = self._generate_batch([sources[i] for i in chunk], options)
+                nbest = self._generate_batch(
+                    [sources[i] for i in chunk],
+                    options,
+                    None if deadline is None else _within(chunk, deadline),
+                )
                 for i, hyps in zip(chunk, nbest, strict=True):
                     results[i] = [_aligned(h, len(sources[i]), self._aligns_read) for h in hyps]
         return results
 
     def _generate_batch(
-        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+        self,
+        sources: Sequence[Sequence[int]],
+        options: DecodingOptions,
+        deadline: Deadline | None,
     ) -> list[list[Hypothesis]]:
         manifest, pool, padded = self.manifest, self._pool, self.padded
         n = len(sources)
@@ -345,7 +358,8 @@ class Engine:
             input_ids[row, : len(source)] = source
             attention_mask[row, : len(source)] = 1
         cross = self._encode(input_ids, attention_mask)
-        limit = options.max_decoding_length
+        limits = [options.limit(len(source)) for source in sources]
+        limit = max(limits)
         state = StaticCacheState(
             self._decoder_step,
             manifest,
@@ -360,7 +374,7 @@ class Engine:
             graph_ids=self._graph_ids,
         )
         ids = manifest.special_ids
-        return search(state, n, options, bos_id=ids.bos, eos_id=ids.eos)
+        return search(state, limits, options, bos_id=ids.bos, eos_id=ids.eos, deadline=deadline)
 
     def _encode(self, input_ids: IntArray, attention_mask: IntArray) -> dict[str, Any]:
         """Every decoder layer's cross keys/values, (N, H, S, Dh) each: host arrays, or on a
@@ -409,6 +423,12 @@ class Engine:
             for whole, part in zip(cross, values, strict=True):
                 whole[rows, :, :length] = part
         return cross
+
+
+def _within(chunk: list[int], deadline: Deadline) -> Deadline:
+    """The deadline of a batch's sentences, numbered within the batch (`chunk`: their
+    indices among the call's sources)."""
+    return lambda sentence: deadline(chunk[sentence])
 
 
 def _aligned(hypothesis: Hypothesis, length: int, reads: bool) -> Hypothesis:

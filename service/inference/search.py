@@ -12,12 +12,12 @@ the options (`DecodingOptions`), the per-step rules (`StepPolicy`: banned tokens
 normalisation) and the bookkeeping (`GreedyBook`, `BeamBook`: which candidates continue or
 finish, the rows' moves, the n-best lists). This module keeps the array work:
 - Each step asks the `DecoderState` for a row's best candidates (2 * beam_size, one more per
-  banned token) and drops the banned ones. A beam's candidates in its sentence's top 2K are
-  among the beam's own top 2K (at most 2K - 1 of a beam's candidates can rank ahead of one of
-  its own). Ties go to the lower beam, then the lower token id. One exception: two log-probs of
-  one beam that differ by an ulp can give equal float32 sums, and the one the step did not
-  return is never seen; the reference's torch.topk breaks exact ties in no fixed order either,
-  so neither side promises an order there.
+  token the row that bans most bans) and drops each row's banned ones. A beam's candidates in
+  its sentence's top 2K are among the beam's own top 2K (at most 2K - 1 of a beam's candidates
+  can rank ahead of one of its own). Ties go to the lower beam, then the lower token id. One
+  exception: two log-probs of one beam that differ by an ulp can give equal float32 sums, and
+  the one the step did not return is never seen; the reference's torch.topk breaks exact ties
+  in no fixed order either, so neither side promises an order there.
 - The book's moves reach the state: `select` keeps sentences and expands each first row into
   its beam_size beams after the first step (CTranslate2's expand_after_first_step), `reorder`
   follows the back-pointers, so only the self-attention cache moves; what is per sentence (the
@@ -27,18 +27,30 @@ finish, the rows' moves, the n-best lists). This module keeps the array work:
   back-pointers), and every finished hypothesis carries those of every step it ran: one per
   token and one for the step that picked </s> (the engine keeps a row per token: the step
   that picked it, or for an aligner the step that read it).
+- Before each step, a sentence past its `Deadline` leaves (`GreedyBook.stop`, `BeamBook.stop`)
+  with one "deadline" hypothesis, as finished sentences leave; each sentence also ends at its own
+  length limit (`limits`, DecodingOptions.limit).
 tests/service/test_decoding.py checks on random tables that both searches agree.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from service.bundle.decoding import BeamBook, DecodingOptions, GreedyBook, Hypothesis, StepPolicy
+from service.bundle.decoding import (
+    BeamBook,
+    Deadline,
+    DecodingOptions,
+    GreedyBook,
+    Hypothesis,
+    StepPolicy,
+)
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -72,30 +84,53 @@ class DecoderState(Protocol):
 
 
 def search(
-    state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
+    state: DecoderState,
+    limits: Sequence[int],
+    options: DecodingOptions,
+    *,
+    bos_id: int,
+    eos_id: int,
+    deadline: Deadline | None = None,
 ) -> list[list[Hypothesis]]:
-    """n-best lists for `batch_size` sentences; `state` holds one row per sentence."""
+    """n-best lists for len(limits) sentences, each of at most its limit of tokens
+    (DecodingOptions.limit); `state` holds one row per sentence. A sentence past its
+    `deadline` leaves before the next step with one "deadline" hypothesis."""
     if options.beam_size == 1:
-        return [
-            [h] for h in greedy_search(state, batch_size, options, bos_id=bos_id, eos_id=eos_id)
-        ]
-    return beam_search(state, batch_size, options, bos_id=bos_id, eos_id=eos_id)
+        greedy = greedy_search(
+            state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline
+        )
+        return [[h] for h in greedy]
+    return beam_search(state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline)
 
 
 def greedy_search(
-    state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
+    state: DecoderState,
+    limits: Sequence[int],
+    options: DecodingOptions,
+    *,
+    bos_id: int,
+    eos_id: int,
+    deadline: Deadline | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at each step; finished rows leave the batch.
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
-    book = GreedyBook(StepPolicy(options, eos_id), batch_size)
-    tokens = np.full(batch_size, bos_id, dtype=np.int64)  # (R,)
-    aligned: list[list[FloatArray]] = [[] for _ in range(batch_size)]  # per sentence, per step
-    for step in range(options.max_decoding_length):
-        banned = book.policy.banned(step)
+    book = GreedyBook(StepPolicy(options, eos_id), limits)
+    tokens = np.full(len(limits), bos_id, dtype=np.int64)  # (R,)
+    aligned: list[list[FloatArray]] = [[] for _ in limits]  # per sentence, per step
+    for step in range(book.steps):
+        late = _late(book.alive, deadline)
+        if late:
+            keep = book.stop(late)
+            if not keep:
+                break
+            rows = np.array(keep, dtype=np.int64)
+            state.select(rows, rows)
+            tokens = tokens[rows]
+        bans = book.policy.bans(step, len(tokens), book.history)
         # One more candidate per banned token: it may be among the best.
-        top_log_probs, top_ids = _without(*state.step(tokens, 1 + len(banned)), banned)  # (R, 1)
+        top_log_probs, top_ids = _without(*state.step(tokens, 1 + _most(bans)), bans)  # (R, 1)
         best = top_ids[:, 0]  # (R,)
         alignment = state.alignment()
         if alignment is not None:
@@ -112,18 +147,25 @@ def greedy_search(
     results = book.results()
     if not any(aligned):
         return results
-    return [
-        replace(h, alignment=np.stack(rows))  # every sentence ran a step at least
+    return [  # a sentence without rows was stopped before its first step
+        replace(h, alignment=np.stack(rows)) if rows else h
         for h, rows in zip(results, aligned, strict=True)
     ]
 
 
 def beam_search(
-    state: DecoderState, batch_size: int, options: DecodingOptions, *, bos_id: int, eos_id: int
+    state: DecoderState,
+    limits: Sequence[int],
+    options: DecodingOptions,
+    *,
+    bos_id: int,
+    eos_id: int,
+    deadline: Deadline | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
     sentence (sentence-major) after the first step."""
-    book = BeamBook(StepPolicy(options, eos_id), batch_size)
+    book = BeamBook(StepPolicy(options, eos_id), limits)
+    batch_size = len(limits)
     k = options.beam_size
     # One beam per sentence on the first step (all k would be the same), k from then on.
     scores = np.zeros((batch_size, 1), dtype=np.float32)  # (N, beams)
@@ -142,17 +184,21 @@ def beam_search(
         rows: FloatArray = np.concatenate([aligned[row], step_alignment[row, None]])
         return rows
 
-    def alignment_of(row: int) -> FloatArray:
-        """A row's alignment rows once the steps are over (the last one's are in)."""
-        assert aligned is not None
-        rows: FloatArray = aligned[row].copy()
-        return rows
-
-    for step in range(options.max_decoding_length):
-        banned = book.policy.banned(step)
+    for step in range(book.steps):
+        late = _late(book.alive, deadline)
+        if late:
+            beams = scores.shape[1]
+            kept = book.stop(late, beams, scores.tolist(), tokens_of)
+            if not kept:
+                break
+            live = np.array([i * beams + b for i in kept for b in range(beams)], dtype=np.int64)
+            state.select(live, np.array(kept, dtype=np.int64))
+            scores, history, tokens = scores[kept], history[live], tokens[live]
+            aligned = None if aligned is None else aligned[live]
+        bans = book.policy.bans(step, len(tokens), tokens_of)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
-        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + len(banned)), banned)
+        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + _most(bans)), bans)
         step_alignment = state.alignment()
         if step_alignment is not None and aligned is None:
             aligned = np.zeros((len(step_alignment), 0, step_alignment.shape[1]), np.float32)
@@ -184,18 +230,36 @@ def beam_search(
         tokens = np.array(moves.tokens, dtype=np.int64)
         history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
         scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
-    return book.results(scores.tolist(), tokens_of, None if aligned is None else alignment_of)
+    return book.results()
+
+
+def _late(alive: list[int], deadline: Deadline | None) -> list[int]:
+    """The positions in `alive` of the sentences past their deadline."""
+    if deadline is None:
+        return []
+    now = time.monotonic()
+    return [i for i, sentence in enumerate(alive) if deadline(sentence) <= now]
+
+
+def _most(bans: list[tuple[int, ...]]) -> int:
+    """The most tokens any row has banned (StepPolicy.bans)."""
+    return max(map(len, bans), default=0)
 
 
 def _without(
-    top_log_probs: FloatArray, top_ids: IntArray, banned: tuple[int, ...]
+    top_log_probs: FloatArray, top_ids: IntArray, bans: list[tuple[int, ...]]
 ) -> tuple[FloatArray, IntArray]:
-    """The candidates without the `banned` tokens, len(banned) columns fewer, the rest in their
-    order: a row drops the banned tokens it holds and then its last (worst) candidates."""
-    if not banned:
+    """The candidates without each row's banned tokens (`bans`, one tuple per row), as many
+    columns fewer as the most any row bans, the rest in their order: a row drops the banned
+    tokens it holds and then its last (worst) candidates."""
+    most = _most(bans)
+    if not most:
         return top_log_probs, top_ids
     rows, c = top_ids.shape
-    kept = c - len(banned)
-    keep = ~np.isin(top_ids, banned)  # (R, C)
-    keep &= np.cumsum(keep, axis=-1) <= kept  # exactly C - len(banned) per row
+    kept = c - most
+    if len(set(bans)) == 1:  # the step's bans alone, the same for every row
+        keep = ~np.isin(top_ids, bans[0])  # (R, C)
+    else:
+        keep = np.stack([~np.isin(ids, banned) for ids, banned in zip(top_ids, bans, strict=True)])
+    keep &= np.cumsum(keep, axis=-1) <= kept  # exactly C - most per row
     return top_log_probs[keep].reshape(rows, kept), top_ids[keep].reshape(rows, kept)

@@ -5,7 +5,10 @@ worker task takes the oldest segment, lets it wait at most `max_wait_s` for comp
 batch of segments with the same options under a size and a token budget, runs the engine in a
 single worker thread (never on the event loop, never two calls at once) and resolves each
 waiter. Segments whose waiter is gone (client disconnected) or whose deadline passed are dropped
-before decoding and counted. An engine failure fails that batch's waiters and nothing else.
+before decoding and counted; while decoding, the engine reads each segment's deadline before
+every step, so such a segment leaves its batch at the next step (504 decoding_timeout past the
+deadline; a cancelled request's segments are moved past theirs), and the rest of the batch goes
+on. An engine failure fails that batch's waiters and nothing else.
 
 It knows nothing of HTTP or ONNX Runtime: `generate` is any function with the engine's
 signature, which is how the tests drive it.
@@ -16,19 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-Generate = Callable[[list[list[int]], DecodingOptions], list[list[Hypothesis]]]
+Generate = Callable[[list[list[int]], DecodingOptions, Deadline], list[list[Hypothesis]]]
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class _Pending:
     options: DecodingOptions
     future: asyncio.Future[list[Hypothesis]]
     enqueued: float  # time.monotonic()
-    deadline: float  # time.monotonic()
+    deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
 
 
 class Batcher:
@@ -116,9 +120,11 @@ class Batcher:
         try:
             return list(await asyncio.gather(*futures))
         except BaseException:
-            # One segment failed or the caller went away: its other segments are not wanted.
-            for future in futures:
-                future.cancel()
+            # One segment failed or the caller went away: its other segments are not wanted,
+            # queued (removed now) or being decoded (they leave their batch at the next step).
+            for item in pending:
+                item.future.cancel()
+                item.deadline = -math.inf
             self._remove(pending)
             raise
 
@@ -252,7 +258,9 @@ class Batcher:
         self._metrics.batch_tokens.labels(model).observe(sum(len(s) for s in sources))
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._generate, sources, options)
+            results = await loop.run_in_executor(
+                self._executor, self._generate, sources, options, _deadlines(batch)
+            )
             if len(results) != len(batch):
                 raise RuntimeError(f"engine returned {len(results)} results for {len(batch)}")
         except asyncio.CancelledError:
@@ -269,8 +277,25 @@ class Batcher:
             sum(len(hypotheses[0].ids) for hypotheses in results if hypotheses)
         )
         for item, hypotheses in zip(batch, results, strict=True):
-            if not item.future.done():
+            if any(h.finish_reason == "deadline" for h in hypotheses):
+                self._stopped(item)
+            elif not item.future.done():
                 item.future.set_result(hypotheses)
+
+    def _stopped(self, item: _Pending) -> None:
+        """A segment the engine took out of its batch between two steps: cancelled, or past its
+        deadline (504: decoding it took too long)."""
+        cancelled = item.future.done()
+        self._metrics.stopped.labels(self._model, "cancelled" if cancelled else "deadline").inc()
+        if not cancelled:
+            item.future.set_exception(
+                ServiceError(
+                    ErrorType.DECODING_TIMEOUT,
+                    "the translation was not done within the request's deadline "
+                    "(request_timeout_s); send less text or ask for less work (beam_size, "
+                    "max_decoding_length)",
+                )
+            )
 
     def _fail_queued(self, type: ErrorType, message: str) -> None:
         _fail(self._queue, type, message)
@@ -279,6 +304,11 @@ class Batcher:
 
     def _queue_changed(self) -> None:
         self._metrics.queue_depth.labels(self._model).set(len(self._queue))
+
+
+def _deadlines(batch: list[_Pending]) -> Deadline:
+    """The engine's view of the batch's deadlines: read live, from its thread."""
+    return lambda sentence: batch[sentence].deadline
 
 
 def _fail(items: Iterable[_Pending], type: ErrorType, message: str) -> None:

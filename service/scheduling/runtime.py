@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol
 
-from service.bundle.decoding import DecodingOptions, Hypothesis, nothing
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits
@@ -44,7 +44,10 @@ class TranslationModel(TextModel, Protocol):
     license: str | None  # the weights' license, as the bundle records it
 
     def generate(
-        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+        self,
+        sources: Sequence[Sequence[int]],
+        options: DecodingOptions,
+        deadline: Deadline | None = None,
     ) -> list[list[Hypothesis]]: ...
 
 

@@ -307,7 +307,11 @@ def decoding_options(
         "beam_size": settings.default_beam_size,
         "length_penalty": settings.default_length_penalty,
         "max_decoding_length": settings.default_max_decoding_length,
+        "no_repeat_ngram_size": settings.default_no_repeat_ngram_size,
         **{name: value for name, value in requested.items() if value is not None},
+        # Not the request's to choose: it may ask for fewer tokens, never for more.
+        "max_length_a": settings.max_length_a,
+        "max_length_b": settings.max_length_b,
     }
     try:
         options = DecodingOptions(**fields)

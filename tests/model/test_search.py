@@ -1,5 +1,6 @@
 """Greedy and beam search against hand-built log-prob tables, then on a real (random) model."""
 
+import itertools
 import math
 
 import pytest
@@ -57,7 +58,9 @@ GARDEN_PATH = {
 
 
 def test_greedy_picks_the_argmax_each_step() -> None:
-    [hyp] = greedy_search(TableStepper([GARDEN_PATH]), 1, DecodingOptions(max_decoding_length=10))
+    [hyp] = greedy_search(
+        TableStepper([GARDEN_PATH]), [10], DecodingOptions(max_decoding_length=10)
+    )
     assert hyp.ids == [A]
     assert hyp.finish_reason == "eos"
     assert hyp.score == pytest.approx(math.log(0.6 * 0.35) / 2, abs=1e-4)
@@ -65,7 +68,7 @@ def test_greedy_picks_the_argmax_each_step() -> None:
 
 def test_beam_finds_the_better_sequence_greedy_misses() -> None:
     [[best]] = beam_search(
-        TableStepper([GARDEN_PATH]), 1, DecodingOptions(beam_size=2, max_decoding_length=10)
+        TableStepper([GARDEN_PATH]), [10], DecodingOptions(beam_size=2, max_decoding_length=10)
     )
     assert best.ids == [B]
     assert best.score == pytest.approx(math.log(0.4 * 0.95) / 2, abs=1e-4)
@@ -88,7 +91,7 @@ def test_length_penalty_changes_the_winner_as_computed() -> None:
     for alpha, expected in ((0.0, [A]), (1.0, [B, C, D])):
         [[best]] = beam_search(
             TableStepper([table]),
-            1,
+            [10],
             DecodingOptions(beam_size=2, length_penalty=alpha, max_decoding_length=10),
         )
         assert best.ids == expected
@@ -97,10 +100,10 @@ def test_length_penalty_changes_the_winner_as_computed() -> None:
 
 def test_finish_reasons_eos_and_length() -> None:
     loop = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {A: 0.9}}
-    [hyp] = greedy_search(TableStepper([loop]), 1, DecodingOptions(max_decoding_length=3))
+    [hyp] = greedy_search(TableStepper([loop]), [3], DecodingOptions(max_decoding_length=3))
     assert hyp.ids == [A, A, A] and hyp.finish_reason == "length"
     [[hyp]] = beam_search(
-        TableStepper([loop]), 1, DecodingOptions(beam_size=2, max_decoding_length=3)
+        TableStepper([loop]), [3], DecodingOptions(beam_size=2, max_decoding_length=3)
     )
     assert hyp.finish_reason == "length" and len(hyp.ids) == 3
 
@@ -108,7 +111,7 @@ def test_finish_reasons_eos_and_length() -> None:
 def test_min_decoding_length_forbids_early_eos() -> None:
     [hyp] = greedy_search(
         TableStepper([GARDEN_PATH]),
-        1,
+        [10],
         DecodingOptions(max_decoding_length=10, min_decoding_length=3),
     )
     assert len(hyp.ids) >= 3
@@ -117,7 +120,7 @@ def test_min_decoding_length_forbids_early_eos() -> None:
 def test_nbest_is_ordered_by_score() -> None:
     nbest = beam_search(
         TableStepper([GARDEN_PATH]),
-        1,
+        [5],
         DecodingOptions(beam_size=4, num_hypotheses=4, max_decoding_length=5),
     )[0]
     assert len(nbest) == 4
@@ -127,7 +130,7 @@ def test_nbest_is_ordered_by_score() -> None:
     with pytest.raises(ValueError, match="num_hypotheses"):
         beam_search(
             TableStepper([GARDEN_PATH]),
-            1,
+            [5],
             DecodingOptions(beam_size=2, num_hypotheses=3, max_decoding_length=5),
         )
 
@@ -136,11 +139,11 @@ def test_finished_sentences_leave_the_batch() -> None:
     short = {(): {EOS_ID: 0.9, A: 0.1}}
     long = {(): {A: 0.9}, (A,): {A: 0.9}, (A, A): {A: 0.9}, (A, A, A): {EOS_ID: 0.9}}
     stepper = TableStepper([short, long, short])
-    hyps = greedy_search(stepper, 3, DecodingOptions(max_decoding_length=10))
+    hyps = greedy_search(stepper, [10] * 3, DecodingOptions(max_decoding_length=10))
     assert [h.ids for h in hyps] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 1  # only the long sentence was still being decoded
     stepper = TableStepper([short, long, short])
-    nbest = beam_search(stepper, 3, DecodingOptions(beam_size=2, max_decoding_length=10))
+    nbest = beam_search(stepper, [10] * 3, DecodingOptions(beam_size=2, max_decoding_length=10))
     assert [n[0].ids for n in nbest] == [[], [A, A, A], []]
     assert len(stepper.prefixes) == 2
 
@@ -162,9 +165,9 @@ def _random_table(seed: int, depth: int = 4) -> dict[tuple[int, ...], dict[int, 
 
 def test_beam_size_one_equals_greedy_on_random_tables() -> None:
     tables = [_random_table(s) for s in range(12)]
-    greedy = greedy_search(TableStepper(tables), 12, DecodingOptions(max_decoding_length=6))
+    greedy = greedy_search(TableStepper(tables), [6] * 12, DecodingOptions(max_decoding_length=6))
     beam = beam_search(
-        TableStepper(tables), 12, DecodingOptions(beam_size=1, max_decoding_length=6)
+        TableStepper(tables), [6] * 12, DecodingOptions(beam_size=1, max_decoding_length=6)
     )
     assert [g.ids for g in greedy] == [b[0].ids for b in beam]
     assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])
@@ -202,7 +205,7 @@ def test_model_beam_one_equals_greedy_and_cached_equals_uncached(random_model) -
     with torch.no_grad():
         stepper = CachedStepper(random_model, random_model.encode(src, mask), mask)
         beam = beam_search(
-            stepper, len(nonempty), DecodingOptions(beam_size=1, max_decoding_length=12)
+            stepper, [12] * len(nonempty), DecodingOptions(beam_size=1, max_decoding_length=12)
         )
     assert [b[0].ids for b in beam] == [g[0].ids for g, s in zip(greedy, SOURCES, strict=True) if s]
 
@@ -227,3 +230,53 @@ def test_model_beam_cached_equals_uncached_and_order_is_kept(random_model) -> No
             random_model, [source], beam_size=4, num_hypotheses=2, max_decoding_length=12
         )
         assert [h.ids for h in alone[0]] == [h.ids for h in nbest]
+
+
+def test_each_sentence_stops_at_its_own_limit() -> None:
+    """A relative limit gives each sentence its own (DecodingOptions.limit); one that reaches
+    it finishes with "length" while the others go on, in greedy and beam search alike."""
+    # No </s> on any path of A and B up to 4 tokens.
+    loop = {p: {A: 0.6, B: 0.4} for n in range(4) for p in itertools.product((A, B), repeat=n)}
+    options = DecodingOptions(max_decoding_length=4, max_length_a=1.0, max_length_b=1)
+    limits = [options.limit(n) for n in (0, 1, 2, 9)]
+    assert limits == [1, 2, 3, 4]  # a * L + b, within max_decoding_length
+    hyps = greedy_search(TableStepper([loop] * 4), limits, options)
+    assert [len(h.ids) for h in hyps] == limits
+    assert {h.finish_reason for h in hyps} == {"length"}
+    stepper = TableStepper([loop] * 4)
+    nbest = beam_search(stepper, limits, DecodingOptions(beam_size=2, max_decoding_length=4))
+    assert [len(n[0].ids) for n in nbest] == limits
+    assert {h.finish_reason for n in nbest for h in n} == {"length"}
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "minimum", "length", "limit"),
+    [
+        (None, 0, 0, 100, 50),  # no relative limit: max_decoding_length
+        (2.0, 10, 0, 7, 24),
+        (1.5, 0, 0, 3, 4),  # floor(4.5)
+        (2.0, 10, 0, 40, 50),  # within max_decoding_length
+        (0.0, 0, 0, 7, 1),  # at least one token
+        (0.5, 0, 6, 4, 6),  # at least min_decoding_length
+    ],
+)
+def test_the_relative_limit(a: float | None, b: int, minimum: int, length: int, limit: int) -> None:
+    options = DecodingOptions(
+        max_decoding_length=50, min_decoding_length=minimum, max_length_a=a, max_length_b=b
+    )
+    assert options.limit(length) == limit
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"max_length_a": -1.0}, "max_length_a"),
+        ({"max_length_a": math.nan}, "max_length_a"),
+        ({"max_length_a": True}, "max_length_a"),
+        ({"max_length_b": -1}, "max_length_b"),
+        ({"max_length_b": 1.5}, "max_length_b"),
+    ],
+)
+def test_bad_relative_limits_are_refused(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecodingOptions(**fields)  # type: ignore[arg-type]

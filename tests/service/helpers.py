@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,20 +76,29 @@ class FakeModel:
         return [(i, i + 1) for i in range(len(ids))]
 
     def generate(
-        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+        self,
+        sources: Sequence[Sequence[int]],
+        options: DecodingOptions,
+        deadline: Deadline | None = None,
     ) -> list[list[Hypothesis]]:
+        """Upper-cased sources (n-best: with k tildes), after the gate opens; the deadlines
+        are read then, as the engine reads them between steps: a source past its own gets one
+        "deadline" hypothesis."""
         self.calls.append(([list(s) for s in sources], options))
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)
         if any("FAIL" in self.decode(s) for s in sources):
             raise RuntimeError("engine exploded (test)")
+        now = time.monotonic()
         return [
-            [
+            [Hypothesis([], 0.0, "deadline")]
+            if deadline is not None and deadline(i) <= now
+            else [
                 Hypothesis([*s[:-1], *[ord("~")] * k], -float(k), "eos", _diagonal(len(s), k))
                 for k in range(options.num_hypotheses)
             ]
-            for s in sources
+            for i, s in enumerate(sources)
         ]
 
     @property

@@ -96,11 +96,30 @@ async def test_empty_and_blank_texts_never_reach_the_model(
 
 
 async def test_settings_give_the_defaults(fake: FakeModel) -> None:
-    settings = fast_settings(default_beam_size=2, default_length_penalty=0.5)
+    settings = fast_settings(
+        default_beam_size=2,
+        default_length_penalty=0.5,
+        default_no_repeat_ngram_size=3,
+        max_length_a=1.5,
+        max_length_b=4,
+    )
     async with running(create_app(settings, models=[fake])) as client:
         await client.post("/translate", json={"text": "x", **EN_DE})
-    options = fake.calls[-1][1]
-    assert (options.beam_size, options.length_penalty, options.num_hypotheses) == (2, 0.5, 1)
+        options = fake.calls[-1][1]
+        assert (options.beam_size, options.length_penalty, options.num_hypotheses) == (2, 0.5, 1)
+        assert (options.no_repeat_ngram_size, options.max_length_a, options.max_length_b) == (
+            3,
+            1.5,
+            4,
+        )
+        # A request may set the n-gram size, not the relative limit (no such field: 422).
+        body = {"text": "x", "no_repeat_ngram_size": 0, **EN_DE}
+        assert (await client.post("/translate", json=body)).status_code == 200
+        options = fake.calls[-1][1]
+        assert (options.no_repeat_ngram_size, options.max_length_a) == (0, 1.5)
+        for bad in ({"no_repeat_ngram_size": -1}, {"max_length_a": 100}):
+            response = await client.post("/translate", json={"text": "x", **bad, **EN_DE})
+            assert response.status_code == 422
 
 
 async def test_languages_health_ready(client: httpx.AsyncClient) -> None:
@@ -260,7 +279,11 @@ async def test_a_full_queue_is_429_with_retry_after(fake: FakeModel) -> None:
         assert [(await r).status_code for r in (busy, queued)] == [200, 200]
 
 
-async def test_a_request_past_its_deadline_is_503(fake: FakeModel) -> None:
+async def test_a_request_past_its_deadline_is_503_queued_and_504_decoding(
+    fake: FakeModel,
+) -> None:
+    """request_timeout_s bounds the whole request: still queued past it, 503 (retry later);
+    being decoded past it, the engine drops it at the next step: 504, and counted."""
     app = create_app(fast_settings(request_timeout_s=0.05), models=[fake])
     async with running(app) as client:
         fake.gate, fake.entered = threading.Event(), threading.Event()
@@ -271,10 +294,16 @@ async def test_a_request_past_its_deadline_is_503(fake: FakeModel) -> None:
             await asyncio.sleep(0.1)
         finally:
             fake.gate.set()
-        assert (await busy).status_code == 200
+        decoding = await busy
+        assert decoding.status_code == 504 and "retry-after" not in decoding.headers
+        assert error_of(decoding)["type"] == "decoding_timeout"
+        assert "request_timeout_s" in error_of(decoding)["message"]
         response = await late
         assert response.status_code == 503 and "retry-after" in response.headers
         assert error_of(response)["type"] == "deadline_exceeded"
+        metrics = (await client.get("/metrics")).text
+        assert f'mt_stopped_segments_total{{model="{fake.name}",reason="deadline"}} 1.0' in metrics
+        assert (await client.post("/translate", json={"text": "c", **EN_DE})).status_code == 200
 
 
 async def test_an_engine_failure_is_500_and_the_service_keeps_serving(

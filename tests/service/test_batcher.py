@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from service.bundle.decoding import DecodingOptions
+from service.bundle.decoding import Deadline, DecodingOptions
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
@@ -186,12 +186,12 @@ async def test_the_engine_runs_off_the_event_loop_one_call_at_a_time(fake: FakeM
     threads: set[str] = set()
     busy = threading.Lock()
 
-    def generate(sources: list[list[int]], options: DecodingOptions) -> object:
+    def generate(sources: list[list[int]], options: DecodingOptions, deadline: Deadline) -> object:
         assert busy.acquire(blocking=False), "two engine calls at once"
         try:
             threads.add(threading.current_thread().name)
             time.sleep(0.01)
-            return fake.generate(sources, options)
+            return fake.generate(sources, options, deadline)
         finally:
             busy.release()
 
@@ -327,3 +327,25 @@ async def test_a_dead_worker_refuses_new_work_and_stop_still_cleans_up(
     assert batcher.depth == 0
     assert await batcher.stop(1.0) is False  # does not re-raise the worker's error
     assert batcher._executor._shutdown  # type: ignore[attr-defined]
+
+
+async def test_a_cancelled_request_leaves_its_batch_and_the_others_are_answered(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    """Cancelling a request while its segments are decoded moves their deadline to the past:
+    the engine drops them at its next step (counted), the batch's other segments go on."""
+    batcher, metrics = started
+    fake.gate = threading.Event()
+    gone = asyncio.ensure_future(batcher.submit([ids("gone"), ids("too")], GREEDY, deadline=FAR))
+    kept = asyncio.ensure_future(batcher.submit([ids("kept")], GREEDY, deadline=FAR))
+    await asyncio.to_thread(fake.entered.wait, 5)
+    await asyncio.sleep(0.01)  # both requests are in the running batch
+    gone.cancel()
+    await asyncio.wait({gone})  # its segments' deadlines moved before the engine reads them
+    fake.gate.set()
+    [[kept_hypothesis]] = await kept
+    assert kept_hypothesis.ids == ids("kept")[:-1]
+    assert gone.cancelled()
+    assert fake.batch_sizes == [3]
+    labels = {"model": fake.name, "reason": "cancelled"}
+    await async_wait_for(lambda: sample(metrics, "mt_stopped_segments_total", **labels) == 2)

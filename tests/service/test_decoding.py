@@ -94,7 +94,7 @@ class TableState:
 def _search(tables: list[Table], **options: object) -> list[list[Hypothesis]]:
     opts = DecodingOptions(**options)  # type: ignore[arg-type]
     state = TableState(tables)
-    return search(state, len(tables), opts, bos_id=BOS, eos_id=EOS)
+    return search(state, [opts.max_decoding_length] * len(tables), opts, bos_id=BOS, eos_id=EOS)
 
 
 # Greedy takes A (0.6) then is stuck with </s> at 0.35: 0.21. B then </s> gives 0.4 * 0.95 = 0.38.
@@ -189,10 +189,39 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
         long[prefix] = {A: 0.5, B: 0.5}
     state = TableState([short, long, short])
     opts = DecodingOptions(beam_size=beam_size, max_decoding_length=10)
-    nbest = search(state, 3, opts, bos_id=BOS, eos_id=EOS)
+    nbest = search(state, [10] * 3, opts, bos_id=BOS, eos_id=EOS)
     assert [n[0].ids for n in nbest[::2]] == [[], []]
     assert len(nbest[1][0].ids) == 3 and nbest[1][0].finish_reason == "eos"
     assert state.rows_stepped == rows_stepped
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+@pytest.mark.parametrize("late_after", [0, 2])
+def test_a_sentence_past_its_deadline_leaves_at_the_next_step(
+    beam_size: int, late_after: int
+) -> None:
+    """The deadline is read before every step: a sentence past it leaves its batch there with
+    one "deadline" hypothesis, and the others decode as they would without it."""
+    long: Table = {(): {A: 0.5, B: 0.5}}
+    for prefix in itertools.product((A, B), repeat=1):
+        long[prefix] = {A: 0.5, B: 0.5}
+    for prefix in itertools.product((A, B), repeat=2):
+        long[prefix] = {A: 0.4, B: 0.6}
+    tables = [long, long, long]
+    opts = DecodingOptions(beam_size=beam_size, max_decoding_length=6)
+    alone = search(TableState(tables), [6] * 3, opts, bos_id=BOS, eos_id=EOS)
+    state = TableState(tables)
+
+    def deadline(sentence: int) -> float:
+        # Sentence 1 is past its deadline once `late_after` steps have run.
+        return -math.inf if sentence == 1 and len(state.rows_stepped) >= late_after else math.inf
+
+    nbest = search(state, [6] * 3, opts, bos_id=BOS, eos_id=EOS, deadline=deadline)
+    [stopped] = nbest[1]
+    assert stopped.finish_reason == "deadline" and len(stopped.ids) == late_after
+    assert [nbest[0], nbest[2]] == [alone[0], alone[2]]
+    beams = 1 if late_after == 0 else beam_size  # rows per sentence at that step
+    assert state.rows_stepped[late_after] == 2 * beams  # the other two alone from then on
 
 
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
@@ -206,7 +235,7 @@ def test_each_hypothesis_carries_its_own_steps_alignment(beam_size: int) -> None
         long[prefix] = {A: 0.45, B: 0.55} if len(prefix) == 1 else {A: 0.3, C: 0.7}
     state = TableState([long, short, long], aligned=True)
     opts = DecodingOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=4)
-    for nbest in search(state, 3, opts, bos_id=BOS, eos_id=EOS):
+    for nbest in search(state, [4] * 3, opts, bos_id=BOS, eos_id=EOS):
         for hypothesis in nbest:
             assert hypothesis.alignment is not None
             steps = len(hypothesis.ids) + (hypothesis.finish_reason == "eos")
@@ -234,14 +263,60 @@ def test_the_state_arrays_are_not_modified_by_the_search() -> None:
 
     for beam_size in (1, 2):
         opts = DecodingOptions(beam_size=beam_size, max_decoding_length=3, min_decoding_length=2)
-        search(Constant(), 1, opts, bos_id=BOS, eos_id=EOS)
+        search(Constant(), [3], opts, bos_id=BOS, eos_id=EOS)
         assert np.array_equal(top_log_probs, saved[0]) and np.array_equal(top_ids, saved[1])
 
 
 def test_the_policy_bans_eos_until_the_minimum_and_normalizes_by_length() -> None:
     policy = StepPolicy(DecodingOptions(min_decoding_length=2, length_penalty=0.5), eos_id=EOS)
-    assert [policy.banned(step) for step in range(4)] == [(EOS,), (EOS,), (), ()]
+    never = lambda row: pytest.fail("no history is read without no_repeat_ngram_size")  # noqa: E731
+    assert [policy.bans(step, 2, never) for step in range(4)] == [[(EOS,)] * 2] * 2 + [[()] * 2] * 2
     assert policy.normalized(-6.0, 9) == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize(
+    ("n", "history", "banned"),
+    [
+        (2, [A, B, A], (B,)),  # "A B" seen: B may not follow A again
+        (2, [A, B, A, C, A], (B, C)),
+        (2, [A, B, C], ()),  # C never came before
+        (3, [A, B, C, A, B], (C,)),
+        (3, [A, B, C, A], ()),  # one token of the key only
+        (1, [A, C, A], (A, C)),  # no token twice
+        (2, [], ()),
+    ],
+)
+def test_no_repeat_ngram_bans_what_would_repeat_an_ngram(
+    n: int, history: list[int], banned: tuple[int, ...]
+) -> None:
+    policy = StepPolicy(DecodingOptions(no_repeat_ngram_size=n, min_decoding_length=1), eos_id=EOS)
+    histories = [history, []]
+    assert policy.bans(0, 2, histories.__getitem__) == [(EOS, *banned), (EOS,)]
+    assert policy.bans(1, 2, histories.__getitem__)[0] == banned
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_repeat_ngram_size_keeps_a_looping_model_from_looping(beam_size: int) -> None:
+    """A model that would say A B A B ... says each bigram once, in both searches alike."""
+    loop: Table = {}
+    for prefix in itertools.chain.from_iterable(
+        itertools.product((A, B, C, D), repeat=n) for n in range(6)
+    ):
+        last = prefix[-1] if prefix else B
+        loop[prefix] = (
+            {A: 0.5, C: 0.3, D: 0.15, EOS: 0.05}
+            if last == B
+            else {B: 0.6, C: 0.2, D: 0.15, EOS: 0.05}
+        )
+    free = _search([loop], beam_size=beam_size, max_decoding_length=6)[0][0]
+    assert free.ids == [A, B, A, B, A, B]
+    [[hypothesis]] = _search(
+        [loop], beam_size=beam_size, max_decoding_length=6, no_repeat_ngram_size=2
+    )
+    bigrams = list(zip(hypothesis.ids, hypothesis.ids[1:], strict=False))
+    assert len(bigrams) == len(set(bigrams)) == 5  # six tokens, no bigram twice
+    if beam_size == 1:
+        assert hypothesis.ids[:4] == [A, B, A, C]  # B A once, then not A B again
 
 
 def test_banned_tokens_leave_the_candidates_in_order() -> None:
@@ -249,10 +324,14 @@ def test_banned_tokens_leave_the_candidates_in_order() -> None:
     banned token, whichever of them it holds."""
     ids = np.array([[5, 2, 7, 9], [3, 4, 6, 8]], dtype=np.int64)
     log_probs = -np.arange(8, dtype=np.float32).reshape(2, 4)
-    kept_log_probs, kept_ids = _without(log_probs, ids, (2, 9))
+    kept_log_probs, kept_ids = _without(log_probs, ids, [(2, 9)] * 2)
     assert kept_ids.tolist() == [[5, 7], [3, 4]]
     assert kept_log_probs.tolist() == [[0.0, -2.0], [-4.0, -5.0]]
-    assert _without(log_probs, ids, ())[1] is ids
+    assert _without(log_probs, ids, [(), ()])[1] is ids
+    # Rows with bans of their own: as many columns fewer as the most any row bans.
+    kept_log_probs, kept_ids = _without(log_probs, ids, [(7,), (4, 6)])
+    assert kept_ids.tolist() == [[5, 2], [3, 8]]
+    assert kept_log_probs.tolist() == [[0.0, -1.0], [-4.0, -7.0]]
 
 
 def test_top_k_is_best_first_with_ties_to_the_lower_id() -> None:
@@ -352,12 +431,12 @@ class TorchStepper:
 
 
 def _reference(
-    seed: int, vocab: int, sentences: int, opts: DecodingOptions
+    seed: int, vocab: int, limits: list[int], opts: DecodingOptions
 ) -> list[list[Hypothesis]]:
-    stepper = TorchStepper(RandomModel(seed, vocab, sentences))
+    stepper = TorchStepper(RandomModel(seed, vocab, len(limits)))
     if opts.beam_size == 1:
-        return [[h] for h in reference.greedy_search(stepper, sentences, opts)]
-    return reference.beam_search(stepper, sentences, opts)
+        return [[h] for h in reference.greedy_search(stepper, limits, opts)]
+    return reference.beam_search(stepper, limits, opts)
 
 
 @settings(max_examples=60, deadline=None)
@@ -378,10 +457,19 @@ def test_numpy_search_equals_the_torch_reference(
         length_penalty=data.draw(st.sampled_from([0.0, 0.6, 1.0, 1.7]), "length_penalty"),
         max_decoding_length=max_length,
         min_decoding_length=data.draw(st.integers(0, max_length), "min_decoding_length"),
+        max_length_a=data.draw(st.sampled_from([None, 0.0, 0.5, 1.0, 2.0]), "max_length_a"),
+        max_length_b=data.draw(st.integers(0, 3), "max_length_b"),
+        # 1 can ban a small vocabulary whole; real ones are larger than any output.
+        no_repeat_ngram_size=data.draw(st.sampled_from([0, 2, 3]), "no_repeat_ngram_size"),
     )
+    # Each sentence's own limit, from a source length (DecodingOptions.limit).
+    lengths = data.draw(st.lists(st.integers(1, 6), min_size=sentences, max_size=sentences))
+    limits = [opts.limit(n) for n in lengths]
     state = NumpyState(RandomModel(seed, vocab, sentences))
-    ours = search(state, sentences, opts, bos_id=BOS, eos_id=EOS)
-    expected = _reference(seed, vocab, sentences, opts)
+    ours = search(state, limits, opts, bos_id=BOS, eos_id=EOS)
+    expected = _reference(seed, vocab, limits, opts)
+    for n, limit in zip(ours, limits, strict=True):
+        assert all(len(h.ids) <= limit for h in n)
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
         [(h.ids, h.finish_reason) for h in n] for n in expected
     ]
@@ -391,7 +479,8 @@ def test_numpy_search_equals_the_torch_reference(
 
 def test_beam_size_one_equals_greedy() -> None:
     opts = DecodingOptions(max_decoding_length=8)
-    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6)), 6, opts, bos_id=BOS, eos_id=EOS)
-    beam = beam_search(NumpyState(RandomModel(7, 10, 6)), 6, opts, bos_id=BOS, eos_id=EOS)
+    limits = [8] * 6
+    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6)), limits, opts, bos_id=BOS, eos_id=EOS)
+    beam = beam_search(NumpyState(RandomModel(7, 10, 6)), limits, opts, bos_id=BOS, eos_id=EOS)
     assert [g.ids for g in greedy] == [b[0].ids for b in beam]
     assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])

@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import math
 import resource
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +316,93 @@ def test_decoding_length_is_capped_by_the_model_positions(
     options = DecodingOptions(max_decoding_length=1000, min_decoding_length=500)
     [[hyp]] = engine.generate(sources[:1], options)
     assert len(hyp.ids) == 48 and hyp.finish_reason == "length"
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_relative_limit_gives_each_source_its_own_length(
+    fp32_bundle: Path, tiny_checkpoint: Path, sources: list[list[int]], beam_size: int
+) -> None:
+    """max_length_a/b: the random model never ends a sentence, so each runs to its own limit,
+    a * source tokens + b, in one batch, as the torch reference has it."""
+    engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=1, max_batch_size=8)
+    batch = sources[:8]
+    options = DecodingOptions(beam_size=beam_size, max_length_a=0.5, max_length_b=2)
+    ours = engine.generate(batch, options)
+    limits = [len(s) // 2 + 2 for s in batch]
+    assert len(set(limits)) > 1
+    assert [len(n[0].ids) for n in ours] == limits
+    assert {h.finish_reason for n in ours for h in n} == {"length"}
+    expected = generate(
+        load_model(tiny_checkpoint), batch, beam_size=beam_size, max_length_a=0.5, max_length_b=2
+    )
+    assert [[h.ids for h in n] for n in ours] == [[h.ids for h in n] for n in expected]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_no_repeat_ngram_size_as_the_torch_reference(
+    fp32_bundle: Path, tiny_checkpoint: Path, sources: list[list[int]], beam_size: int
+) -> None:
+    """The random model repeats itself; with no_repeat_ngram_size 2 no bigram comes twice in
+    any hypothesis, and the engine's tokens are the reference's."""
+    engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=1, max_batch_size=8)
+    batch = sources[:8]
+    options = DecodingOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=30)
+    free = engine.generate(batch, options)
+    assert any(len(set(pairs)) < len(pairs) for pairs in _bigrams(free))
+    ours = engine.generate(batch, replace(options, no_repeat_ngram_size=2))
+    assert all(len(set(pairs)) == len(pairs) for pairs in _bigrams(ours))
+    expected = generate(
+        load_model(tiny_checkpoint),
+        batch,
+        beam_size=beam_size,
+        num_hypotheses=beam_size,
+        max_decoding_length=30,
+        no_repeat_ngram_size=2,
+    )
+    assert [[h.ids for h in n] for n in ours] == [[h.ids for h in n] for n in expected]
+
+
+def _bigrams(nbest: list[list[Hypothesis]]) -> list[list[tuple[int, int]]]:
+    return [list(zip(h.ids, h.ids[1:], strict=False)) for n in nbest for h in n]
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+@pytest.mark.parametrize(
+    ("bundle_name", "padded"),
+    [("eos_bundle", False), ("eos_bundle", True), ("eos_gather_bundle", True)],
+)
+def test_a_source_past_its_deadline_leaves_its_batch_between_steps(
+    bundle_name: str,
+    padded: bool,
+    sources: list[list[int]],
+    beam_size: int,
+    request: pytest.FixtureRequest,
+) -> None:
+    """The deadline of each source (by its index in the call, whatever order the engine
+    decodes in) is read before every step: one that passes it mid-way leaves with a "deadline"
+    hypothesis of the tokens it had; every other source gets what it gets without it, in
+    compacted batches and in padded ones (whose rows stay), with either cache."""
+    bundle = request.getfixturevalue(bundle_name)
+    engine = Engine.load(bundle, device="cpu", intra_op_threads=1, padded=padded)
+    batch = [sources[9], sources[2], sources[5], sources[0]]
+    options = DecodingOptions(beam_size=beam_size, max_decoding_length=12)
+    reads = 0
+
+    def deadline(source: int) -> float:
+        nonlocal reads
+        if source != 2:
+            return math.inf
+        reads += 1
+        return math.inf if reads <= 3 else -math.inf  # past it after three steps
+
+    stopped = engine.generate(batch, options, deadline)
+    alone = engine.generate(batch, options)
+    [late] = stopped[2]
+    assert late.finish_reason == "deadline" and len(late.ids) == 3 < len(alone[2][0].ids)
+    if beam_size == 1:  # the tokens it had (a beam's best so far may not lead the final list)
+        assert late.ids == alone[2][0].ids[:3]
+    for i in (0, 1, 3):
+        assert [h.ids for h in stopped[i]] == [h.ids for h in alone[i]]
 
 
 @pytest.mark.parametrize("bundle_name", ["int8_bundle", "fp16_bundle"])

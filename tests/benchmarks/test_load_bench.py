@@ -1,0 +1,71 @@
+"""benchmarks.load_bench against a server that refuses some requests: an overloaded server's
+refusals, in the warm-up too, are reported in the level's errors, and the level goes on."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from benchmarks.load_bench import _run_level
+from benchmarks.servers import free_port
+
+
+def overloaded_app(refuse_first: int) -> Starlette:
+    """The first `refuse_first` translations get 503 (as a server past its deadlines answers),
+    the rest 200; /metrics reports one batch per answered request."""
+    answered = 0
+    calls = 0
+
+    async def translate(request: Request) -> Response:
+        nonlocal answered, calls
+        calls += 1
+        if calls <= refuse_first:
+            error = {"type": "deadline_exceeded", "message": "retry later"}
+            return JSONResponse({"error": error}, status_code=503, headers={"Retry-After": "1"})
+        answered += 1
+        return JSONResponse({"translations": [{"text": "x"}]})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(
+            "# TYPE mt_batch_size_segments histogram\n"
+            f"mt_batch_size_segments_count {answered}\nmt_batch_size_segments_sum {answered}\n"
+        )
+
+    return Starlette(
+        routes=[Route("/translate", translate, methods=["POST"]), Route("/metrics", metrics)]
+    )
+
+
+@pytest.fixture
+def refusing_server() -> Iterator[str]:
+    port = free_port()
+    config = uvicorn.Config(overloaded_app(refuse_first=5), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(5)
+
+
+def test_refused_warm_up_requests_are_reported_and_the_level_goes_on(refusing_server: str) -> None:
+    args = argparse.Namespace(
+        beam_size=1, warmup_requests=2, duration=30.0, max_requests=20
+    )  # 4 clients x 2 warm-up requests: 5 of them refused
+    result = asyncio.run(
+        _run_level(refusing_server, "test", 4, ["A dog."], {"source": "en", "target": "de"}, args)
+    )
+    assert result.errors == {"warm-up 503": 5}
+    assert result.requests == 20  # the measured ones, all answered
+    assert result.requests_per_s > 0 and result.mean_batch_size == 1.0
