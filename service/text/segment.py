@@ -2,8 +2,8 @@
 so that the translation keeps the input's lines, paragraphs and indentation.
 
 The model was trained on single sentences (image captions), so a paragraph is translated sentence by
-sentence. A sentence ends at `.`, `!`, `?`, `…` (and their CJK forms), optionally followed by
-closing quotes or brackets, then whitespace, unless the next word starts in lower case ("e.g.
+sentence. A sentence ends at `.`, `!`, `?`, `…`, optionally followed by closing quotes or
+brackets, then whitespace, unless the next word starts in lower case ("e.g.
 this"), or the mark is the period of an initial ("J. R. R. Tolkien"), of an acronym with inner
 periods ("J.P. Morgan", "U.S. Army"), or of a title or abbreviation of the source language that is
 usually followed by a capital ("Dr. Smith", "Hr. Müller", "M. Dupont"), or of a number abbreviation
@@ -11,6 +11,11 @@ before a digit ("No. 5"): the `_ABBREVIATIONS` of the source language, in the sp
 non-breaking prefixes. The trade-offs, as in Moses: any single capital letter reads as an initial
 ("Plan B. Then" stays one segment), except the English pronoun "I"; a title right after a number is
 a unit and does end a sentence ("3 m.").
+
+Chinese and Japanese write no space between sentences: their full-width marks `。`, `！`, `？`
+(and the half-width `｡`) end a sentence with or without space after them, closing quotes and
+brackets included ("他说：“我很好。”然后离开了。" is two), except a quote followed by kana,
+Japanese's quotative particle ("「晴れです。」と言った。" is one).
 """
 
 from __future__ import annotations
@@ -22,8 +27,14 @@ from dataclasses import dataclass
 # Everything `str.splitlines` breaks on: no segment spans two lines.
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 # Tried only where a run of end marks begins (the lookbehind): trying every position inside a
-# long run without space after it made a search quadratic in the run's length.
-_SENTENCE_END = re.compile(r"(?<![.!?…。！？])[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
+# long run without space after it made a search quadratic in the run's length. A run holding a
+# full-width mark needs no space after it (group "wide"); any other, some (group "space").
+_SENTENCE_END = re.compile(
+    r"(?<![.!?…。！？｡])(?:"
+    r"[.!?…]*[。！？｡][.!?…。！？｡]*(?P<closing>[\"'”’»)\]」』）】〉》]*)(?P<wide>\s*)"
+    r"|[.!?…。！？｡]+[\"'”’»)\]]*(?P<space>\s+))"
+)
+_KANA = re.compile(r"[\u3041-\u30ff]")
 
 
 @dataclass(frozen=True)
@@ -121,10 +132,18 @@ def _sentences(
     if start == end:
         return
     for match in _SENTENCE_END.finditer(text, start, end):
-        # The line's trailing space is stripped, so the next character exists and is not a space.
-        if text[match.end()].islower() or _abbreviated(text, start, match, abbreviations):
+        if match.end() == end:
+            break  # the line's last sentence ends where the line does
+        # The line's trailing space is stripped, so the next character is not a space.
+        following = text[match.end()]
+        if match.group("wide") is not None:
+            if match.group("closing") and _KANA.match(following):
+                continue  # 「...。」と: a quote the sentence goes on after
+            yield start, match.start("wide")
+        elif following.islower() or _abbreviated(text, start, match, abbreviations):
             continue
-        yield start, match.start("space")
+        else:
+            yield start, match.start("space")
         start = match.end()
     yield start, end
 

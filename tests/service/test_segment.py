@@ -37,6 +37,13 @@ REPO = Path(__file__).resolve().parents[2]
         ("line one\nline two", ["line one", "line two"]),
         ("  indented\r\n\r\n  para two.  ", ["indented", "para two."]),
         ("中文。 English.", ["中文。", "English."]),
+        # Full-width marks need no space after them; a quote followed by kana goes on.
+        ("今天很好。我们走吧！好吗？", ["今天很好。", "我们走吧！", "好吗？"]),
+        ("他说：“我很好。”然后离开了。", ["他说：“我很好。”", "然后离开了。"]),
+        ("「晴れです。」と言った。雨です。", ["「晴れです。」と言った。", "雨です。"]),
+        ("これはペンです｡あれは本です｡", ["これはペンです｡", "あれは本です｡"]),
+        ("价格是3.5元。", ["价格是3.5元。"]),
+        ("终于！！！ 好。", ["终于！！！", "好。"]),
     ],
 )
 def test_split_examples(text: str, segments: list[str]) -> None:
@@ -106,15 +113,16 @@ def test_split_join_round_trips_sentence_like_text(parts: list[str]) -> None:
 # Long runs of sentence marks with no space after them: a search that restarts inside the run
 # is quadratic (200,000 dots took minutes). Each text is split and rejoined in a subprocess so
 # that a regression shows as a timeout (hang detection, not a timing assertion).
-_ADVERSARIAL = {
-    "dots": "'.' * 200_000",
-    "mixed": "('.' * 999 + '\"' * 999 + '!?…。' * 50 + 'x') * 450",
-    "marks and quotes": "('.\"' * 5 + '?' * 40 + ')') * 20_000",
+_ADVERSARIAL = {  # and how many sentences each is
+    "dots": ("'.' * 200_000", 1),
+    "mixed": ("('.' * 999 + '\"' * 999 + '!?…。' * 50 + 'x') * 450", 451),  # 。 needs no space
+    "marks and quotes": ("('.\"' * 5 + '?' * 40 + ')') * 20_000", 1),
+    "full-width marks": ("('。' * 999 + '」' * 999 + '.' * 999) * 70", 71),
 }
 
 
-@pytest.mark.parametrize("expression", _ADVERSARIAL.values(), ids=list(_ADVERSARIAL))
-def test_long_runs_of_sentence_marks_split_in_linear_time(expression: str) -> None:
+@pytest.mark.parametrize(("expression", "sentences"), _ADVERSARIAL.values(), ids=list(_ADVERSARIAL))
+def test_long_runs_of_sentence_marks_split_in_linear_time(expression: str, sentences: int) -> None:
     program = (
         "from service.text.segment import split\n"
         f"text = {expression}\n"
@@ -127,15 +135,17 @@ def test_long_runs_of_sentence_marks_split_in_linear_time(expression: str) -> No
         [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=20
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "1"  # no space anywhere: one sentence
+    assert done.stdout.strip() == str(sentences)
 
 
-_QUADRATIC_SENTENCE_END = re.compile(r"[.!?…。！？]+[\"'”’»)\]]*(?P<space>\s+)")
+_QUADRATIC_SENTENCE_END = re.compile(
+    r"[.!?…]*[。！？｡][.!?…。！？｡]*[\"'”’»)\]」』）】〉》]*\s*|[.!?…。！？｡]+[\"'”’»)\]]*\s+"
+)
 
 
-@given(st.text(alphabet=".!?…。” »)aA \t"))
+@given(st.text(alphabet=".!?…。｡」” »)aA \t"))
 def test_sentence_ends_are_found_where_the_unanchored_pattern_found_them(text: str) -> None:
     """The lookbehind only skips starts inside a run of marks, where no match can differ."""
-    old = [(m.start("space"), m.end()) for m in _QUADRATIC_SENTENCE_END.finditer(text)]
-    new = [(m.start("space"), m.end()) for m in segment._SENTENCE_END.finditer(text)]
+    old = [m.span() for m in _QUADRATIC_SENTENCE_END.finditer(text)]
+    new = [m.span() for m in segment._SENTENCE_END.finditer(text)]
     assert new == old
