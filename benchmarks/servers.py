@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,16 +113,22 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
+def start_service(bundle: Path, flags: list[str], port: int) -> subprocess.Popen[Any]:
+    """`python -m service` on 127.0.0.1:`port`, started (not yet ready); its output goes to
+    this process's."""
+    command = [
+        sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
+        "--port", str(port), "--log-level", "warning", *flags,
+    ]  # fmt: skip
+    return subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
+
+
 @contextlib.contextmanager
 def service(bundle: Path, flags: list[str], port: int | None = None) -> Iterator[Running]:
     """`python -m service` on 127.0.0.1 (a free port unless given), ready when yielded; its
     output goes to this process's. A server that does not start ends the run (SystemExit)."""
     port = port or free_port()
-    command = [
-        sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
-        "--port", str(port), "--log-level", "warning", *flags,
-    ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, env=os.environ.copy())
+    process = start_service(bundle, flags, port)
     url = f"http://{HOST}:{port}"
     try:
         try:
@@ -139,12 +145,16 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
 
 
-def nginx_config(upstream_port: int, listen_port: int, conf: Path = NGINX_CONF) -> str:
+def nginx_config(upstream_ports: Sequence[int], listen_port: int, conf: Path = NGINX_CONF) -> str:
     """`conf` (an http-context file: one upstream server, one listen port) pointed at the
-    service on `upstream_port` and listening on 127.0.0.1:`listen_port`."""
+    services on `upstream_ports` (one server line each, in place of its one) and listening on
+    127.0.0.1:`listen_port`."""
     text = conf.read_text(encoding="utf-8")
     text, servers = re.subn(
-        r"^(\s*server\s+)\S+;", rf"\g<1>{HOST}:{upstream_port};", text, flags=re.M
+        r"^(\s*server\s+)\S+;",
+        lambda m: "\n".join(f"{m.group(1)}{HOST}:{port};" for port in upstream_ports),
+        text,
+        flags=re.M,
     )
     text, listens = re.subn(
         r"^(\s*listen\s+)\S+;", rf"\g<1>{HOST}:{listen_port};", text, flags=re.M
@@ -158,20 +168,31 @@ def nginx_config(upstream_port: int, listen_port: int, conf: Path = NGINX_CONF) 
 
 
 @contextlib.contextmanager
-def nginx(upstream_port: int, worker_connections: int = 1024) -> Iterator[Running]:
-    """nginx in the foreground with deploy/nginx/transformer-mt.conf in front of the service
-    on `upstream_port`; its pid file, logs and temporary files in a directory of its own.
-    Ready (proxying /health with 200) when yielded. Needs nginx (`nginx_binary()`)."""
+def nginx(
+    upstream: int | Sequence[int], worker_connections: int = 1024, access_log: Path | None = None
+) -> Iterator[Running]:
+    """nginx in the foreground with deploy/nginx/transformer-mt.conf in front of the
+    service(s) on the `upstream` port(s); its pid file, logs and temporary files in a directory
+    of its own; with `access_log`, each request's status and the upstream(s) it went to
+    (`$status $upstream_addr $upstream_status`, a comma between the tries). Ready (proxying
+    /health with 200) when yielded. Needs nginx (`nginx_binary()`)."""
     binary = nginx_binary()
     if binary is None:
         raise FileNotFoundError("nginx not found (Debian: apt-get install nginx)")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="mt-nginx-") as tmp:
         prefix = Path(tmp)
-        (prefix / "transformer-mt.conf").write_text(nginx_config(upstream_port, port))
+        ports = [upstream] if isinstance(upstream, int) else list(upstream)
+        (prefix / "transformer-mt.conf").write_text(nginx_config(ports, port))
         temp_paths = "\n".join(
             f"    {kind}_temp_path {prefix / kind};"
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        logging = (
+            "    access_log off;\n"
+            if access_log is None
+            else "    log_format tries '$status $upstream_addr $upstream_status';\n"
+            f"    access_log {access_log} tries;\n"
         )
         # Started as root, nginx would run its workers as nobody, who cannot write here.
         user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
@@ -179,7 +200,7 @@ def nginx(upstream_port: int, worker_connections: int = 1024) -> Iterator[Runnin
             f"daemon off;\n{user}worker_processes auto;\npid {prefix / 'nginx.pid'};\n"
             f"error_log {prefix / 'error.log'} warn;\n"
             f"events {{\n    worker_connections {worker_connections};\n}}\n"
-            f"http {{\n    access_log off;\n{temp_paths}\n"
+            f"http {{\n{logging}{temp_paths}\n"
             f"    include {prefix / 'transformer-mt.conf'};\n}}\n"
         )
         command = [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),

@@ -155,9 +155,9 @@ class Settings(BaseSettings):
     max_length_a: float = Field(
         3.0,
         ge=0.0,
-        description="a sentence of L source tokens gets at most floor(a * L + b) target tokens, "
-        "within max_decoding_length (3: Marian's max-length-factor): a degenerate input cannot "
-        "run to the cap",
+        description="a sentence of L source tokens (</s> included) gets at most floor(a * L + b) "
+        "target tokens, within max_decoding_length (3: Marian's max-length-factor): a "
+        "degenerate input cannot run to the cap",
     )
     max_length_b: int = Field(10, ge=0, description="b of max_length_a's a * L + b")
     default_no_repeat_ngram_size: int = Field(

@@ -99,7 +99,7 @@ def _openapi_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> d
 
 
 _LIBRETRANSLATE_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": LibreTranslateError} for status in (400, 403, 413, 429, 500, 503)
+    status: {"model": LibreTranslateError} for status in (400, 403, 413, 429, 500, 503, 504)
 }
 
 libretranslate_router = APIRouter(tags=["LibreTranslate"])

@@ -45,7 +45,7 @@ from service.text.alignment import TextAlignment
 from service.text.pipeline import Form, TextTranslation
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503)
+    status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503, 504)
 }
 
 router = APIRouter()

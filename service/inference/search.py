@@ -130,7 +130,7 @@ def greedy_search(
             tokens = tokens[rows]
         bans = book.policy.bans(step, len(tokens), book.history)
         # One more candidate per banned token: it may be among the best.
-        top_log_probs, top_ids = _without(*state.step(tokens, 1 + _most(bans)), bans)  # (R, 1)
+        top_log_probs, top_ids = _without(*state.step(tokens, 1 + _extra(bans)), bans)  # (R, 1)
         best = top_ids[:, 0]  # (R,)
         alignment = state.alignment()
         if alignment is not None:
@@ -198,7 +198,7 @@ def beam_search(
         bans = book.policy.bans(step, len(tokens), tokens_of)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
-        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + _most(bans)), bans)
+        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + _extra(bans)), bans)
         step_alignment = state.alignment()
         if step_alignment is not None and aligned is None:
             aligned = np.zeros((len(step_alignment), 0, step_alignment.shape[1]), np.float32)
@@ -238,12 +238,21 @@ def _late(alive: list[int], deadline: Deadline | None) -> list[int]:
     if deadline is None:
         return []
     now = time.monotonic()
-    return [i for i, sentence in enumerate(alive) if deadline(sentence) <= now]
+    return [i for i, sentence in enumerate(alive) if deadline(sentence) < now]
 
 
 def _most(bans: list[tuple[int, ...]]) -> int:
     """The most tokens any row has banned (StepPolicy.bans)."""
     return max(map(len, bans), default=0)
+
+
+def _extra(bans: list[tuple[int, ...]]) -> int:
+    """How many more candidates than its own the search asks a step for: one per token the
+    row that bans most bans, past one rounded up to a multiple of 8, so that the step's shape
+    changes every 8 bans only (the n-gram rule's grow with the output; a new shape rebinds the
+    step, and on CUDA captures a new graph)."""
+    most = _most(bans)
+    return most if most <= 1 else -(-most // 8) * 8
 
 
 def _without(

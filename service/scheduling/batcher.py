@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
@@ -50,6 +51,16 @@ class _Pending:
     future: asyncio.Future[list[Hypothesis]]
     enqueued: float  # time.monotonic()
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
+    decoding: bool = False  # taken into a batch
+    # Why nobody wants it any more, once so: its request's deadline passed, or it went away.
+    reason: Literal["deadline", "cancelled"] = "cancelled"
+
+
+# A request still being decoded when its deadline passes.
+_DECODING_TIMEOUT = (
+    "the translation was not done within the request's deadline (request_timeout_s); send "
+    "less text at once"
+)
 
 
 class Batcher:
@@ -118,24 +129,37 @@ class Batcher:
         self._arrived.set()
         futures = [p.future for p in pending]
         try:
-            return list(await asyncio.gather(*futures))
+            # The whole request's deadline: answered when it passes, whatever the batch its
+            # segments are in still has to decode for others (they leave it at its next step).
+            async with asyncio.timeout_at(loop.time() + deadline - now):
+                return list(await asyncio.gather(*futures))
+        except TimeoutError:
+            self._abandon(pending, "deadline")
+            if any(item.decoding for item in pending):
+                raise ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT) from None
+            raise ServiceError(
+                ErrorType.DEADLINE_EXCEEDED,
+                "the request waited longer than its deadline; retry later",
+            ) from None
         except BaseException:
-            # One segment failed or the caller went away: its other segments are not wanted,
-            # queued (removed now) or being decoded (they leave their batch at the next step).
-            for item in pending:
-                item.future.cancel()
-                item.deadline = -math.inf
-            self._remove(pending)
+            # One segment failed or the caller went away: its other segments are not wanted.
+            self._abandon(pending, "cancelled")
             raise
 
-    def _remove(self, items: list[_Pending]) -> None:
-        """Take these segments out of the queue now (those still in it count as dropped), not
-        at the worker's next look, which waits for the engine call running."""
+    def _abandon(self, items: list[_Pending], reason: Literal["deadline", "cancelled"]) -> None:
+        """Nobody waits for these segments any more: those queued leave the queue now (not at
+        the worker's next look, which waits for the engine call running), those being decoded
+        leave their batch at its next step (their deadline moves to the past)."""
+        for item in items:
+            item.reason = reason
+            item.future.cancel()
+            item.deadline = -math.inf
         mine = set(items)
         kept = deque(item for item in self._queue if item not in mine)
-        removed = len(self._queue) - len(kept)
-        if removed:
-            self._metrics.dropped.labels(reason="cancelled").inc(removed)
+        if len(kept) < len(self._queue):
+            for item in self._queue:
+                if item in mine:
+                    self._metrics.dropped.labels(reason=item.reason).inc()
             self._queue = kept
             self._queue_changed()
 
@@ -253,6 +277,7 @@ class Batcher:
         model = self._model
         start = time.monotonic()
         for item in batch:
+            item.decoding = True
             self._metrics.queue_wait_seconds.labels(model).observe(start - item.enqueued)
         self._metrics.batch_segments.labels(model).observe(len(batch))
         self._metrics.batch_tokens.labels(model).observe(sum(len(s) for s in sources))
@@ -274,28 +299,18 @@ class Batcher:
             self._metrics.engine_seconds.labels(model).observe(time.monotonic() - start)
         self._metrics.input_tokens.labels(model).inc(sum(len(s) for s in sources))
         self._metrics.generated_tokens.labels(model).inc(
-            sum(len(hypotheses[0].ids) for hypotheses in results if hypotheses)
+            sum(len(nbest[0].ids) for nbest in results if nbest and not _stopped(nbest))
         )
-        for item, hypotheses in zip(batch, results, strict=True):
-            if any(h.finish_reason == "deadline" for h in hypotheses):
-                self._stopped(item)
+        for item, nbest in zip(batch, results, strict=True):
+            if _stopped(nbest):  # the engine took it out of its batch between two steps
+                reason = item.reason if item.future.done() else "deadline"
+                self._metrics.stopped.labels(model, reason).inc()
+                if not item.future.done():  # past its deadline before the request's timer ran
+                    item.future.set_exception(
+                        ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT)
+                    )
             elif not item.future.done():
-                item.future.set_result(hypotheses)
-
-    def _stopped(self, item: _Pending) -> None:
-        """A segment the engine took out of its batch between two steps: cancelled, or past its
-        deadline (504: decoding it took too long)."""
-        cancelled = item.future.done()
-        self._metrics.stopped.labels(self._model, "cancelled" if cancelled else "deadline").inc()
-        if not cancelled:
-            item.future.set_exception(
-                ServiceError(
-                    ErrorType.DECODING_TIMEOUT,
-                    "the translation was not done within the request's deadline "
-                    "(request_timeout_s); send less text or ask for less work (beam_size, "
-                    "max_decoding_length)",
-                )
-            )
+                item.future.set_result(nbest)
 
     def _fail_queued(self, type: ErrorType, message: str) -> None:
         _fail(self._queue, type, message)
@@ -304,6 +319,11 @@ class Batcher:
 
     def _queue_changed(self) -> None:
         self._metrics.queue_depth.labels(self._model).set(len(self._queue))
+
+
+def _stopped(nbest: list[Hypothesis]) -> bool:
+    """Whether the engine stopped this segment at its deadline (a "deadline" hypothesis)."""
+    return any(h.finish_reason == "deadline" for h in nbest)
 
 
 def _deadlines(batch: list[_Pending]) -> Deadline:

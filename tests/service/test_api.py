@@ -283,7 +283,8 @@ async def test_a_request_past_its_deadline_is_503_queued_and_504_decoding(
     fake: FakeModel,
 ) -> None:
     """request_timeout_s bounds the whole request: still queued past it, 503 (retry later);
-    being decoded past it, the engine drops it at the next step: 504, and counted."""
+    being decoded past it, 504 at once, while the batch goes on (its engine call is held
+    here), which drops it at its next step (counted)."""
     app = create_app(fast_settings(request_timeout_s=0.05), models=[fake])
     async with running(app) as client:
         fake.gate, fake.entered = threading.Event(), threading.Event()
@@ -291,19 +292,33 @@ async def test_a_request_past_its_deadline_is_503_queued_and_504_decoding(
             busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
             await asyncio.to_thread(fake.entered.wait, 5)
             late = asyncio.ensure_future(client.post("/translate", json={"text": "b", **EN_DE}))
-            await asyncio.sleep(0.1)
+            decoding = await busy
+            assert not fake.gate.is_set()  # answered before its batch ended
+            response = await late
         finally:
             fake.gate.set()
-        decoding = await busy
         assert decoding.status_code == 504 and "retry-after" not in decoding.headers
         assert error_of(decoding)["type"] == "decoding_timeout"
         assert "request_timeout_s" in error_of(decoding)["message"]
-        response = await late
         assert response.status_code == 503 and "retry-after" in response.headers
         assert error_of(response)["type"] == "deadline_exceeded"
-        metrics = (await client.get("/metrics")).text
-        assert f'mt_stopped_segments_total{{model="{fake.name}",reason="deadline"}} 1.0' in metrics
+        stopped = f'mt_stopped_segments_total{{model="{fake.name}",reason="deadline"}} 1.0'
+        for _ in range(200):  # the engine call ends after the gate opens
+            if stopped in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            pytest.fail("the stopped segment was not counted")
         assert (await client.post("/translate", json={"text": "c", **EN_DE})).status_code == 200
+        # The same on the LibreTranslate API: its error body, 504, no Retry-After.
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        try:
+            lt = {"q": "d", "source": "en", "target": "de"}
+            decoding = await client.post(f"{LT}/translate", json=lt)
+        finally:
+            fake.gate.set()
+        assert decoding.status_code == 504 and "retry-after" not in decoding.headers
+        assert "deadline" in decoding.json()["error"]
 
 
 async def test_an_engine_failure_is_500_and_the_service_keeps_serving(

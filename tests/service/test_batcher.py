@@ -295,7 +295,7 @@ async def test_expired_segments_do_not_hold_the_queue_while_the_engine_is_busy(
         with pytest.raises(ServiceError) as expired:
             await late  # told now, not when the engine call ends
         assert expired.value.type is ErrorType.DEADLINE_EXCEEDED
-        assert batcher.depth == 1
+        await async_wait_for(lambda: batcher.depth == 1)  # "c" alone
         fake.gate.set()
         assert len(await again) == 1 and len(await busy) == 1
     finally:
@@ -349,3 +349,28 @@ async def test_a_cancelled_request_leaves_its_batch_and_the_others_are_answered(
     assert fake.batch_sizes == [3]
     labels = {"model": fake.name, "reason": "cancelled"}
     await async_wait_for(lambda: sample(metrics, "mt_stopped_segments_total", **labels) == 2)
+
+
+async def test_a_request_past_its_deadline_is_answered_at_once_not_when_its_batch_ends(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    """Two requests decoded in one batch: the one whose deadline passes gets its 504 then,
+    while the batch still runs for the other; the engine drops it at its next step."""
+    batcher, metrics = started
+    fake.gate = threading.Event()
+    try:
+        soon = asyncio.ensure_future(
+            batcher.submit([ids("soon")], GREEDY, deadline=time.monotonic() + 0.3)
+        )
+        later = asyncio.ensure_future(batcher.submit([ids("later")], GREEDY, deadline=FAR))
+        await asyncio.to_thread(fake.entered.wait, 5)
+        with pytest.raises(ServiceError) as timed_out:
+            await soon
+        assert timed_out.value.type is ErrorType.DECODING_TIMEOUT
+        assert not later.done() and fake.batch_sizes == [2]
+    finally:
+        fake.gate.set()
+    [[hypothesis]] = await later
+    assert hypothesis.ids == ids("later")[:-1]
+    labels = {"model": fake.name, "reason": "deadline"}
+    await async_wait_for(lambda: sample(metrics, "mt_stopped_segments_total", **labels) == 1)

@@ -195,10 +195,11 @@ def test_finished_sentences_leave_the_batch(beam_size: int, rows_stepped: list[i
     assert state.rows_stepped == rows_stepped
 
 
+@pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("beam_size", [1, 2])
 @pytest.mark.parametrize("late_after", [0, 2])
 def test_a_sentence_past_its_deadline_leaves_at_the_next_step(
-    beam_size: int, late_after: int
+    beam_size: int, late_after: int, aligned: bool
 ) -> None:
     """The deadline is read before every step: a sentence past it leaves its batch there with
     one "deadline" hypothesis, and the others decode as they would without it."""
@@ -209,8 +210,8 @@ def test_a_sentence_past_its_deadline_leaves_at_the_next_step(
         long[prefix] = {A: 0.4, B: 0.6}
     tables = [long, long, long]
     opts = DecodingOptions(beam_size=beam_size, max_decoding_length=6)
-    alone = search(TableState(tables), [6] * 3, opts, bos_id=BOS, eos_id=EOS)
-    state = TableState(tables)
+    alone = search(TableState(tables, aligned=aligned), [6] * 3, opts, bos_id=BOS, eos_id=EOS)
+    state = TableState(tables, aligned=aligned)
 
     def deadline(sentence: int) -> float:
         # Sentence 1 is past its deadline once `late_after` steps have run.
@@ -220,6 +221,11 @@ def test_a_sentence_past_its_deadline_leaves_at_the_next_step(
     [stopped] = nbest[1]
     assert stopped.finish_reason == "deadline" and len(stopped.ids) == late_after
     assert [nbest[0], nbest[2]] == [alone[0], alone[2]]
+    for i in (0, 2):  # their alignment rows too (not part of Hypothesis equality)
+        for ours, theirs in zip(nbest[i], alone[i], strict=True):
+            assert (ours.alignment is None) == (not aligned)
+            if aligned:
+                assert np.array_equal(ours.alignment, theirs.alignment)
     beams = 1 if late_after == 0 else beam_size  # rows per sentence at that step
     assert state.rows_stepped[late_after] == 2 * beams  # the other two alone from then on
 
@@ -293,6 +299,24 @@ def test_no_repeat_ngram_bans_what_would_repeat_an_ngram(
     histories = [history, []]
     assert policy.bans(0, 2, histories.__getitem__) == [(EOS, *banned), (EOS,)]
     assert policy.bans(1, 2, histories.__getitem__)[0] == banned
+
+
+def test_a_sentence_ending_at_its_own_limit_is_scored_by_its_own_length() -> None:
+    """Two sentences, limits 1 and 3, beam 2, 2-best: each "length" hypothesis is normalised
+    by its own sentence's limit and ranks among the </s> ones by that score."""
+    # </s> first or never: only the first step can end a hypothesis with </s>.
+    table: Table = {(): {A: 0.6, EOS: 0.4}}
+    for prefix in ((A,), (A, A), (A, B)):
+        table[prefix] = {A: 0.9, B: 0.1}
+    opts = DecodingOptions(beam_size=2, num_hypotheses=2, max_decoding_length=3)
+    short, long = search(TableState([table, table]), [1, 3], opts, bos_id=BOS, eos_id=EOS)
+    log = math.log
+    assert [(h.ids, h.finish_reason) for h in short] == [([A], "length"), ([], "eos")]
+    assert [h.score for h in short] == pytest.approx([log(0.6) / 1, log(0.4) / 1], abs=1e-5)
+    assert [(h.ids, h.finish_reason) for h in long] == [([A, A, A], "length"), ([], "eos")]
+    assert [h.score for h in long] == pytest.approx(
+        [(log(0.6) + 2 * log(0.9)) / 3, log(0.4)], abs=1e-5
+    )
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

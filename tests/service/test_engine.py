@@ -402,7 +402,10 @@ def test_a_source_past_its_deadline_leaves_its_batch_between_steps(
     if beam_size == 1:  # the tokens it had (a beam's best so far may not lead the final list)
         assert late.ids == alone[2][0].ids[:3]
     for i in (0, 1, 3):
-        assert [h.ids for h in stopped[i]] == [h.ids for h in alone[i]]
+        assert [(h.ids, h.finish_reason) for h in stopped[i]] == [
+            (h.ids, h.finish_reason) for h in alone[i]
+        ]
+        assert [h.score for h in stopped[i]] == pytest.approx([h.score for h in alone[i]])
 
 
 @pytest.mark.parametrize("bundle_name", ["int8_bundle", "fp16_bundle"])
