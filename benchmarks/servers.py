@@ -151,8 +151,8 @@ def nginx_config(upstream_ports: Sequence[int], listen_port: int, conf: Path = N
     127.0.0.1:`listen_port`."""
     text = conf.read_text(encoding="utf-8")
     text, servers = re.subn(
-        r"^(\s*server\s+)\S+;",
-        lambda m: "\n".join(f"{m.group(1)}{HOST}:{port};" for port in upstream_ports),
+        r"^(\s*server\s+)[^\s;]+(.*;)$",  # the address, then the line's parameters
+        lambda m: "\n".join(f"{m.group(1)}{HOST}:{port}{m.group(2)}" for port in upstream_ports),
         text,
         flags=re.M,
     )

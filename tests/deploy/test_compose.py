@@ -123,7 +123,9 @@ def test_nginx_fronts_mt_with_the_committed_conf(
     # The committed file, but for its upstream server line (as benchmarks/servers.py does).
     committed = NGINX_CONF.read_text().splitlines()
     changed = [(a, b) for a, b in zip(committed, text.splitlines(), strict=True) if a != b]
-    assert [new.split() for _, new in changed] == [["server", f"mt:{mt_port(compose, stages)};"]]
+    committed_server = next(line.split() for line in committed if line.split()[:1] == ["server"])
+    expected = ["server", f"mt:{mt_port(compose, stages)}", *committed_server[2:]]
+    assert [new.split() for _, new in changed] == [expected]
     conf = parse_nginx(text)
     (upstream,) = conf["{upstream}"]
     (server_line,) = upstream["server"]

@@ -85,8 +85,10 @@ def test_compose_scrapes_the_compose_service() -> None:
     (config,) = load_yaml(CONFIGS[1])
     (compose,) = load_yaml(DEPLOY.parent / "docker-compose.yml")
     (job,) = config["scrape_configs"]
-    (static,) = job["static_configs"]
-    host, port = static["targets"][0].split(":")
+    (discovery,) = job["dns_sd_configs"]  # every replica: one address per container
+    (host,) = discovery["names"]
+    port = str(discovery["port"])
+    assert {r["target_label"] for r in job["relabel_configs"]} == {"namespace", "pod"}
     # The service itself, inside the compose network (not nginx in front of it): exposed there,
     # not published to the host.
     assert compose["services"][host]["build"] == "."
