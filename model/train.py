@@ -4,7 +4,8 @@
         [--preset tiny|base | --config FILE.json] [--max-updates N] [--max-tokens N]
         [--device cpu|cuda] [--seed S] [--resume] [--average-last K] [--init-from MODEL_DIR]
         [--alignments LINKS --alignment-weight W [--alignment-layer L] [--alignment-head H]]
-        [--alignments LINKS --train-aligner [--alignment-layer L]]
+        [--alignments LINKS --train-aligner [--alignment-layer L]] [--accumulate K]
+    torchrun --nproc_per_node N -m model.train ...   (N processes: gloo on CPU, NCCL on CUDA)
 
 DIR receives model.safetensors (the average of the last K checkpoints), config.json (model
 config, training recipe, data files with their sha256), tokenizer.json, metrics.jsonl and
@@ -14,7 +15,9 @@ continue or fine-tune it under this run's recipe. --alignments (python -m model.
 --alignment-weight trains one cross-attention head on a word aligner's links (guided alignment),
 the head whose weights the service re-places markup through; --train-aligner instead trains a
 dedicated alignment query alone on them, every other weight frozen (the model translates as
-before). Every input is checked before anything is written.
+before). Under torchrun each process takes its own --accumulate batches of every update
+(model/training/distributed.py), and rank 0 writes. Every input is checked before anything is
+written.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from model.alignment import parse_links
 from model.data import DataError, encode_pairs, language_of, read_lines, read_parallel
 from model.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from model.training.checkpoints import CHECKPOINT_DIR, STATE_FILE, average_checkpoints
+from model.training.distributed import join, leave
 from model.training.history import PLOT_FILE, plot_history
 from model.training.loop import Trainer
 from model.training.recipe import build_configs
@@ -62,6 +66,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--valid-bleu-sentences", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--rdrop-alpha", type=float, help="R-Drop's KL weight (0: off)")
+    p.add_argument(
+        "--accumulate",
+        type=int,
+        help="batches per update in each process (gradient accumulation; default 1)",
+    )
     p.add_argument(
         "--alignments",
         help="word links of the training pairs, one line per pair (python -m model.alignment)",
@@ -128,16 +137,26 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"{out} is not empty; pass --resume to continue or choose another --out")
     src_lang = args.src_lang or language_of(args.src_train)
     tgt_lang = args.tgt_lang or language_of(args.tgt_train)
+    # Under torchrun: this rank's place, once every rank has checked the above (rank 0 alone
+    # writes, from here on).
+    world, device = join(device)
+    world.barrier()
 
-    # 2. Tokenizer: trained once on both sides of the training text, reused on resume; a run
-    # started from a trained model keeps that model's.
+    # 2. Tokenizer: trained once on both sides of the training text (by rank 0; the others
+    # read it), reused on resume; a run started from a trained model keeps that model's.
     if args.resume:
         tokenizer = load_tokenizer(out / TOKENIZER_FILE)
     elif args.init_from is not None:
         tokenizer = load_tokenizer(args.init_from / TOKENIZER_FILE)
-    else:
+    elif world.main:
         log.info("training a joint BPE of %d tokens", config.vocab_size)
         tokenizer = train_tokenizer(src_train + tgt_train, config.vocab_size)
+        if world.size > 1:  # for the other ranks to read
+            out.mkdir(parents=True, exist_ok=True)
+            tokenizer.save(str(out / TOKENIZER_FILE))
+    world.barrier()
+    if not world.main and not args.resume and args.init_from is None:
+        tokenizer = load_tokenizer(out / TOKENIZER_FILE)
     train_examples = encode_pairs(tokenizer, src_train, tgt_train, config.max_len, alignments)
     valid_examples = encode_pairs(tokenizer, src_valid, tgt_valid, config.max_len)
     if not train_examples:
@@ -178,8 +197,9 @@ def run(args: argparse.Namespace) -> int:
     )
 
     # 3. Train.
-    (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out / TOKENIZER_FILE))
+    if world.main:
+        (out / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(out / TOKENIZER_FILE))
     trainer = Trainer(
         model,
         tokenizer,
@@ -191,12 +211,16 @@ def run(args: argparse.Namespace) -> int:
         src_valid,
         tgt_valid,
         tgt_lang,
+        world,
     )
     if args.resume:
         trainer.load_state()
         log.info("resumed at update %d", trainer.state.update)
     if trainer.state.update < config.max_updates:
         trainer.train()
+    leave(world)
+    if not world.main:
+        return 0
 
     # 4. Final model: the average of the last K checkpoints.
     paths = [out / CHECKPOINT_DIR / name for name in trainer.state.checkpoints]

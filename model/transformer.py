@@ -178,6 +178,8 @@ PRESETS: dict[str, dict[str, object]] = {
     "tiny": dict(d_model=128, d_ff=256, h=4, n_encoder_layers=4, n_decoder_layers=4, dropout=0.3),
     # The paper's base model.
     "base": dict(d_model=512, d_ff=2048, h=8, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
+    # The paper's big model (its English-German dropout).
+    "big": dict(d_model=1024, d_ff=4096, h=16, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3),
 }
 
 

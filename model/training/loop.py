@@ -1,6 +1,12 @@
 """The training loop: Adam under the paper's warmup schedule, label-smoothed cross-entropy
 (optionally R-Drop), gradient clipping and mixed precision; every log_every updates a metrics
-row, every save_every a checkpoint and the resumable state, every valid_every a validation."""
+row, every save_every a checkpoint and the resumable state, every valid_every a validation.
+
+An update takes the next processes x accumulate batches of the epoch's shuffled order: each
+process (model/training/distributed.py) its own `accumulate` of them, their gradients summed
+and divided by the tokens of all of them, so N processes give the update one process gives
+with N times the accumulation (tests/model/test_distributed.py). An epoch's last batches that
+would not give every process its share are left for the next epoch's order."""
 
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from model.training.checkpoints import (
     load_optimizer_tensors,
     optimizer_tensors,
 )
+from model.training.distributed import World
 from model.training.history import METRICS_FILE, append_row, rows_through
 from model.training.recipe import TrainConfig
 from model.training.validation import ValidationSet, validate
@@ -64,6 +71,7 @@ class Trainer:
         valid_src: list[str],
         valid_ref: list[str],
         target_language: str,
+        world: World | None = None,
     ) -> None:
         self.model, self.tokenizer, self.config, self.out, self.device = (
             model,
@@ -75,6 +83,28 @@ class Trainer:
         self.train_examples = train_examples
         self.valid = ValidationSet(valid_examples, valid_src, valid_ref, target_language)
         self.batches = token_budget_batches(train_examples, config.max_tokens)
+        self.world = world or World(device=device)
+        self.per_update = self.world.size * config.accumulate  # batches in one update
+        if len(self.batches) < self.per_update:
+            raise ValueError(
+                f"{len(self.batches)} batches of training data, fewer than one update takes "
+                f"({self.world.size} processes x accumulate {config.accumulate})"
+            )
+        # What the training losses run forward through: the model, or with several processes
+        # the model under DistributedDataParallel (which sums the processes' gradients).
+        self.net: torch.nn.Module = model
+        if self.world.size > 1:
+            if config.aligned:  # their losses run the model's other methods, not forward
+                raise ValueError(
+                    "guided alignment and --train-aligner train in one process (no torchrun)"
+                )
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=[device] if device.type == "cuda" else None,
+                # An aligner the translation loss does not use gets no gradient.
+                find_unused_parameters=model.aligner is not None,
+                forward_sync_buffers=False,  # the sinusoids: the same everywhere
+            )
         if config.train_aligner:  # the aligner alone learns; the translation stays as it was
             for name, parameter in model.named_parameters():
                 parameter.requires_grad_(name.startswith("aligner."))
@@ -97,10 +127,13 @@ class Trainer:
         dtype = torch.bfloat16 if self.config.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, int]:
-        """Summed label-smoothed cross-entropy over non-pad target tokens, and their count."""
+    def loss(
+        self, batch: Batch, label_smoothing: float, net: torch.nn.Module | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """Summed label-smoothed cross-entropy over non-pad target tokens, and their count;
+        through `net` when given (validation: the model itself), else what training runs."""
         with self.autocast():
-            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            logits = (net or self.net)(batch.src, batch.tgt_in)  # (B, T, V)
         loss = F.cross_entropy(
             logits.float().flatten(0, 1),
             batch.tgt_out.flatten(),
@@ -109,6 +142,19 @@ class Trainer:
             reduction="sum",
         )
         return loss, batch.n_tgt_tokens
+
+    def accumulating(self, last: bool) -> AbstractContextManager[None]:
+        """Around one batch's backward: the processes' gradients are summed after the last
+        batch of an update only (DistributedDataParallel.no_sync before it)."""
+        if last or not isinstance(self.net, torch.nn.parallel.DistributedDataParallel):
+            return nullcontext()
+        return self.net.no_sync()
+
+    def loss_tokens(self, batch: Batch) -> int:
+        """The token count `training_loss` will divide by, known before it runs (R-Drop counts
+        the doubled batch's)."""
+        doubled = self.config.rdrop_alpha > 0 and not self.config.aligned
+        return batch.n_tgt_tokens * (2 if doubled else 1)
 
     def training_loss(self, batch: Batch) -> tuple[torch.Tensor, int]:
         """The objective summed over target tokens, and their count.
@@ -130,7 +176,7 @@ class Trainer:
             return self.loss(batch, config.label_smoothing)
         doubled = Batch(*(torch.cat([t, t]) for t in (batch.src, batch.tgt_in, batch.tgt_out)))
         with self.autocast():
-            logits = self.model(doubled.src, doubled.tgt_in)  # (2B, T, V)
+            logits = self.net(doubled.src, doubled.tgt_in)  # (2B, T, V)
         log_probs = F.log_softmax(logits.float(), dim=-1)
         cross_entropy = F.cross_entropy(
             log_probs.flatten(0, 1),
@@ -201,8 +247,10 @@ class Trainer:
         scaler_state = json.loads(metadata["grad_scaler"])
         if scaler_state:
             self.scaler.load_state_dict(scaler_state)
-        # Rows logged after the saved update (before a crash) are replayed: drop them.
-        self.history = rows_through(self.out / METRICS_FILE, self.state.update)
+        # Rows logged after the saved update (before a crash) are replayed: drop them (the
+        # writer does; the other processes keep no history).
+        if self.world.main:
+            self.history = rows_through(self.out / METRICS_FILE, self.state.update)
 
     def save_checkpoint(self) -> None:
         path = self.ckpt_dir / f"update_{self.state.update:06d}.safetensors"
@@ -222,7 +270,8 @@ class Trainer:
             self.model,
             self.tokenizer,
             self.valid,
-            lambda batch: self.loss(batch, label_smoothing=0.0),
+            # The model itself: rank 0 validates alone, outside the processes' collectives.
+            lambda batch: self.loss(batch, label_smoothing=0.0, net=self.model),
             max_tokens=self.config.max_tokens,
             bleu_sentences=self.config.valid_bleu_sentences,
             device=self.device,
@@ -240,54 +289,74 @@ class Trainer:
         progress = tqdm(
             total=config.max_updates, initial=state.update, desc="train", dynamic_ncols=True
         )
+        world, per_update = self.world, self.per_update
         window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
         while state.update < config.max_updates:
             batches = list(epoch_batches(self.batches, config.seed, state.epoch))
-            for indices in batches[state.batch_in_epoch :]:
+            while state.batch_in_epoch + per_update <= len(batches):
                 if state.update >= config.max_updates:
                     break
-                state.batch_in_epoch += 1
-                torch.manual_seed(config.seed * 1_000_003 + state.update)  # dropout, resumable
-                batch = Batch.from_examples([self.train_examples[i] for i in indices])
-                batch = batch.to(self.device)
+                group = batches[state.batch_in_epoch : state.batch_in_epoch + per_update]
+                state.batch_in_epoch += per_update
+                # Dropout, resumable; each process its own masks.
+                torch.manual_seed(config.seed * 1_000_003 + state.update + 7_919 * world.rank)
+                mine = group[world.rank * config.accumulate : (world.rank + 1) * config.accumulate]
+                examples = [
+                    Batch.from_examples([self.train_examples[i] for i in indices]).to(self.device)
+                    for indices in mine
+                ]
+                total = world.sum(sum(self.loss_tokens(batch) for batch in examples))
                 lr = learning_rate(state.update + 1, config)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                loss, n_tokens = self.training_loss(batch)
+                for param_group in self.optimizer.param_groups:
+                    param_group["lr"] = lr
                 self.optimizer.zero_grad(set_to_none=True)
-                # torch's Tensor.backward has no annotations.
-                self.scaler.scale(loss / n_tokens).backward()  # type: ignore[no-untyped-call]
+                for j, batch in enumerate(examples):
+                    # The processes' gradients are summed once, after the last batch.
+                    last = j == len(examples) - 1
+                    with self.accumulating(last):
+                        loss, n_tokens = self.training_loss(batch)
+                        # DistributedDataParallel averages over the processes: times their
+                        # number, the update's gradient is the sum over all its tokens.
+                        scaled = loss / total * world.size
+                        self.scaler.scale(scaled).backward()  # type: ignore[no-untyped-call]
+                    window_loss += float(loss.detach())
+                    window_tokens += n_tokens
                 if config.clip_norm > 0:
                     self.scaler.unscale_(self.optimizer)
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
                 state.update += 1
-                window_loss += float(loss.detach())
-                window_tokens += n_tokens
                 progress.update(1)
 
                 if state.update % config.log_every == 0 or state.update == config.max_updates:
                     elapsed = time.perf_counter() - window_start
+                    loss_sum, tokens = world.sum(window_loss), world.sum(window_tokens)
                     row = {
                         "update": state.update,
                         "split": "train",
-                        "loss": window_loss / window_tokens,
+                        "loss": loss_sum / tokens,
                         "lr": lr,
-                        "tokens_per_s": window_tokens / elapsed,
+                        "tokens_per_s": tokens / elapsed,
                         "seconds_per_update": elapsed / (config.log_every or 1),
                         "epoch": state.epoch,
+                        "batches_per_update": per_update,  # processes x accumulate
                     }
-                    self.record(row)
+                    if world.main:
+                        self.record(row)
                     progress.set_postfix(
                         loss=f"{row['loss']:.3f}",
                         lr=f"{lr:.2e}",
                         tok_s=f"{row['tokens_per_s']:.0f}",
                     )
                     window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-                if state.update % config.save_every == 0 or state.update == config.max_updates:
+                if world.main and (
+                    state.update % config.save_every == 0 or state.update == config.max_updates
+                ):
                     self.save_checkpoint()
-                if state.update % config.valid_every == 0 or state.update == config.max_updates:
+                if world.main and (
+                    state.update % config.valid_every == 0 or state.update == config.max_updates
+                ):
                     metrics = self.validate()
                     self.record({"update": state.update, "split": "valid", **metrics})
                     progress.write(
@@ -295,9 +364,10 @@ class Trainer:
                         f"ppl {metrics['ppl']:.2f} bleu {metrics['bleu']:.2f}"
                     )
                     window_start = time.perf_counter()
-            else:
-                state.epoch += 1
-                state.batch_in_epoch = 0
+            if state.update >= config.max_updates:
+                break
+            state.epoch += 1
+            state.batch_in_epoch = 0
         progress.close()
 
 

@@ -53,8 +53,13 @@ class TrainConfig:
     # cross-entropy of its weights against the aligner's links; every other weight is frozen,
     # so the model translates exactly as before (model/train.py --train-aligner).
     train_aligner: bool = False
+    # Batches per update in each process (gradient accumulation): an update sums the gradients
+    # of accumulate x processes batches of up to max_tokens tokens, over all their tokens.
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be at least 1, got {self.accumulate}")
         if not 0 <= self.rdrop_alpha < math.inf:
             raise ValueError(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
         if not 0 <= self.alignment_weight < math.inf:

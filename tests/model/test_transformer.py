@@ -221,6 +221,14 @@ def test_presets_and_config_validation() -> None:
     )
     base = preset_config("base", vocab_size=8000)
     assert (base.d_model, base.d_ff, base.h, base.n_decoder_layers) == (512, 2048, 8, 6)
+    big = preset_config("big", vocab_size=32000)
+    assert (big.d_model, big.d_ff, big.h, big.n_encoder_layers, big.dropout) == (
+        1024,
+        4096,
+        16,
+        6,
+        0.3,
+    )
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         preset_config("huge", vocab_size=100)
     with pytest.raises(ValueError, match="divisible"):
