@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -52,7 +53,11 @@ def join(device: torch.device) -> tuple[World, torch.device]:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    # The other ranks wait at a collective while rank 0 trains the BPE or validates: an hour,
+    # not NCCL's default 10 minutes, before a wait counts as a failure.
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(hours=1)
+    )
     return World(rank=rank, size=size, device=device), device
 
 

@@ -6,7 +6,8 @@ An update takes the next processes x accumulate batches of the epoch's shuffled 
 process (model/training/distributed.py) its own `accumulate` of them, their gradients summed
 and divided by the tokens of all of them, so N processes give the update one process gives
 with N times the accumulation (tests/model/test_distributed.py). An epoch's last batches that
-would not give every process its share are left for the next epoch's order."""
+would not give every process its share are skipped in that epoch (the next one shuffles all
+of them again)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class TrainerState:
     epoch: int = 0
     batch_in_epoch: int = 0
     checkpoints: list[str] = field(default_factory=list)
+    batches_per_update: int = 1  # processes x accumulate: a resumed run must keep it
 
 
 def learning_rate(update: int, config: TrainConfig) -> float:
@@ -116,7 +118,7 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
-        self.state = TrainerState()
+        self.state = TrainerState(batches_per_update=self.per_update)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         self.ckpt_dir = out / CHECKPOINT_DIR
         self.history: list[dict[str, Any]] = []
@@ -244,6 +246,12 @@ class Trainer:
         )
         load_optimizer_tensors(self.model, self.optimizer, tensors)
         self.state = TrainerState(**json.loads(metadata["trainer_state"]))
+        if self.state.batches_per_update != self.per_update:
+            raise ValueError(
+                f"--resume: the run took {self.state.batches_per_update} batches per update "
+                f"(processes x accumulate), this one {self.per_update}: resume it with the "
+                "same number of processes and --accumulate"
+            )
         scaler_state = json.loads(metadata["grad_scaler"])
         if scaler_state:
             self.scaler.load_state_dict(scaler_state)
@@ -287,7 +295,11 @@ class Trainer:
         config, state = self.config, self.state
         self.model.train(not config.train_aligner)  # the aligner alone: no dropout (__init__)
         progress = tqdm(
-            total=config.max_updates, initial=state.update, desc="train", dynamic_ncols=True
+            total=config.max_updates,
+            initial=state.update,
+            desc="train",
+            dynamic_ncols=True,
+            disable=not self.world.main,
         )
         world, per_update = self.world, self.per_update
         window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()

@@ -14,8 +14,9 @@ a unit and does end a sentence ("3 m.").
 
 Chinese and Japanese write no space between sentences: their full-width marks `。`, `！`, `？`
 (and the half-width `｡`) end a sentence with or without space after them, closing quotes and
-brackets included ("他说：“我很好。”然后离开了。" is two), except a quote followed by kana,
-Japanese's quotative particle ("「晴れです。」と言った。" is one).
+brackets included ("他说：“我很好。”然后离开了。" is two; a straight quote only before a space or
+the line's end, as one that may open the next sentence), except a quote followed by Japanese's
+quotative particle と or って ("「晴れです。」と言った。" is one).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 # full-width mark needs no space after it (group "wide"); any other, some (group "space").
 _SENTENCE_END = re.compile(
     r"(?<![.!?…。！？｡])(?:"
-    r"[.!?…]*[。！？｡][.!?…。！？｡]*(?P<closing>[\"'”’»)\]」』）】〉》]*)(?P<wide>\s*)"
+    r"[.!?…]*[。！？｡][.!?…。！？｡]*(?P<closing>(?:[”’»)\]」』）】〉》]|[\"'](?=\s|$))*)(?P<wide>\s*)"
     r"|[.!?…。！？｡]+[\"'”’»)\]]*(?P<space>\s+))"
 )
-_KANA = re.compile(r"[\u3041-\u30ff]")
+# Japanese's quotative particle after a closing quote: 「...。」と言った, 『...。』って.
+_QUOTATIVE = re.compile(r"と|って")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ def _sentences(
         # The line's trailing space is stripped, so the next character is not a space.
         following = text[match.end()]
         if match.group("wide") is not None:
-            if match.group("closing") and _KANA.match(following):
+            if match.group("closing") and _QUOTATIVE.match(text, match.end()):
                 continue  # 「...。」と: a quote the sentence goes on after
             yield start, match.start("wide")
         elif following.islower() or _abbreviated(text, start, match, abbreviations):

@@ -149,3 +149,23 @@ def test_what_several_processes_cannot_train_is_refused_before_training(
             [], [], [], "de", world,
         )  # fmt: skip
     assert not any(tmp_path.iterdir())
+
+
+def test_a_run_resumed_with_another_split_of_its_updates_is_refused(tmp_path: Path) -> None:
+    """The saved state records processes x accumulate; resuming with another is an error,
+    not a silently different run."""
+    config = ModelConfig(vocab_size=40, **TINY_TEST_CONFIG)  # type: ignore[arg-type]
+    examples = [Example([5, 6, EOS_ID], [7, 8, EOS_ID]) for _ in range(4)]
+
+    def trainer(accumulate: int) -> Trainer:
+        recipe = TrainConfig(max_tokens=3, accumulate=accumulate)  # a batch per example
+        return Trainer(
+            Transformer(config), None, recipe, tmp_path, torch.device("cpu"), examples,
+            [], [], [], "de",
+        )  # fmt: skip
+
+    (tmp_path / "checkpoints").mkdir()
+    trainer(2).save_state()
+    trainer(2).load_state()  # the same split: fine
+    with pytest.raises(ValueError, match="same number of processes and --accumulate"):
+        trainer(1).load_state()
