@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from tokenizers import Tokenizer
@@ -25,12 +27,18 @@ def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no such file: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with _open_text(path) as f:
             return [line.rstrip("\r\n") for line in f]
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {path}: {e}") from e
+
+
+def _open_text(path: Path) -> TextIO:
+    """A UTF-8 text file, gzipped or not (by the .gz suffix)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> tuple[list[str], list[str]]:
@@ -188,3 +196,63 @@ def epoch_batches(batches: Sequence[list[int]], seed: int, epoch: int) -> Iterat
     random.Random(seed * 100_003 + epoch).shuffle(order)
     for i in order:
         yield batches[i]
+
+
+# Lines tokenized at a time while streaming (tokenizers' batch encoding, in parallel).
+_STREAM_CHUNK = 10_000
+
+
+def stream_pairs(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
+    """The sentence pairs of two files, read line by line (plain or gzipped): a corpus that
+    does not fit in memory. DataError when one file ends before the other."""
+    paths = [Path(src_path), Path(tgt_path)]
+    for path in paths:
+        if not path.is_file():
+            raise DataError(f"no such file: {path}")
+    files = [_open_text(path) for path in paths]
+    try:
+        for n, (src, tgt) in enumerate(itertools.zip_longest(*files), start=1):
+            if src is None or tgt is None:
+                raise DataError(
+                    f"line counts differ: {paths[src is None]} has more lines than "
+                    f"{paths[src is not None]} (which ends before line {n})"
+                )
+            yield src.rstrip("\r\n"), tgt.rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {paths[0]} / {paths[1]}: {e}") from e
+    finally:
+        for f in files:
+            f.close()
+
+
+def stream_batches(
+    pairs: Iterable[tuple[str, str]],
+    tokenizer: Tokenizer,
+    max_len: int,
+    max_tokens: int,
+    buffer: int,
+    seed: int,
+    epoch: int,
+) -> Iterator[list[Example]]:
+    """Token-budget batches of a stream of pairs with flat memory: `buffer` examples at a time
+    are encoded (encode_pairs' rules), sorted into batches by length (token_budget_batches) and
+    yielded in a shuffled order of their own (seed, epoch, buffer number); then the next
+    buffer. Every usable pair once per pass."""
+    rng = random.Random(seed * 100_003 + epoch)
+    examples: list[Example] = []
+
+    def batches() -> Iterator[list[Example]]:
+        groups = token_budget_batches(examples, max_tokens)
+        rng.shuffle(groups)
+        for indices in groups:
+            yield [examples[i] for i in indices]
+
+    stream = iter(pairs)
+    while chunk := list(itertools.islice(stream, _STREAM_CHUNK)):
+        src, tgt = zip(*chunk, strict=True)
+        examples += encode_pairs(tokenizer, src, tgt, max_len)
+        if len(examples) >= buffer:
+            yield from batches()
+            examples = []
+    if examples:
+        yield from batches()

@@ -24,25 +24,41 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import logging
 import sys
+from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from model.alignment import parse_links
-from model.data import DataError, encode_pairs, language_of, read_lines, read_parallel
+from model.data import (
+    DataError,
+    Example,
+    encode_pairs,
+    language_of,
+    read_lines,
+    read_parallel,
+    stream_batches,
+    stream_pairs,
+)
 from model.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from model.training.checkpoints import CHECKPOINT_DIR, STATE_FILE, average_checkpoints
 from model.training.distributed import join, leave
 from model.training.history import PLOT_FILE, plot_history
 from model.training.loop import Trainer
-from model.training.recipe import build_configs
+from model.training.recipe import TrainConfig, build_configs
 from model.transformer import PRESETS, WEIGHTS_FILE, ModelConfig, Transformer, save_model
 from service.bundle.manifest import sha256_file
 
 log = logging.getLogger("model.train")
+
+# A streamed corpus's BPE is trained on its first pairs, this many (both sides).
+TOKENIZER_SAMPLE = 1_000_000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -66,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--valid-bleu-sentences", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--rdrop-alpha", type=float, help="R-Drop's KL weight (0: off)")
+    p.add_argument(
+        "--stream-buffer",
+        type=int,
+        help="stream the training files, this many pairs shuffled at a time (0: read them whole)",
+    )
     p.add_argument(
         "--accumulate",
         type=int,
@@ -118,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
         raise DataError("--device cuda asked for, but CUDA is not available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
+    if config.stream_buffer:  # a corpus too large to hold: its line counts checked here
+        train_lines = sum(1 for _ in stream_pairs(args.src_train, args.tgt_train))
+        if not train_lines:
+            raise DataError(f"empty corpus: {args.src_train} and {args.tgt_train} have no lines")
+        src_train: list[str] = []
+        tgt_train: list[str] = []
+    else:
+        src_train, tgt_train = read_parallel(args.src_train, args.tgt_train)
+        train_lines = len(src_train)
     src_valid, tgt_valid = read_parallel(args.src_valid, args.tgt_valid)
     if config.train_aligner and args.init_from is None and not args.resume:
         raise DataError("--train-aligner trains the aligner of a trained model: give --init-from")
@@ -150,7 +179,13 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.init_from / TOKENIZER_FILE)
     elif world.main:
         log.info("training a joint BPE of %d tokens", config.vocab_size)
-        tokenizer = train_tokenizer(src_train + tgt_train, config.vocab_size)
+        texts: Iterable[str] = src_train + tgt_train
+        if config.stream_buffer:  # on the corpus's first pairs, both sides
+            sample = itertools.islice(
+                stream_pairs(args.src_train, args.tgt_train), TOKENIZER_SAMPLE
+            )
+            texts = itertools.chain.from_iterable(sample)
+        tokenizer = train_tokenizer(texts, config.vocab_size)
         if world.size > 1:  # for the other ranks to read
             out.mkdir(parents=True, exist_ok=True)
             tokenizer.save(str(out / TOKENIZER_FILE))
@@ -159,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(out / TOKENIZER_FILE)
     train_examples = encode_pairs(tokenizer, src_train, tgt_train, config.max_len, alignments)
     valid_examples = encode_pairs(tokenizer, src_valid, tgt_valid, config.max_len)
-    if not train_examples:
+    if not train_examples and not config.stream_buffer:
         raise DataError(f"no usable training pairs in {args.src_train} / {args.tgt_train}")
     if not valid_examples:
         raise DataError(f"no usable validation pairs in {args.src_valid} / {args.tgt_valid}")
@@ -186,10 +221,12 @@ def run(args: argparse.Namespace) -> int:
             model.init_aligner()
     model = model.to(device)
     log.info(
-        "%s -> %s: %d train / %d valid pairs, %d parameters, %s on %s",
+        "%s -> %s: %s / %d valid pairs, %d parameters, %s on %s",
         src_lang,
         tgt_lang,
-        len(train_examples),
+        f"{train_lines} train lines streamed"
+        if config.stream_buffer
+        else f"{len(train_examples)} train",
         len(valid_examples),
         model.num_parameters(),
         config.precision,
@@ -212,6 +249,9 @@ def run(args: argparse.Namespace) -> int:
         tgt_valid,
         tgt_lang,
         world,
+        None
+        if not config.stream_buffer
+        else partial(_stream, args.src_train, args.tgt_train, tokenizer, config),
     )
     if args.resume:
         trainer.load_state()
@@ -230,8 +270,8 @@ def run(args: argparse.Namespace) -> int:
     trainer.record({"update": trainer.state.update, "split": "valid_averaged", **final})
     log.info("averaged %d checkpoints: valid %s", len(paths), final)
     files: list[tuple[str, str, int]] = [
-        ("src_train", args.src_train, len(src_train)),
-        ("tgt_train", args.tgt_train, len(tgt_train)),
+        ("src_train", args.src_train, train_lines),
+        ("tgt_train", args.tgt_train, train_lines),
         ("src_valid", args.src_valid, len(src_valid)),
         ("tgt_valid", args.tgt_valid, len(tgt_valid)),
     ]
@@ -246,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
         "source_language": src_lang,
         "target_language": tgt_lang,
         "data": data,
-        "train_pairs_used": len(train_examples),
+        # Streamed: not counted (the batches were never all in memory).
+        "train_pairs_used": None if config.stream_buffer else len(train_examples),
         "parameters": model.num_parameters(),
         "init_from": None
         if args.init_from is None
@@ -261,6 +302,16 @@ def run(args: argparse.Namespace) -> int:
     save_model(model, out, meta)
     plot_history(trainer.history, out / PLOT_FILE)
     return 0
+
+
+def _stream(
+    src: str, tgt: str, tokenizer: Tokenizer, config: TrainConfig, epoch: int
+) -> Iterator[list[Example]]:
+    """An epoch's batches streamed from the training files (TrainConfig.stream_buffer)."""
+    return stream_batches(
+        stream_pairs(src, tgt), tokenizer, config.max_len, config.max_tokens,
+        config.stream_buffer, config.seed, epoch,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

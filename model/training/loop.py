@@ -12,9 +12,11 @@ of them again)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +76,11 @@ class Trainer:
         valid_ref: list[str],
         target_language: str,
         world: World | None = None,
+        stream: Callable[[int], Iterator[list[Example]]] | None = None,
     ) -> None:
+        """`stream(epoch)`, when given, yields an epoch's batches read from the training files
+        (model/data.py stream_batches), and `train_examples` is empty: a corpus larger than
+        memory."""
         self.model, self.tokenizer, self.config, self.out, self.device = (
             model,
             tokenizer,
@@ -83,11 +89,12 @@ class Trainer:
             device,
         )
         self.train_examples = train_examples
+        self.stream = stream
         self.valid = ValidationSet(valid_examples, valid_src, valid_ref, target_language)
         self.batches = token_budget_batches(train_examples, config.max_tokens)
         self.world = world or World(device=device)
         self.per_update = self.world.size * config.accumulate  # batches in one update
-        if len(self.batches) < self.per_update:
+        if stream is None and len(self.batches) < self.per_update:
             raise ValueError(
                 f"{len(self.batches)} batches of training data, fewer than one update takes "
                 f"({self.world.size} processes x accumulate {config.accumulate})"
@@ -144,6 +151,16 @@ class Trainer:
             reduction="sum",
         )
         return loss, batch.n_tgt_tokens
+
+    def epoch(self, epoch: int) -> Iterator[list[Example]]:
+        """The batches of an epoch, in order: streamed from the files (`stream`), or the
+        in-memory corpus's token-budget batches in their shuffled order."""
+        if self.stream is not None:
+            return self.stream(epoch)
+        return (
+            [self.train_examples[i] for i in indices]
+            for indices in epoch_batches(self.batches, self.config.seed, epoch)
+        )
 
     def accumulating(self, last: bool) -> AbstractContextManager[None]:
         """Around one batch's backward: the processes' gradients are summed after the last
@@ -304,19 +321,17 @@ class Trainer:
         world, per_update = self.world, self.per_update
         window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
         while state.update < config.max_updates:
-            batches = list(epoch_batches(self.batches, config.seed, state.epoch))
-            while state.batch_in_epoch + per_update <= len(batches):
-                if state.update >= config.max_updates:
+            batches = itertools.islice(self.epoch(state.epoch), state.batch_in_epoch, None)
+            started = state.batch_in_epoch
+            while state.update < config.max_updates:
+                group = list(itertools.islice(batches, per_update))
+                if len(group) < per_update:
                     break
-                group = batches[state.batch_in_epoch : state.batch_in_epoch + per_update]
                 state.batch_in_epoch += per_update
                 # Dropout, resumable; each process its own masks.
                 torch.manual_seed(config.seed * 1_000_003 + state.update + 7_919 * world.rank)
                 mine = group[world.rank * config.accumulate : (world.rank + 1) * config.accumulate]
-                examples = [
-                    Batch.from_examples([self.train_examples[i] for i in indices]).to(self.device)
-                    for indices in mine
-                ]
+                examples = [Batch.from_examples(batch).to(self.device) for batch in mine]
                 total = world.sum(sum(self.loss_tokens(batch) for batch in examples))
                 lr = learning_rate(state.update + 1, config)
                 for param_group in self.optimizer.param_groups:
@@ -378,6 +393,11 @@ class Trainer:
                     window_start = time.perf_counter()
             if state.update >= config.max_updates:
                 break
+            if started == 0 and state.batch_in_epoch == 0:  # a whole epoch, and no update
+                raise ValueError(
+                    f"an epoch of the training data has fewer batches than one update takes "
+                    f"({world.size} processes x accumulate {config.accumulate})"
+                )
             state.epoch += 1
             state.batch_in_epoch = 0
         progress.close()

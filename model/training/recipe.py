@@ -56,10 +56,19 @@ class TrainConfig:
     # Batches per update in each process (gradient accumulation): an update sums the gradients
     # of accumulate x processes batches of up to max_tokens tokens, over all their tokens.
     accumulate: int = 1
+    # Stream the training files instead of reading them whole: this many pairs at a time are
+    # encoded, batched by length and shuffled (a corpus larger than memory); 0: in memory.
+    stream_buffer: int = 0
 
     def __post_init__(self) -> None:
         if self.accumulate < 1:
             raise ValueError(f"accumulate must be at least 1, got {self.accumulate}")
+        if self.stream_buffer < 0:
+            raise ValueError(f"stream_buffer must be >= 0 (0: in memory), got {self.stream_buffer}")
+        if self.stream_buffer and self.aligned:
+            raise ValueError(
+                "guided alignment and --train-aligner read their corpus whole: no stream_buffer"
+            )
         if not 0 <= self.rdrop_alpha < math.inf:
             raise ValueError(f"rdrop_alpha must be >= 0, got {self.rdrop_alpha}")
         if not 0 <= self.alignment_weight < math.inf:
