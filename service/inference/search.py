@@ -258,17 +258,18 @@ def _extra(bans: list[tuple[int, ...]]) -> int:
 def _without(
     top_log_probs: FloatArray, top_ids: IntArray, bans: list[tuple[int, ...]]
 ) -> tuple[FloatArray, IntArray]:
-    """The candidates without each row's banned tokens (`bans`, one tuple per row), as many
-    columns fewer as the most any row bans, the rest in their order: a row drops the banned
-    tokens it holds and then its last (worst) candidates."""
-    most = _most(bans)
-    if not most:
+    """The candidates without each row's banned tokens (`bans`, one tuple per row): as many
+    columns fewer as the fewest any row bans, the rest in their order; a row that bans more
+    ends with its banned ones at -inf (never chosen), so no row loses a candidate it may
+    choose."""
+    if not _most(bans):
         return top_log_probs, top_ids
-    rows, c = top_ids.shape
-    kept = c - most
     if len(set(bans)) == 1:  # the step's bans alone, the same for every row
-        keep = ~np.isin(top_ids, bans[0])  # (R, C)
+        banned = np.isin(top_ids, bans[0])  # (R, C)
     else:
-        keep = np.stack([~np.isin(ids, banned) for ids, banned in zip(top_ids, bans, strict=True)])
-    keep &= np.cumsum(keep, axis=-1) <= kept  # exactly C - most per row
-    return top_log_probs[keep].reshape(rows, kept), top_ids[keep].reshape(rows, kept)
+        banned = np.stack([np.isin(ids, b) for ids, b in zip(top_ids, bans, strict=True)])
+    order = np.argsort(banned, axis=-1, kind="stable")  # banned last, the rest in order
+    kept = top_ids.shape[1] - min(map(len, bans))
+    log_probs = np.take_along_axis(top_log_probs, order, axis=-1)[:, :kept]
+    log_probs[np.take_along_axis(banned, order, axis=-1)[:, :kept]] = -np.inf
+    return log_probs, np.take_along_axis(top_ids, order, axis=-1)[:, :kept]

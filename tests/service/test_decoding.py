@@ -352,10 +352,11 @@ def test_banned_tokens_leave_the_candidates_in_order() -> None:
     assert kept_ids.tolist() == [[5, 7], [3, 4]]
     assert kept_log_probs.tolist() == [[0.0, -2.0], [-4.0, -5.0]]
     assert _without(log_probs, ids, [(), ()])[1] is ids
-    # Rows with bans of their own: as many columns fewer as the most any row bans.
+    # Rows with bans of their own: as many columns fewer as the fewest any row bans, a row
+    # that bans more ending with a banned one at -inf (it keeps every one it may choose).
     kept_log_probs, kept_ids = _without(log_probs, ids, [(7,), (4, 6)])
-    assert kept_ids.tolist() == [[5, 2], [3, 8]]
-    assert kept_log_probs.tolist() == [[0.0, -1.0], [-4.0, -7.0]]
+    assert kept_ids.tolist() == [[5, 2, 9], [3, 8, 4]]
+    assert kept_log_probs.tolist() == [[0.0, -1.0, -3.0], [-4.0, -7.0, -np.inf]]
 
 
 def test_top_k_is_best_first_with_ties_to_the_lower_id() -> None:
