@@ -179,7 +179,7 @@ def prepare(
                 f"the limit of {max_segment_characters} (max_segment_characters); split it "
                 "into shorter sentences",
             )
-    sources = model.encode([s for layout in layouts for s in layout.segments], target)
+    sources = model.encode([s for layout in layouts for s in layout.inputs], target)
     limit = model.max_input_tokens
     for (b, _), number, ids in zip(origins, numbers, sources, strict=True):
         if len(ids) > limit:
@@ -258,11 +258,11 @@ def _assemble(
     if not layout.segments:
         return TextTranslation([""] * n, [None] * n, [], TextAlignment([]) if alignments else None)
     texts, scores = [], []
-    best: list[str] = []
+    best: list[segment.Rewrapped] = []
     for k in range(n):
         chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
-        translations = [model.decode(h.ids) for h in chosen]
-        texts.append(layout.join(translations))
+        translations = layout.rewrap([model.decode(h.ids) for h in chosen])
+        texts.append(layout.join([t.text for t in translations]))
         scores.append(sum(h.score for h in chosen) / len(chosen))
         best = best or translations
     segments = [hyps[0] for hyps in nbest]
@@ -274,13 +274,14 @@ def _text_alignment(
     model: TextModel,
     layout: segment.Layout,
     hypotheses: list[Hypothesis],
-    translations: list[str],
+    translations: list[segment.Rewrapped],
 ) -> TextAlignment:
     """The word alignment of a text's best translation: each sentence's, placed where the
-    sentence is in the text and in the translation (both keep the text's separators)."""
+    sentence is in the text and in the translation (both keep the text's separators, and a
+    hard-wrapped sentence's line breaks)."""
     sentences = []
     source_at = target_at = len(layout.separators[0])
-    source_spans = model.source_spans(layout.segments)
+    source_spans = model.source_spans(layout.inputs)
     for source, target, hypothesis, spans, separator in zip(
         layout.segments, translations, hypotheses, source_spans, layout.separators[1:], strict=True
     ):
@@ -289,11 +290,13 @@ def _text_alignment(
             if hypothesis.ids:
                 raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
             weights = np.zeros((0, len(spans) + 1), np.float32)
-        target_spans = model.target_spans(hypothesis.ids)
-        aligned = sentence_alignment(source, target, spans, target_spans, weights)
+        target_spans = [
+            (target.position(a), target.position(b)) for a, b in model.target_spans(hypothesis.ids)
+        ]
+        aligned = sentence_alignment(source, target.text, spans, target_spans, weights)
         sentences.append((source_at, target_at, aligned))
         source_at += len(source) + len(separator)
-        target_at += len(target) + len(separator)
+        target_at += len(target.text) + len(separator)
     return TextAlignment(sentences)
 
 

@@ -17,15 +17,36 @@ Chinese and Japanese write no space between sentences: their full-width marks `�
 brackets included ("他说：“我很好。”然后离开了。" is two; a straight quote only before a space or
 the line's end, as one that may open the next sentence), except a quote followed by Japanese's
 quotative particle と or って ("「晴れです。」と言った。" is one).
+
+Thai writes no sentence marks and no space between words, and uses spaces for more than ends of
+sentences (around numbers, between the items of a list): a text holding Thai letters is cut by
+PyThaiNLP's CRFCut (a conditional random field over its words and spaces, trained on Thai
+text), which was right on 13 of 15 paragraphs where a space between Thai letters was on 10
+(benchmarks/RESULTS.md). It is loaded on the first Thai text (about 80 MiB) and splits about
+80,000 characters a second.
+
+A sentence goes on across a single line break where a reader would read on: hard-wrapped text
+(an e-mail, a commit message, a text file at 72 columns). The line must not end a sentence (an
+end mark) or announce what follows (a colon), and the next line must not start a list item or a
+quote (`- `, `* `, `• `, `> `, `1. `, `a) `), and either start in lower case, or the line was
+full: the next line's first word would not have fitted after it within the paragraph's longest
+line, of at least `_WRAP_WIDTH` characters. Between Chinese or Japanese characters any line
+break is a wrap. A sentence does not go on past `_LONGEST_WRAPPED` characters. The segment then
+holds the line break (`Layout.inputs` gives it to the model as a space) and `Layout.rewrap` puts
+it back into the translation at the same fraction of the sentence's length, in the nearest space
+between words: the translation keeps the input's lines, as the LibreTranslate API promises, and
+is wrapped as evenly as the input was.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import pairwise
 
-# Everything `str.splitlines` breaks on: no segment spans two lines.
+# Everything `str.splitlines` breaks on: a segment spans two lines only where a sentence is
+# hard-wrapped (module docstring).
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
 # Tried only where a run of end marks begins (the lookbehind): trying every position inside a
 # long run without space after it made a search quadratic in the run's length. A run holding a
@@ -37,6 +58,27 @@ _SENTENCE_END = re.compile(
 )
 # Japanese's quotative particle after a closing quote: 「...。」と言った, 『...。』って.
 _QUOTATIVE = re.compile(r"と|って")
+_THAI = re.compile(r"[\u0e01-\u0e4e]")  # Thai letters and signs
+# Hard wraps (module docstring). A line that ends a sentence or announces what follows:
+_LINE_ENDED = re.compile(r"(?:[.!?…。！？｡][\"'”’»)\]」』）】〉》]*|[:：])$")
+# A line that starts a list item or a quote:
+_ITEM = re.compile(r"(?:[-*+•‣◦▪–—>|#]|\d{1,3}[.)]|[A-Za-z][.)])(?:\s|$)")
+# Characters between which a line may break anywhere: Han, kana, full-width forms, Hangul.
+_WRAPS_ANYWHERE = re.compile(
+    r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60\uac00-\ud7af]"
+)
+# A paragraph whose longest line is shorter than this is not taken for hard-wrapped by its
+# lines' lengths (an address, a poem, a list without marks): wrapping tools use 60 to 80.
+_WRAP_WIDTH = 40
+# Nor does a sentence go on across lines past this many characters (more than the model's 256
+# tokens): many unpunctuated lines (a log, a word list) are not read as one endless sentence.
+_LONGEST_WRAPPED = 1000
+# A line's text up to the end of its last sentence mark and the space after it.
+_LAST_END = re.compile(r".*[.!?…。！？｡][\"'”’»)\]」』）】〉》]*\s", re.DOTALL)
+_BREAK = re.compile(r"\r\n|[\n\r]")
+_WRAP = re.compile(r"[^\S\n\r]*(?:\r\n|[\n\r])[^\S\n\r]*")  # a line break inside a sentence
+_AS_SPACES = str.maketrans("\n\r", "  ")
+_GAP = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -89,13 +131,52 @@ _WINDOW = 2 + max(
 
 
 @dataclass(frozen=True)
+class Rewrapped:
+    """A sentence's translation with the sentence's line breaks put back (`Layout.rewrap`):
+    `text`, and the `edits` that made it from the translation, (start, old length, new length)
+    in order, through which `position` maps the translation's character offsets."""
+
+    text: str
+    edits: tuple[tuple[int, int, int], ...] = field(default=())
+
+    def position(self, offset: int) -> int:
+        """Where character `offset` of the translation is in `text`."""
+        shift = 0
+        for start, old, new in self.edits:
+            if offset <= start:
+                break
+            if offset < start + old:
+                return start + shift + min(offset - start, new)
+            shift += new - old
+        return offset + shift
+
+
+@dataclass(frozen=True)
 class Layout:
     """A text as separators and segments, alternating: `separators[0] + segments[0] +
     separators[1] + ... + segments[-1] + separators[-1]` is the original text. Segments are
-    non-empty, start and end with a non-space character and hold no line break."""
+    non-empty, start and end with a non-space character, and hold a line break only where a
+    sentence is hard-wrapped (module docstring)."""
 
     segments: tuple[str, ...]
     separators: tuple[str, ...]
+
+    @property
+    def inputs(self) -> list[str]:
+        """The segments as the model reads them: a hard-wrapped sentence's line breaks as
+        spaces, so that every character keeps its offset."""
+        return [segment.translate(_AS_SPACES) for segment in self.segments]
+
+    def rewrap(self, translations: Sequence[str]) -> list[Rewrapped]:
+        """Each segment's translation with the segment's line breaks put back: each break,
+        with the horizontal space around it, replaces the space between words nearest to the
+        same fraction of the translation's length (after the previous break's), or where the
+        translation has no space between words left, goes in at that point between Chinese or
+        Japanese characters, else at the end."""
+        return [
+            _rewrap(source, translation)
+            for source, translation in zip(self.segments, translations, strict=True)
+        ]
 
     def join(self, translations: Sequence[str]) -> str:
         """The layout with each segment replaced by its translation."""
@@ -107,6 +188,42 @@ class Layout:
         return "".join(parts)
 
 
+def _rewrap(source: str, translation: str) -> Rewrapped:
+    breaks = list(_WRAP.finditer(source))
+    if not breaks:
+        return Rewrapped(translation)
+    gaps = [
+        m.span() for m in _GAP.finditer(translation) if m.start() > 0 and m.end() < len(translation)
+    ]
+    edits: list[tuple[int, int, str]] = []
+    done = 0  # the translation is placed up to here
+    for wrap in breaks:
+        point = round(wrap.start() * len(translation) / len(source))
+        left = [gap for gap in gaps if gap[0] >= done]
+        if left:
+            start, end = min(left, key=lambda gap: abs(gap[0] - point))
+        else:  # no space left: at the point between Chinese or Japanese characters, else at the end
+            start = end = min(max(point, done), len(translation))
+            if not (
+                0 < start < len(translation)
+                and _WRAPS_ANYWHERE.match(translation, start - 1)
+                and _WRAPS_ANYWHERE.match(translation, start)
+            ):
+                start = end = len(translation)
+        edits.append((start, end, wrap.group()))
+        done = end
+    parts: list[str] = []
+    at = 0
+    for start, end, wrap_text in edits:
+        parts += (translation[at:start], wrap_text)
+        at = end
+    parts.append(translation[at:])
+    return Rewrapped(
+        "".join(parts),
+        tuple((start, end - start, len(wrap_text)) for start, end, wrap_text in edits),
+    )
+
+
 def split(text: str, language: str = "") -> Layout:
     """`language` (the source's code) picks the abbreviations that do not end a sentence; any
     other code gets the language-independent rules only."""
@@ -114,8 +231,8 @@ def split(text: str, language: str = "") -> Layout:
     segments: list[str] = []
     separators: list[str] = []
     end_of_last = 0
-    for line in _LINE.finditer(text):
-        for start, end in _sentences(text, line.start(), line.end(), abbreviations):
+    for unit_start, unit_end in _units(text):
+        for start, end in _sentences(text, unit_start, unit_end, abbreviations):
             separators.append(text[end_of_last:start])
             segments.append(text[start:end])
             end_of_last = end
@@ -123,10 +240,66 @@ def split(text: str, language: str = "") -> Layout:
     return Layout(tuple(segments), tuple(separators))
 
 
+def _units(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of `text`, the lines of a hard-wrapped sentence as one."""
+    lines = [line.span() for line in _LINE.finditer(text)]
+    first = 0
+    while first < len(lines):
+        last = first + 1  # the paragraph: lines apart by one line break
+        while last < len(lines) and _BREAK.fullmatch(text, lines[last - 1][1], lines[last][0]):
+            last += 1
+        paragraph = lines[first:last]
+        width = max(len(text[a:b].rstrip()) for a, b in paragraph)
+        start = since = paragraph[0][0]  # since: where the sentence that goes on began
+        for (a, b), (c, d) in pairwise(paragraph):
+            ended = _LAST_END.match(text, a, b)
+            since = ended.end() if ended else since
+            if d - since > _LONGEST_WRAPPED or not _continues(text[a:b], text[c:d], width):
+                yield start, b
+                start = since = c
+        yield start, paragraph[-1][1]
+        first = last
+
+
+def _continues(line: str, following: str, width: int) -> bool:
+    """Whether a sentence goes on from `line` to the `following` one (module docstring), in a
+    paragraph whose longest line is `width` characters long."""
+    line, following = line.rstrip(), following.lstrip()
+    if not line or not following or _LINE_ENDED.search(line) or _ITEM.match(following):
+        return False
+    if following[0].islower() or (
+        _WRAPS_ANYWHERE.match(line[-1]) and _WRAPS_ANYWHERE.match(following)
+    ):
+        return True
+    return width >= _WRAP_WIDTH and len(line) + 1 + len(following.split(maxsplit=1)[0]) > width
+
+
 def _sentences(
     text: str, start: int, end: int, abbreviations: _Abbreviations
 ) -> Iterator[tuple[int, int]]:
-    """(start, end) of each sentence of the line text[start:end], without surrounding space."""
+    """(start, end) of each sentence of the line text[start:end], without surrounding space:
+    those that end marks end, each cut by CRFCut where it holds Thai."""
+    for first, last in _marked(text, start, end, abbreviations):
+        if _THAI.search(text, first, last) is None:
+            yield first, last
+            continue
+        from pythainlp.tokenize import sent_tokenize  # loaded on the first Thai text
+
+        pieces = [str(piece) for piece in sent_tokenize(text[first:last], engine="crfcut")]
+        if "".join(pieces) != text[first:last]:
+            raise AssertionError("CRFCut's sentences do not make up its text")
+        for piece in pieces:
+            words = piece.strip()
+            if words:
+                at = first + len(piece) - len(piece.lstrip())
+                yield at, at + len(words)
+            first += len(piece)
+
+
+def _marked(
+    text: str, start: int, end: int, abbreviations: _Abbreviations
+) -> Iterator[tuple[int, int]]:
+    """(start, end) of each sentence that end marks end in text[start:end]."""
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():

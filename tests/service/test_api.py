@@ -44,7 +44,7 @@ def runtime_of(app: FastAPI) -> Runtime:
 
 
 async def test_translate_one_text_keeps_its_layout(client: httpx.AsyncClient) -> None:
-    text = "A dog runs. A cat sleeps!\n\n  New paragraph\nlast line  "
+    text = "A dog runs. A cat sleeps!\n\n  New paragraph\nLast line  "
     response = await client.post("/translate", json={"text": text, **EN_DE})
     assert response.status_code == 200
     body = response.json()
@@ -267,7 +267,7 @@ async def test_a_full_queue_is_429_with_retry_after(fake: FakeModel) -> None:
             busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
             await asyncio.to_thread(fake.entered.wait, 5)
             queued = asyncio.ensure_future(
-                client.post("/translate", json={"text": "b\nc", **EN_DE})
+                client.post("/translate", json={"text": "B\nC", **EN_DE})
             )
             await async_wait_for(lambda: runtime_of(app).batchers[fake.name].depth == 2)
             response = await client.post("/translate", json={"text": "d", **EN_DE})

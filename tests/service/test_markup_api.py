@@ -129,6 +129,32 @@ async def test_return_alignments_gives_each_sentences_tokens_and_links(
     assert "alignments" not in response.json()["translations"][0]
 
 
+async def test_a_hard_wrapped_sentence_is_translated_whole_and_keeps_its_line_breaks(
+    markup_client: httpx.AsyncClient,
+) -> None:
+    text = "a dog runs\n  in the park. A cat\r\nsleeps."
+    response = await markup_client.post(
+        "/translate", json={"text": text, **EN_DE, "return_alignments": True}
+    )
+    assert response.status_code == 200, response.text
+    (translation,) = response.json()["translations"]
+    # Two sentences, each read by the model on one line; the line breaks come back.
+    assert translation["text"] == "A DOG RUNS\n  IN THE PARK. A CAT\r\nSLEEPS."
+    first, second = translation["alignments"]
+    assert (first["source"], first["target"]) == (
+        "a dog runs\n  in the park.",
+        "A DOG RUNS\n  IN THE PARK.",
+    )
+    for sentence in (first, second):
+        for side in ("source", "target"):
+            for token in sentence[f"{side}_tokens"]:
+                assert sentence[side][token["start"] : token["end"]] == token["text"]
+    response = await markup_client.post(
+        f"{LT}/translate", json={"q": text, "source": "en", "target": "de"}
+    )
+    assert response.json()["translatedText"] == translation["text"]
+
+
 async def test_html_alignments_are_the_blocks_sentences(markup_client: httpx.AsyncClient) -> None:
     response = await markup_client.post(
         "/translate",

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
         ("The U.S. Army came. It left.", ["The U.S. Army came.", "It left."]),
         ("It was in the U.S. Then it left.", ["It was in the U.S. Then it left."]),  # as Moses
         ("Go to www.example.Com. Then stop.", ["Go to www.example.Com.", "Then stop."]),
-        ("line one\nline two", ["line one", "line two"]),
+        ("Line one\nLine two", ["Line one", "Line two"]),  # short lines, a capital: two
+        ("the cat sat\non the mat.", ["the cat sat\non the mat."]),  # lower case goes on
         ("  indented\r\n\r\n  para two.  ", ["indented", "para two."]),
         ("中文。 English.", ["中文。", "English."]),
         # Full-width marks need no space after them; a quote followed by kana goes on.
@@ -82,11 +83,130 @@ def test_abbreviations_of_the_source_language_do_not_end_a_sentence(
 
 
 def test_join_keeps_lines_paragraphs_and_indentation() -> None:
-    text = "  First line. Second sentence!\n\n\tNew paragraph\r\nlast  "
+    text = "  First line. Second sentence!\n\n\tNew paragraph\r\nLast  "
     layout = split(text)
-    assert layout.segments == ("First line.", "Second sentence!", "New paragraph", "last")
+    assert layout.segments == ("First line.", "Second sentence!", "New paragraph", "Last")
     assert layout.separators == ("  ", " ", "\n\n\t", "\r\n", "  ")
     assert layout.join(["A", "B", "C", "D"]) == "  A B\n\n\tC\r\nD  "
+
+
+_WRAPPED = (  # an e-mail hard-wrapped at 72 columns
+    "I wanted to let you know that the meeting on Tuesday has been moved to\n"
+    "Thursday afternoon, because John is travelling. Please tell the others\n"
+    "and bring the report.\n"
+    "\n"
+    "Thanks,\n"
+    "Anna"
+)
+
+
+def test_a_hard_wrapped_paragraph_is_split_into_its_sentences_across_lines() -> None:
+    assert split(_WRAPPED, "en").segments == (
+        "I wanted to let you know that the meeting on Tuesday has been moved to\n"
+        "Thursday afternoon, because John is travelling.",
+        "Please tell the others\nand bring the report.",
+        "Thanks,",  # a short line followed by a capital: its own line, as written
+        "Anna",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "segments"),
+    [
+        # A line that ends a sentence or announces what follows, a list item, a quote.
+        ("It is done.\nnext we go", ["It is done.", "next we go"]),
+        ("You need these:\nflour and eggs", ["You need these:", "flour and eggs"]),
+        ("Buy\n- milk\n- eggs", ["Buy", "- milk", "- eggs"]),
+        ("Steps\n1. open it\n2. close it", ["Steps", "1. open it", "2. close it"]),
+        ("he wrote\n> and then some", ["he wrote", "> and then some"]),
+        # Short lines each starting with a capital: an address, kept line by line.
+        (
+            "John Smith\n12 Main Street\nSpringfield",
+            ["John Smith", "12 Main Street", "Springfield"],
+        ),
+        # A blank line ends the paragraph, and CRLF wraps like LF.
+        ("the cat\n\nsat down", ["the cat", "sat down"]),
+        ("one long\r\n  line", ["one long\r\n  line"]),
+        # Chinese wraps anywhere.
+        (
+            "这是一个很长的句子，它被硬换行\n分成了两行。第二句。",
+            ["这是一个很长的句子，它被硬换行\n分成了两行。", "第二句。"],
+        ),
+    ],
+)
+def test_which_line_breaks_a_sentence_goes_on_across(text: str, segments: list[str]) -> None:
+    assert list(split(text, "en").segments) == segments
+
+
+def test_unpunctuated_lines_are_not_read_as_one_endless_sentence() -> None:
+    words = [f"word{i} and more" for i in range(300)]  # lower case, no end mark
+    layout = split("\n".join(words), "en")
+    assert layout.join(list(layout.segments)) == "\n".join(words)
+    assert len(layout.segments) > 1
+    assert all(len(s) <= segment._LONGEST_WRAPPED for s in layout.segments)
+    # An end mark starts the count again: a long wrapped paragraph of short sentences is one unit.
+    sentences = "\n".join(["The dog runs. And it jumps over the wall"] * 100)
+    assert len(split(sentences, "en").segments) == 101
+
+
+def test_the_model_reads_a_wrapped_sentence_on_one_line() -> None:
+    layout = split("A sentence wrapped \r\n  across lines.")
+    assert layout.segments == ("A sentence wrapped \r\n  across lines.",)
+    assert layout.inputs == ["A sentence wrapped" + " " * 5 + "across lines."]
+
+
+def test_line_breaks_go_back_into_the_translation_at_the_same_fraction() -> None:
+    layout = split(_WRAPPED, "en")
+    translations = [
+        "Ich wollte dir mitteilen, dass das Treffen vom Dienstag auf Donnerstagnachmittag "
+        "verschoben wurde, weil John verreist ist.",
+        "Bitte sag es den anderen und bring den Bericht mit.",
+        "Danke,",
+        "Anna",
+    ]
+    rewrapped = layout.rewrap(translations)
+    assert layout.join([r.text for r in rewrapped]) == (
+        "Ich wollte dir mitteilen, dass das Treffen vom Dienstag auf Donnerstagnachmittag\n"
+        "verschoben wurde, weil John verreist ist. Bitte sag es den anderen\n"
+        "und bring den Bericht mit.\n"
+        "\n"
+        "Danke,\n"
+        "Anna"
+    )
+    # Offsets of the translation map to the same characters of the rewrapped text.
+    for r, translation in zip(rewrapped, translations, strict=True):
+        for i, character in enumerate(translation):
+            if not character.isspace():
+                assert r.text[r.position(i)] == character
+
+
+def test_each_line_break_gets_its_own_place_with_indentation_and_crlf_kept() -> None:
+    (rewrapped,) = split("one two three\r\n  four five six\nseven eight nine").rewrap(
+        ["eins zwei drei vier fünf sechs sieben acht neun"]
+    )
+    assert rewrapped.text == "eins zwei drei\r\n  vier fünf sechs\nsieben acht neun"
+    assert rewrapped.position(len("eins zwei drei vier")) == len("eins zwei drei\r\n  vier")
+    # Fewer spaces between words than breaks: the rest go at the end, none is lost.
+    (short,) = split("one two three\nfour five six\nseven").rewrap(["eins"])
+    assert short.text == "eins\n\n"  # not inside the word
+    # A translation without spaces (Chinese) takes the break at the same fraction.
+    (chinese,) = split("a long sentence\nwrapped once").rewrap(["一个长句子换行了一次"])
+    assert chinese.text == "一个长句子\n换行了一次"
+
+
+@given(st.text(alphabet="ab .\n\r-:一", max_size=60), st.text(alphabet="xy 。", max_size=30))
+def test_rewrapping_keeps_every_line_break_and_every_character(text: str, translation: str) -> None:
+    layout = split(text, "en")
+    for source, r in zip(
+        layout.segments, layout.rewrap([translation] * len(layout.segments)), strict=True
+    ):
+        breaks = len(segment._WRAP.findall(source))
+        assert len(segment._BREAK.findall(r.text)) == breaks + len(
+            segment._BREAK.findall(translation)
+        )
+        assert r.text.replace("\r", "").replace("\n", "").replace(" ", "") == translation.replace(
+            " ", ""
+        )
 
 
 def test_join_needs_one_translation_per_segment() -> None:
@@ -98,10 +218,13 @@ def test_join_needs_one_translation_per_segment() -> None:
 def test_split_join_round_trips_any_text(text: str, language: str) -> None:
     layout = split(text, language)
     assert layout.join(list(layout.segments)) == text
+    # The model's inputs put back where they were, line breaks included, are the text again.
+    assert layout.join([r.text for r in layout.rewrap(layout.inputs)]) == text
     assert len(layout.separators) == len(layout.segments) + 1
-    for s in layout.segments:
+    for s, model_input in zip(layout.segments, layout.inputs, strict=True):
         assert s and not s[0].isspace() and not s[-1].isspace()
-        assert len(s.splitlines()) == 1
+        assert len(s.splitlines()) == len(segment._WRAP.findall(s)) + 1  # only wraps inside
+        assert len(model_input.splitlines()) == 1 and len(model_input) == len(s)
 
 
 @given(
@@ -153,3 +276,32 @@ def test_sentence_ends_are_found_where_the_unanchored_pattern_found_them(text: s
     old = [m.span() for m in _QUADRATIC_SENTENCE_END.finditer(text)]
     new = [m.span() for m in segment._SENTENCE_END.finditer(text)]
     assert new == old
+
+
+@pytest.mark.parametrize(
+    ("text", "segments"),
+    [
+        (
+            "วันนี้อากาศดีมาก ฉันไปเดินเล่นที่สวนสาธารณะกับเพื่อน",
+            ["วันนี้อากาศดีมาก", "ฉันไปเดินเล่นที่สวนสาธารณะกับเพื่อน"],
+        ),
+        # Spaces around a number or an English word, after ๆ or ฯ, between list items: not ends.
+        ("ร้านนี้ขายกาแฟราคา 45 บาท ขนมปังราคา 30 บาท", ["ร้านนี้ขายกาแฟราคา 45 บาท", "ขนมปังราคา 30 บาท"]),
+        ("ผมใช้ iPhone 15 ทุกวัน แบตเตอรี่ใช้ได้นานมาก", ["ผมใช้ iPhone 15 ทุกวัน", "แบตเตอรี่ใช้ได้นานมาก"]),
+        ("เด็กๆ เล่นกันอยู่ในสนาม แม่เรียกให้กลับบ้าน", ["เด็กๆ เล่นกันอยู่ในสนาม", "แม่เรียกให้กลับบ้าน"]),
+        ("ฉันอยู่ที่กรุงเทพฯ มาสิบปีแล้ว ตอนนี้ย้ายไปเชียงใหม่", ["ฉันอยู่ที่กรุงเทพฯ มาสิบปีแล้ว", "ตอนนี้ย้ายไปเชียงใหม่"]),
+        # End marks first, then Thai; English around Thai keeps its own rules.
+        ("Hello there. ขอบคุณครับ แล้วพบกันใหม่", ["Hello there.", "ขอบคุณครับ", "แล้วพบกันใหม่"]),
+    ],
+)
+def test_thai_is_split_into_sentences_at_the_spaces_that_end_them(
+    text: str, segments: list[str]
+) -> None:
+    assert list(split(text).segments) == segments
+
+
+@given(st.text(alphabet="กขคนมาิ่ ๆฯ1a.\n", max_size=80))
+def test_split_join_round_trips_thai(text: str) -> None:
+    layout = split(text)
+    assert layout.join(list(layout.segments)) == text
+    assert all(s and not s[0].isspace() and not s[-1].isspace() for s in layout.segments)

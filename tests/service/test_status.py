@@ -75,7 +75,7 @@ async def test_queue_depth_is_the_segments_waiting(fake: FakeModel) -> None:
             busy = asyncio.ensure_future(client.post("/translate", json={"text": "a", **EN_DE}))
             await asyncio.to_thread(fake.entered.wait, 5)
             queued = asyncio.ensure_future(
-                client.post("/translate", json={"text": "b\nc", **EN_DE})
+                client.post("/translate", json={"text": "B\nC", **EN_DE})
             )
 
             await async_wait_for(lambda: app.state.runtime.batchers[fake.name].depth == 2)
