@@ -17,7 +17,13 @@ from pathlib import Path
 
 import sentencepiece
 import torch
-from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+from transformers import (
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    MarianTokenizer,
+    PreTrainedModel,
+)
 
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 LICENSE = "cc-by-4.0"  # what README.md's front matter says, as OPUS-MT model cards do
@@ -60,15 +66,16 @@ def _vocab(pieces: Sequence[str], size: int | None) -> dict[str, int]:
     return {token: i for i, token in enumerate([*tokens, PAD])}
 
 
-def _randomize(model: MarianMTModel, generator: torch.Generator) -> None:
+def randomize(model: PreTrainedModel, generator: torch.Generator, *, eos: int, zero: int) -> None:
     """Weights whose translations depend on the source and stop at varied lengths.
 
     transformers' initialisation (std 0.02) leaves the output to the logits' bias: every source
     gets the same tokens, and no search ever ends. Unit-variance products, small embeddings
-    (so the positions matter), a </s> embedding four times longer than the rest and a random
-    final_logits_bias give different outputs per source; with some seeds (0 for the tests'
-    model) some end with </s> after a few tokens and others run to the length limit, in greedy
-    and beam search alike.
+    (so the positions matter), a </s> (`eos`) embedding four times longer than the rest and a
+    random final_logits_bias (Marian's) give different outputs per source; with some seeds (0
+    for the tests' model) some end with </s> after a few tokens and others run to the length
+    limit, in greedy and beam search alike. Token `zero` gets a zero embedding (the pad token:
+    Marian's also starts the decoder, as Marian starts from a zero vector).
     """
 
     def normal(shape: torch.Size, std: float) -> torch.Tensor:
@@ -80,17 +87,17 @@ def _randomize(model: MarianMTModel, generator: torch.Generator) -> None:
                 continue
             if "embed_tokens" in name or name.endswith("shared.weight"):
                 parameter.copy_(normal(parameter.shape, 0.05))
-                parameter[0] *= 4.0  # </s>
-                # The pad token (the last) starts the decoder; converted OPUS-MT checkpoints
-                # give it a zero embedding, as Marian starts from a zero vector.
-                parameter[-1] = 0.0
+                parameter[eos] *= 4.0
+                parameter[zero] = 0.0
             elif "layer_norm" in name and name.endswith("weight"):
                 parameter.copy_(1.0 + normal(parameter.shape, 0.2))
             elif parameter.dim() == 2:
                 parameter.copy_(normal(parameter.shape, parameter.shape[1] ** -0.5))
             else:
                 parameter.copy_(normal(parameter.shape, 0.1))
-        model.final_logits_bias.copy_(normal(model.final_logits_bias.shape, 0.1))
+        bias = getattr(model, "final_logits_bias", None)
+        if bias is not None:
+            bias.copy_(normal(bias.shape, 0.1))
 
 
 def write_checkpoint(
@@ -159,7 +166,7 @@ def write_checkpoint(
         forced_eos_token_id=0,
     )
     model = MarianMTModel(config).eval()
-    _randomize(model, torch.Generator().manual_seed(seed))
+    randomize(model, torch.Generator().manual_seed(seed), eos=0, zero=pad)
     model.generation_config = GenerationConfig(
         bad_words_ids=[[pad]],
         decoder_start_token_id=pad,

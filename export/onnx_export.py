@@ -67,6 +67,8 @@ from service.bundle.manifest import (
     SentencePieceFiles,
     SpecialIds,
     TensorSpec,
+    Tokenization,
+    TokenizersFile,
     cross_names,
     decoder_step_io,
     encoder_io,
@@ -74,7 +76,7 @@ from service.bundle.manifest import (
     sha256_file,
     tokenizer_files,
 )
-from service.bundle.tokenizer import SentencePieceTokenizer
+from service.bundle.tokenizer import load_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +240,10 @@ def _special_ids(config: ModelConfig) -> SpecialIds:
 
 def _checkpoint_tokenizer(
     checkpoint: Path, meta: dict[str, Any], config: ModelConfig
-) -> str | SentencePieceFiles:
+) -> Tokenization:
     """The checkpoint's tokenizer as the manifest names it, checked against the model: this
-    project's tokenizer.json, or the SentencePiece files config.json lists (an imported Marian
-    model, see model/importers/marian.py)."""
+    project's tokenizer.json, or the files an import recorded in config.json (SentencePiece
+    files, or a tokenizers file with its options: model/importers/)."""
     if "tokenizer" not in meta:
         tokenizer = load_tokenizer(checkpoint / TOKENIZER_FILE)
         if tokenizer.get_vocab_size() != config.vocab_size:
@@ -250,9 +252,14 @@ def _checkpoint_tokenizer(
                 f"model {config.vocab_size}"
             )
         return TOKENIZER_FILE
-    files = SentencePieceFiles.model_validate(meta["tokenizer"])
+    recorded = meta["tokenizer"]
+    files: TokenizersFile | SentencePieceFiles = (
+        TokenizersFile.model_validate(recorded)
+        if "file" in recorded
+        else SentencePieceFiles.model_validate(recorded)
+    )
     vocab_sizes = (config.vocab_size, config.decoder_vocab_size)
-    SentencePieceTokenizer(checkpoint, files, _special_ids(config), vocab_sizes)  # loads: checks
+    load_tokenizer_files(checkpoint, files, _special_ids(config), vocab_sizes)  # loads: checks
     return files
 
 
@@ -320,6 +327,8 @@ def export_bundle(
         source_language=source_language,
         target_language=target_language,
         target_tokens=meta.get("target_tokens", {}),
+        source_tokens=meta.get("source_tokens", {}),
+        decoder_prefixes=meta.get("decoder_prefixes", {}),
         alignment=AlignmentSpec(
             layer=config.aligned_layer, head=config.alignment_head, aligner=config.aligner
         ),

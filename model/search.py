@@ -33,6 +33,7 @@ from service.bundle.decoding import (
     GreedyBook,
     Hypothesis,
     OptionFields,
+    Prefixes,
     StepPolicy,
     nothing,
     options_within,
@@ -103,16 +104,19 @@ def greedy_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
+    prefixes: Prefixes | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at each step; finished rows leave the batch.
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
+    forced = prefixes or Prefixes.none(len(limits))
     book = GreedyBook(StepPolicy(options, eos_id), limits)
     tokens = torch.full((len(limits),), bos_id, dtype=torch.long, device=device)
     for step in range(book.steps):
         bans = book.policy.bans(step, len(tokens), book.history)
         log_probs = _without(stepper.step(tokens), bans)  # (R, V)
+        _force(log_probs, forced.forced(step, book.alive), 1)
         best_log_probs, best = log_probs.max(dim=-1)  # (R,)
         keep = book.advance(step, best.tolist(), best_log_probs.tolist())
         if not keep:
@@ -133,9 +137,11 @@ def beam_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
+    prefixes: Prefixes | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `stepper` holds one row per sentence, and beam_size rows per
     sentence (sentence-major) from the second step on: it expands them itself (`select`)."""
+    forced = prefixes or Prefixes.none(len(limits))
     book = BeamBook(StepPolicy(options, eos_id), limits)
     batch_size = len(limits)
     k = options.beam_size
@@ -150,6 +156,7 @@ def beam_search(
     for step in range(book.steps):
         bans = book.policy.bans(step, len(tokens), tokens_of)
         log_probs = _without(stepper.step(tokens), bans)  # (N*beams, V)
+        _force(log_probs, forced.forced(step, book.alive), scores.size(1))
         n, beams, vocab = len(book.alive), scores.size(1), log_probs.size(-1)
         candidates = (scores[:, :, None] + log_probs.view(n, beams, vocab)).view(n, -1)
         top_scores, top_index = candidates.topk(min(2 * k, beams * vocab), dim=-1)  # (N, 2K)
@@ -192,6 +199,15 @@ def _without(log_probs: Tensor, bans: list[tuple[int, ...]]) -> Tensor:
     return log_probs
 
 
+def _force(log_probs: Tensor, forced: list[tuple[int, int]], beams: int) -> None:
+    """In place: the rows of each sentence a prefix forces a token on (Prefixes.forced) have
+    log-prob 0 for that token and -inf for every other."""
+    for i, token in forced:
+        rows = log_probs[i * beams : (i + 1) * beams]
+        rows.fill_(-math.inf)
+        rows[:, token] = 0.0
+
+
 def decode_batches(
     make_stepper: Callable[[Tensor], Stepper],
     sources: Sequence[Sequence[int]],
@@ -202,31 +218,37 @@ def decode_batches(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     device: torch.device | str = "cpu",
+    prefixes: Sequence[Sequence[int]] | None = None,
+    positions: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Sort sources by length, decode them in batches, and return n-best lists in input order.
 
     `make_stepper(src)` gets a padded (B, S) batch and returns a stepper over its B rows (the
     encoder run once; beam search expands the rows per beam after the first step). Any backend
     (torch, ONNX Runtime) plugs in here and shares the search. Empty sources give an empty
-    hypothesis unseen.
+    hypothesis unseen. `prefixes`: each source's decoder prefix (Prefixes), forced and taken
+    off the hypotheses, within the decoder's `positions`.
     """
     results = [[nothing()] for _ in sources]
     order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         stepper = make_stepper(pad([sources[i] for i in chunk], pad_id=pad_id))  # (B, S) -> B rows
-        limits = [options.limit(len(sources[i])) for i in chunk]
+        forced = Prefixes([() if prefixes is None else prefixes[i] for i in chunk])
+        limits = forced.limits([options.limit(len(sources[i])) for i in chunk], positions)
         if options.beam_size > 1:
             nbest = beam_search(
-                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device
-            )
+                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device,
+                prefixes=forced,
+            )  # fmt: skip
         else:
             greedy = greedy_search(
-                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device
-            )
+                stepper, limits, options, bos_id=bos_id, eos_id=eos_id, device=device,
+                prefixes=forced,
+            )  # fmt: skip
             nbest = [[h] for h in greedy]
-        for i, hyps in zip(chunk, nbest, strict=True):
-            results[i] = hyps
+        for row, (i, hyps) in enumerate(zip(chunk, nbest, strict=True)):
+            results[i] = [forced.strip(row, h) for h in hyps]
     return results
 
 
@@ -237,12 +259,14 @@ def generate(
     *,
     batch_size: int = 64,
     decoder: DecoderKind = "cached",
+    prefixes: Sequence[Sequence[int]] | None = None,
     **options: Unpack[OptionFields],
 ) -> list[list[Hypothesis]]:
     """Decode source id sequences (each ending in </s>) with the torch model; n-best lists.
 
     `options` are `DecodingOptions` fields; max_decoding_length is at most the model's positions
-    (all of them when not given)."""
+    (all of them when not given). `prefixes`: each source's decoder prefix (a multilingual
+    model's target-language token), forced."""
     device = next(model.parameters()).device
     stepper_cls = CachedStepper if decoder == "cached" else UncachedStepper
 
@@ -261,4 +285,6 @@ def generate(
         bos_id=model.config.bos_id,
         eos_id=model.config.eos_id,
         device=device,
+        prefixes=prefixes,
+        positions=model.config.max_positions,
     )

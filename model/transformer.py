@@ -34,8 +34,9 @@ UNK_ID = 3
 NormPlacement = Literal["post", "pre"]
 Activation = Literal["relu", "swish", "gelu"]
 # Where the sinusoids go: "interleaved" as in the paper (sin on even features, cos on odd ones),
-# "halves" with every sine first and every cosine second (tensor2tensor, Marian).
-PositionLayout = Literal["interleaved", "halves"]
+# "halves" with every sine first and every cosine second (tensor2tensor, Marian); "fairseq" as
+# halves, with fairseq's frequencies 10000^(-j / (d_model/2 - 1)) (M2M100, NLLB).
+PositionLayout = Literal["interleaved", "halves", "fairseq"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class ModelConfig:
     # for Marian (OPUS-MT) checkpoints.
     activation: Activation = "relu"  # of the feed-forward's hidden layer; swish = x * sigmoid(x)
     positions: PositionLayout = "interleaved"
+    # The position of a sequence's first token (fairseq's models: padding_idx + 1 = 2).
+    position_offset: int = 0
     scale_embedding: bool = True  # embeddings times sqrt(d_model), section 3.4
     # None: one joint vocabulary, one matrix for the source and target embeddings and the output
     # projection. Otherwise the decoder has its own embedding of this many tokens, which the
@@ -121,6 +124,10 @@ class ModelConfig:
             raise ValueError(f"suppressed_ids {self.suppressed_ids} outside the target vocabulary")
         if self.eos_id in self.suppressed_ids:
             raise ValueError("eos_id cannot be suppressed: no translation could end")
+        if self.position_offset < 0:
+            raise ValueError(f"position_offset must be at least 0, got {self.position_offset}")
+        if self.positions == "fairseq" and (self.d_model % 2 or self.d_model < 4):
+            raise ValueError(f"fairseq positions need an even d_model >= 4, got {self.d_model}")
         if not 0 < self.branch_init_scale < math.inf:
             raise ValueError(f"branch_init_scale must be positive, got {self.branch_init_scale}")
         if not 0 <= self.aligned_layer < self.n_decoder_layers:
@@ -190,11 +197,20 @@ def preset_config(name: str, vocab_size: int, **overrides: object) -> ModelConfi
 
 
 def sinusoidal_encoding(
-    max_positions: int, d_model: int, layout: PositionLayout = "interleaved"
+    max_positions: int, d_model: int, layout: PositionLayout = "interleaved", offset: int = 0
 ) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same); with layout
-    "halves" the sines fill features 0 .. d_model/2 - 1 and the cosines the rest."""
-    position = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same) for positions
+    offset .. offset + max_positions - 1; with layout "halves" the sines fill features
+    0 .. d_model/2 - 1 and the cosines the rest, and "fairseq" does so with the frequencies
+    10000^(-j / (d_model/2 - 1)), j < d_model/2 (fairseq's and transformers' M2M100)."""
+    position = torch.arange(offset, offset + max_positions, dtype=torch.float64).unsqueeze(1)
+    if layout == "fairseq":
+        half = d_model // 2
+        frequencies = torch.exp(
+            torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1))
+        )
+        angles = position * frequencies  # (P, d_model / 2)
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
     div = torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angles = position / div  # (P, ceil(d_model / 2))
     sines, cosines = torch.sin(angles), torch.cos(angles[:, : d_model // 2])
@@ -470,7 +486,9 @@ class Transformer(nn.Module):
             self.register_parameter("output_bias", None)
         self.register_buffer(
             "positional_encoding",
-            sinusoidal_encoding(config.max_positions, config.d_model, config.positions),
+            sinusoidal_encoding(
+                config.max_positions, config.d_model, config.positions, config.position_offset
+            ),
             persistent=False,
         )
         suppressed = torch.zeros(config.decoder_vocab_size, dtype=torch.bool)  # (V,)

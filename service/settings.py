@@ -30,12 +30,28 @@ class Settings(BaseSettings):
         description="bundle directory, one per language pair (repeat the flag; comma-separated "
         "in the environment); none: the shipped model, built on first start",
     )
+    model: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="a transformers checkpoint directory (Marian, M2M100, NLLB: what "
+        "save_pretrained writes or a hub download holds), imported and exported into "
+        "model_cache on first start (repeat the flag; comma-separated in the environment); "
+        "served with the bundles",
+    )
+    model_cache: Path = Field(
+        Path("bundles/imported"),
+        description="where --model's bundles are kept, one per checkpoint content hash",
+    )
     checkpoint: Path = Field(
         Path("checkpoints/multi30k-en-de"),
-        description="the shipped checkpoint, exported when no bundle is given",
+        description="the shipped checkpoint, exported when no bundle or model is given",
     )
     shipped_bundle: Path = Field(
         Path("bundles/multi30k-en-de"), description="where the shipped checkpoint's bundle lives"
+    )
+    prefer_multilingual: bool = Field(
+        False,
+        description="when a bilingual and a multilingual (M2M100, NLLB) bundle serve the same "
+        "pair, route it to the multilingual one (off: the bilingual one)",
     )
     device: Device = Field("auto", description="ONNX Runtime device")
     device_id: int = Field(0, ge=0, description="CUDA device index")
@@ -190,7 +206,7 @@ class Settings(BaseSettings):
         "long uvicorn waits for open requests",
     )
 
-    @field_validator("bundle", "api_keys", "cors_origins", mode="before")
+    @field_validator("bundle", "model", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

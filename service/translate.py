@@ -1,6 +1,7 @@
 """Translate a file line by line with the engine: the batch path, no HTTP.
 
-    python -m service.translate --bundle BUNDLE [--target LANG] [--beam-size K] [--batch-size N]
+    python -m service.translate --bundle BUNDLE [--source LANG] [--target LANG] [--beam-size K]
+        [--batch-size N]
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
         [--max-decoding-length N] [--format text|html|xml [--translate-attributes]]
         < in.txt > out.txt
@@ -69,6 +70,7 @@ def translate_lines(
     out: TextIO,
     max_segment_characters: int,
     target: str | None = None,
+    source: str | None = None,
     on_progress: Callable[[int], None] = lambda done: None,
     form: pipeline.Form = pipeline.PLAIN,
 ) -> int:
@@ -82,6 +84,7 @@ def translate_lines(
         engine,
         lines,
         target,
+        source=source,
         max_segment_characters=max_segment_characters,
         label=lambda index: f"line {index + 1}",
         format=form.format,
@@ -91,7 +94,8 @@ def translate_lines(
     tokens = 0
     for start in range(0, len(lines), window):
         part = prepared.texts(start, start + window)
-        nbest = engine.generate(part.sources, options)
+        prefix = engine.decoder_prefix(target)
+        nbest = engine.generate(part.sources, options, prefixes=[prefix] * len(part.sources))
         tokens += sum(len(hyps[0].ids) for hyps in nbest)
         for translation in pipeline.assemble(engine, part, nbest, 1):
             # One line in, one line out: a newline in a translation would shift every line.
@@ -121,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Translate stdin to stdout, line by line, with an ONNX bundle.",
     )
     p.add_argument("--bundle", required=True, help="bundle directory (python -m export)")
-    p.add_argument("--target", help="target language, for a multi-target model")
+    p.add_argument("--source", help="source language, for a multilingual model")
+    p.add_argument("--target", help="target language, for a multi-target or multilingual model")
     defaults = {name: field.default for name, field in Settings.model_fields.items()}
     p.add_argument(
         "--beam-size",
@@ -197,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             out=sys.stdout,
             max_segment_characters=settings.max_segment_characters,
             target=args.target,
+            source=args.source,
             on_progress=_Progress(len(lines), sys.stderr).update,
             form=pipeline.Form(args.format, args.translate_attributes),
         )

@@ -270,3 +270,83 @@ def marian_renormalized_bundle(
     marian_renormalized_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     return _exported(marian_renormalized_checkpoint, tmp_path_factory)
+
+
+# A multilingual sample (Latin with diacritics and combining marks, Cyrillic, Greek, CJK,
+# Arabic, Devanagari, Thai, emoji): the M2M100 and NLLB tests' tokenizers learn it along with
+# Multi30k, and their tokenization and parity tests translate it.
+MULTILINGUAL_SAMPLE = [
+    "A dog runs through the green park.",
+    "Zwei Männer spielen Fußball auf dem Rasen.",
+    "Une femme lit un livre près de la fenêtre.",
+    "Café, naïve, fiancée: e\u0301te\u0301 décomposé.",
+    "Привет, как дела? Собака бежит по снегу.",
+    "Γειά σου κόσμε, ο σκύλος τρέχει.",
+    "你好，世界。一只狗在公园里跑。",
+    "今日は晴れです。犬が走っています。",
+    "مرحبا بالعالم، الكلب يركض في الحديقة.",
+    "नमस्ते दुनिया, कुत्ता पार्क में दौड़ता है।",
+    "สวัสดีครับ สุนัขวิ่งในสวน",
+    "Emoji 😀🎉👍 and a flag 🇩🇪 in text.",
+]
+M2M100_LINES = 600  # Multi30k lines per language the tokenizers learn from, besides the sample
+
+
+def _m2m100_lines(multi30k: Path) -> list[str]:
+    lines = [*MULTILINGUAL_SAMPLE]
+    for language in ("en", "de", "fr"):
+        lines += read_lines(multi30k / f"train.{language}.gz")[:M2M100_LINES]
+    return lines
+
+
+@pytest.fixture(scope="session")
+def m2m100_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An M2M100-shaped random model (SentencePiece + vocab.json, the "wmt21" languages), as
+    transformers' save_pretrained writes it."""
+    from benchmarks.m2m100_checkpoint import write_checkpoint as write_m2m100
+
+    return write_m2m100(
+        tmp_path_factory.mktemp("hf") / "m2m100", _m2m100_lines(multi30k), family="m2m100"
+    )
+
+
+@pytest.fixture(scope="session")
+def nllb_dir(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An NLLB-200-shaped random model (tokenizer.json with the 202 language codes)."""
+    from benchmarks.m2m100_checkpoint import write_checkpoint as write_m2m100
+
+    return write_m2m100(
+        tmp_path_factory.mktemp("hf") / "nllb", _m2m100_lines(multi30k), family="nllb"
+    )
+
+
+def _imported_m2m100(directory: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from model.importers.m2m100 import import_checkpoint as import_m2m100
+
+    out = tmp_path_factory.mktemp("imported") / directory.name
+    import_m2m100(directory, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def m2m100_checkpoint(m2m100_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _imported_m2m100(m2m100_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def nllb_checkpoint(nllb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _imported_m2m100(nllb_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def m2m100_bundle(m2m100_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "m2m100"
+    export_bundle(m2m100_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def nllb_bundle(nllb_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "nllb"
+    export_bundle(nllb_checkpoint, out)
+    return out

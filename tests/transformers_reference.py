@@ -1,4 +1,5 @@
-"""transformers' MarianMTModel and MarianTokenizer as the reference the Marian tests compare with.
+"""transformers' MarianMTModel and MarianTokenizer as the reference the Marian tests compare with,
+and M2M100ForConditionalGeneration with its tokenizers as the M2M100 and NLLB tests'.
 
 `generate` runs transformers' search under the conventions this project's search follows, so
 that both must give the same tokens (README: Serve an OPUS-MT model):
@@ -16,9 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import MarianMTModel, MarianTokenizer
+from transformers import (
+    AutoTokenizer,
+    M2M100ForConditionalGeneration,
+    MarianMTModel,
+    MarianTokenizer,
+)
 
 
 @dataclass(frozen=True)
@@ -79,3 +86,70 @@ def generate(
 
 def decode(ref: Reference, ids: Sequence[int]) -> str:
     return str(ref.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+@dataclass(frozen=True)
+class MultilingualReference:
+    """transformers' M2M100ForConditionalGeneration with its tokenizer (M2M100Tokenizer or
+    NllbTokenizer, as AutoTokenizer picks by tokenizer_config.json)."""
+
+    model: M2M100ForConditionalGeneration
+    tokenizer: Any
+
+    def language_id(self, language: str) -> int:
+        """A language's token id: "de" -> "__de__" for M2M100, "deu_Latn" itself for NLLB."""
+        token = getattr(self.tokenizer, "lang_code_to_token", {}).get(language, language)
+        return int(self.tokenizer.convert_tokens_to_ids(token))
+
+    def encode(self, texts: Sequence[str], source: str) -> list[list[int]]:
+        self.tokenizer.src_lang = source
+        return [list(ids) for ids in self.tokenizer(list(texts))["input_ids"]]
+
+
+@cache
+def multilingual_reference(directory: Path) -> MultilingualReference:
+    return MultilingualReference(
+        M2M100ForConditionalGeneration.from_pretrained(directory).eval(),
+        AutoTokenizer.from_pretrained(directory),
+    )
+
+
+@torch.inference_mode()
+def generate_multilingual(
+    ref: MultilingualReference,
+    texts: Sequence[str],
+    *,
+    source: str,
+    target: str,
+    beam_size: int,
+    max_decoding_length: int,
+    length_penalty: float = 1.0,
+) -> list[tuple[list[int], float | None]]:
+    """(token ids without the start token, the forced target token and </s>, the beam score or
+    None) per text: generate with forced_bos_token_id, under `generate`'s conventions (the
+    forced token is one of max_new_tokens, as the service counts it on top of the limit)."""
+    ref.tokenizer.src_lang = source
+    batch = ref.tokenizer(list(texts), return_tensors="pt", padding=True)
+    out = ref.model.generate(
+        **batch,
+        forced_bos_token_id=ref.language_id(target),
+        num_beams=beam_size,
+        max_new_tokens=max_decoding_length + 1,
+        length_penalty=length_penalty,
+        early_stopping=True,
+        forced_eos_token_id=None,
+        do_sample=False,
+        output_scores=beam_size > 1,
+        return_dict_in_generate=True,
+    )
+    config = ref.model.config
+    results = []
+    for i, row in enumerate(out.sequences.tolist()):
+        ids = row[2:]  # without the decoder's start token and the forced target token
+        for end, token in enumerate(ids):
+            if token in (config.eos_token_id, config.pad_token_id):
+                ids = ids[:end]
+                break
+        score = float(out.sequences_scores[i]) if beam_size > 1 else None
+        results.append((ids, score))
+    return results

@@ -6,10 +6,11 @@
 #                      auto: fp16 when a GPU is visible (/dev/nvidiaN, as `docker run --gpus`
 #                      and the Kubernetes device plugin provide) and MT_DEVICE is not cpu;
 #                      fp32 otherwise (fp16 on the CPU provider is slow). fp32 on a GPU
-#                      serves $MT_MODEL-fp32-cuda, exported with the cache the CUDA provider
+#                      serves $MT_BUNDLE_NAME-fp32-cuda, exported with the cache the CUDA provider
 #                      needs (--cache gather; the CPU's fp32 bundle uses the indirection).
 #   MT_BUNDLES_DIR     where the image keeps its bundles (default /app/bundles)
-#   MT_MODEL           bundle name prefix (default multi30k-en-de): $MT_BUNDLES_DIR/$MT_MODEL-fp32
+#   MT_BUNDLE_NAME     bundle name prefix (default multi30k-en-de): $MT_BUNDLES_DIR/$MT_BUNDLE_NAME-fp32
+#                      (MT_MODEL is the service's: transformers checkpoint folders, --model)
 #
 # Every other MT_* variable and any argument go to the service unchanged. Without a GPU the
 # same image runs on ONNX Runtime's CPU provider; the engine logs the provider it uses.
@@ -17,7 +18,7 @@ set -eu
 
 if [ -z "${MT_BUNDLE:-}" ]; then
     bundles_dir="${MT_BUNDLES_DIR:-/app/bundles}"
-    model="${MT_MODEL:-multi30k-en-de}"
+    model="${MT_BUNDLE_NAME:-multi30k-en-de}"
     precision="${MT_PRECISION:-auto}"
     gpu=no
     if [ "${MT_DEVICE:-auto}" = "cuda" ]; then

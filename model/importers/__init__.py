@@ -2,19 +2,21 @@
 model_type of the checkpoint's config.json (as CTranslate2's converters choose a loader).
 
 A family is a module with MODEL_TYPE, add_arguments(parser) and import_checkpoint(source, out,
-*, force, **its options) (common.Importer); a new one (M2M100, NLLB) is that module and one
-line in IMPORTERS. `python -m model.import` (model/import.py) is the command.
+*, force, **its options) (common.Importer); a new one is that module and one line in
+IMPORTERS. marian: OPUS-MT; m2m100: M2M100 and NLLB-200 (one architecture, model_type
+"m2m_100", two tokenizers). `python -m model.import` (model/import.py) is the command.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from model.importers import marian
+from model.importers import m2m100, marian
 from model.importers.common import Importer, UnsupportedCheckpoint, read_json
 
 IMPORTERS: dict[str, Importer] = {
     marian.MODEL_TYPE: marian,
+    m2m100.MODEL_TYPE: m2m100,
 }
 
 

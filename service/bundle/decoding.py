@@ -19,6 +19,11 @@ Conventions both searches follow:
   `min_decoding_length`; with `no_repeat_ngram_size` n, a token that would repeat an n-gram of
   the row's own tokens).
 - beam_size=1 gives the same tokens as greedy search.
+- A sentence may have a decoder prefix (`Prefixes`: a multilingual model's target-language
+  token, transformers' forced_bos_token_id): at step t < len(prefix) its rows may choose only
+  prefix[t], at log-prob 0 (transformers' ForcedBOSTokenLogitsProcessor), so the prefix adds
+  nothing to the score but counts in its length, and in the sentence's limit on top of its
+  own. Hypotheses come back without it (`Prefixes.strip`).
 """
 
 from __future__ import annotations
@@ -206,6 +211,44 @@ def _repeats(tokens: Sequence[int], n: int) -> tuple[int, ...]:
         if list(tokens[i : i + n - 1]) == key:
             found[tokens[i + n - 1]] = None
     return tuple(found)
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """Each sentence's decoder prefix: the target ids its translation is forced to start with
+    (module docstring); () for none."""
+
+    prefixes: Sequence[Sequence[int]]
+
+    @classmethod
+    def none(cls, sentences: int) -> Prefixes:
+        return cls([()] * sentences)
+
+    def limits(self, limits: Sequence[int], positions: int | None = None) -> list[int]:
+        """The search's limits: each sentence's own (DecodingOptions.limit) plus its prefix,
+        within the decoder's `positions`."""
+        return [
+            min(limit + len(p), positions or limit + len(p))
+            for limit, p in zip(limits, self.prefixes, strict=True)
+        ]
+
+    def forced(self, step: int, sentences: Sequence[int]) -> list[tuple[int, int]]:
+        """(position in `sentences`, token) for each of these sentences whose prefix forces
+        its token at `step`."""
+        return [
+            (i, prefix[step])
+            for i, sentence in enumerate(sentences)
+            if step < len(prefix := self.prefixes[sentence])
+        ]
+
+    def strip(self, sentence: int, hypothesis: Hypothesis) -> Hypothesis:
+        """A sentence's hypothesis without its prefix: ids, and the alignment rows of the
+        steps that chose the prefix."""
+        n = len(self.prefixes[sentence])
+        if not n:
+            return hypothesis
+        alignment = None if hypothesis.alignment is None else hypothesis.alignment[n:]
+        return replace(hypothesis, ids=hypothesis.ids[n:], alignment=alignment)
 
 
 class GreedyBook:

@@ -259,9 +259,24 @@ class SentencePieceFiles(_Frozen):
         )
 
 
-def tokenizer_files(tokenizer: str | SentencePieceFiles) -> list[str]:
+class TokenizersFile(_Frozen):
+    """A `tokenizers` file with transformers' decoding options (an imported NLLB model's); a
+    bare file name in the manifest is this project's own BPE, without them."""
+
+    file: str
+    clean_up_spaces: bool = False  # transformers' clean_up_tokenization_spaces ("a ." -> "a.")
+
+    @property
+    def files(self) -> list[str]:
+        return [self.file]
+
+
+Tokenization = str | TokenizersFile | SentencePieceFiles
+
+
+def tokenizer_files(tokenizer: Tokenization) -> list[str]:
     """The files of a manifest's `tokenizer` entry."""
-    return tokenizer.files if isinstance(tokenizer, SentencePieceFiles) else [tokenizer]
+    return [tokenizer] if isinstance(tokenizer, str) else tokenizer.files
 
 
 class FileEntry(_Frozen):
@@ -297,7 +312,8 @@ class Manifest(_Frozen):
     dtype: Dtype
     decoder_cache: DecoderCache
     opset: int  # the encoder's; the decoder step's is its graph's own (the gather cache needs 24)
-    tokenizer: str | SentencePieceFiles  # a tokenizers file, or Marian's SentencePiece files
+    # This project's tokenizers file, an imported one with its options, or SentencePiece files.
+    tokenizer: Tokenization
     encoder: GraphSpec
     decoder_step: GraphSpec
     files: dict[str, FileEntry]
@@ -305,6 +321,12 @@ class Manifest(_Frozen):
     # Multi-target models (Marian's ">>fra<<" tokens): target language -> the token the source
     # starts with to ask for it; these languages are served instead of target_language.
     target_tokens: dict[str, str] = {}
+    # Multilingual models (M2M100, NLLB): source language -> the token the source starts with,
+    # and target language -> the tokens the decoder is forced to start with (Prefixes in
+    # service/bundle/decoding.py); these languages are served instead of source_language and
+    # target_language, every source to every other language.
+    source_tokens: dict[str, str] = {}
+    decoder_prefixes: dict[str, list[str]] = {}
     # The decoder step's alignment output (markup and return_alignments need it); None: a
     # bundle exported before it, which serves text only.
     alignment: AlignmentSpec | None = None
@@ -316,9 +338,14 @@ class Manifest(_Frozen):
     license: str | None = None
 
     @property
+    def source_languages(self) -> list[str]:
+        """The source languages a request may name."""
+        return list(self.source_tokens) or [self.source_language]
+
+    @property
     def target_languages(self) -> list[str]:
         """The target languages a request may ask for."""
-        return list(self.target_tokens) or [self.target_language]
+        return list(self.target_tokens) or list(self.decoder_prefixes) or [self.target_language]
 
     @property
     def tokenizer_files(self) -> list[str]:

@@ -32,7 +32,14 @@ from typing import Protocol
 import sentencepiece
 from tokenizers import Tokenizer
 
-from service.bundle.manifest import Bundle, BundleError, SentencePieceFiles, SpecialIds
+from service.bundle.manifest import (
+    Bundle,
+    BundleError,
+    SentencePieceFiles,
+    SpecialIds,
+    Tokenization,
+    TokenizersFile,
+)
 
 # transformers' clean_up_tokenization, applied in this order when a Marian checkpoint asks for
 # it (clean_up_tokenization_spaces in its tokenizer_config.json).
@@ -79,24 +86,39 @@ class TextTokenizer(Protocol):
 
 
 class BpeTokenizer:
-    """A `tokenizers` file, with </s> appended by the engine whatever post-processor it has."""
+    """A `tokenizers` file (this project's byte-level BPE, or an imported NLLB model's), with
+    </s> appended by the engine whatever post-processor it has. `exact`: the file has exactly
+    the model's tokens (this project's); else at most (NLLB's model has two ids more than its
+    tokenizer, never produced by it)."""
 
-    def __init__(self, path: Path, special_ids: SpecialIds, vocab_size: int) -> None:
-        self._tokenizer = Tokenizer.from_file(str(path))
+    def __init__(
+        self,
+        path: Path,
+        special_ids: SpecialIds,
+        vocab_size: int,
+        *,
+        exact: bool = True,
+        clean_up_spaces: bool = False,
+    ) -> None:
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises its own untyped errors
+            raise BundleError(f"{path}: not a tokenizers file: {e}") from e
         # Not stored in tokenizer.json: without it a user could type "</s>" and end the input.
         self._tokenizer.encode_special_tokens = True
-        if self._tokenizer.get_vocab_size() != vocab_size:
-            raise BundleError(
-                f"{path}: {self._tokenizer.get_vocab_size()} tokens, the model has {vocab_size}"
-            )
+        size = self._tokenizer.get_vocab_size()
+        if size != vocab_size and (exact or size > vocab_size):
+            raise BundleError(f"{path}: {size} tokens, the model has {vocab_size}")
         self._eos = special_ids.eos
+        self._clean_up = clean_up_spaces
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [[*e.ids, self._eos] if e.ids else [] for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return _cleaned(text) if self._clean_up else text
 
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
@@ -151,10 +173,7 @@ class SentencePieceTokenizer:
         pieces = [self._target_pieces[i] for i in ids if i not in self._skipped]
         text: str = self._target.decode_pieces(pieces)
         text = text.replace(_WORD_BOUNDARY, " ").strip()
-        if self._clean_up:
-            for before, after in _CLEAN_UP:
-                text = text.replace(before, after)
-        return text
+        return _cleaned(text) if self._clean_up else text
 
     def token_id(self, token: str) -> int | None:
         return self._source_ids.get(token)
@@ -168,6 +187,13 @@ class SentencePieceTokenizer:
 
     def target_spans(self, ids: Sequence[int]) -> list[Span]:
         return prefix_spans([self.decode(ids[: i + 1]) for i in range(len(ids))])
+
+
+def _cleaned(text: str) -> str:
+    """transformers' clean_up_tokenization."""
+    for before, after in _CLEAN_UP:
+        text = text.replace(before, after)
+    return text
 
 
 def prefix_spans(prefixes: Sequence[str]) -> list[Span]:
@@ -214,11 +240,34 @@ def token_words(text: str, spans: Sequence[Span]) -> list[int | None]:
 def load_tokenizer(bundle: Bundle) -> TextTokenizer:
     """The tokenizer the bundle's manifest names, checked against the model's vocabularies."""
     manifest = bundle.manifest
-    dims, files = manifest.model, manifest.tokenizer
+    dims = manifest.model
+    return load_tokenizer_files(
+        bundle.directory,
+        manifest.tokenizer,
+        manifest.special_ids,
+        (dims.vocab_size, dims.output_vocab_size),
+    )
+
+
+def load_tokenizer_files(
+    directory: Path,
+    files: Tokenization,
+    special_ids: SpecialIds,
+    vocab_sizes: tuple[int, int],
+) -> TextTokenizer:
+    """A tokenizer from its files in `directory`, checked against the model's (source,
+    target) vocabulary sizes: what a bundle and an import both load."""
     if isinstance(files, SentencePieceFiles):
-        vocab_sizes = (dims.vocab_size, dims.output_vocab_size)
-        return SentencePieceTokenizer(bundle.directory, files, manifest.special_ids, vocab_sizes)
-    return BpeTokenizer(bundle.path(files), manifest.special_ids, dims.vocab_size)
+        return SentencePieceTokenizer(directory, files, special_ids, vocab_sizes)
+    if isinstance(files, TokenizersFile):
+        return BpeTokenizer(
+            directory / files.file,
+            special_ids,
+            vocab_sizes[0],
+            exact=False,
+            clean_up_spaces=files.clean_up_spaces,
+        )
+    return BpeTokenizer(directory / files, special_ids, vocab_sizes[0])
 
 
 def _load_model(path: Path) -> sentencepiece.SentencePieceProcessor:

@@ -49,7 +49,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         try:
             await runtime.start()
             app.state.runtime = runtime
-            log.info("ready: %s", ", ".join(f"{s} -> {t}" for s, t in runtime.models))
+            log.info("ready: %s", runtime.describe())
             yield
         finally:
             await runtime.shutdown(settings.drain_timeout_s)

@@ -239,12 +239,13 @@ async def libretranslate_detect(
 @libretranslate_router.get("/languages", response_model=list[LibreTranslateLanguage])
 async def libretranslate_languages(runtime: RuntimeDep) -> list[LibreTranslateLanguage]:
     """Every language served, as a source (with its targets) or only as a target."""
-    codes = sorted({code for pair in runtime.models for code in pair})
+    targets: dict[str, list[str]] = {}
+    for source, target in runtime.models:  # one pass: NLLB serves 40,602 pairs
+        targets.setdefault(source, []).append(target)
+        targets.setdefault(target, [])
     return [
         LibreTranslateLanguage(
-            code=code,
-            name=_LANGUAGE_NAMES.get(code, code),
-            targets=sorted(t for s, t in runtime.models if s == code),
+            code=code, name=_LANGUAGE_NAMES.get(code, code), targets=sorted(targets[code])
         )
-        for code in codes
+        for code in sorted(targets)
     ]

@@ -208,6 +208,7 @@ def _model_status(model: TranslationModel, depth: int) -> ModelStatus:
     return ModelStatus(
         name=model.name,
         source=model.source_language,
+        sources=list(model.source_languages),
         targets=list(model.target_languages),
         device=model.device,
         provider=model.provider,

@@ -119,7 +119,8 @@ class Status(BaseModel):
 
 class ModelStatus(BaseModel):
     name: str
-    source: str
+    source: str = Field(description='its source language; "mul" for a multilingual model')
+    sources: list[str] = Field(description="every source language it translates from")
     targets: list[str]
     device: Literal["cpu", "cuda"]
     provider: str = Field(description="ONNX Runtime's execution provider")

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, Prefixes, nothing
 from service.bundle.manifest import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -144,14 +144,28 @@ class Engine:
         # The checkpoint's name is shared by its fp32/fp16/int8 bundles.
         self.name: str = checkpoint_name or bundle.directory.resolve().name
         self.source_language: str = self.manifest.source_language
+        self.source_languages: tuple[str, ...] = tuple(self.manifest.source_languages)
         self.target_languages: tuple[str, ...] = tuple(self.manifest.target_languages)
-        # A multi-target model reads the target's token (">>fra<<") first: the source's prefix.
-        self._prefixes: dict[str, list[int]] = {}
-        for language, token in self.manifest.target_tokens.items():
-            token_id = tokenizer.token_id(token)
-            if token_id is None:
-                raise BundleError(f"{bundle.directory}: the tokenizer has no token {token!r}")
-            self._prefixes[language] = [token_id]
+
+        def ids(tokens: Sequence[str]) -> list[int]:
+            found = [tokenizer.token_id(token) for token in tokens]
+            missing = [t for t, i in zip(tokens, found, strict=True) if i is None]
+            if missing:
+                raise BundleError(f"{bundle.directory}: the tokenizer has no token {missing[0]!r}")
+            return [i for i in found if i is not None]
+
+        # What the source starts with: a multilingual model's source-language token, then a
+        # multi-target model's target token (">>fra<<"); and the tokens a multilingual model's
+        # translation is forced to start with (its target-language token).
+        self._source_prefixes = {
+            language: ids([token]) for language, token in self.manifest.source_tokens.items()
+        }
+        self._target_prefixes = {
+            language: ids([token]) for language, token in self.manifest.target_tokens.items()
+        }
+        self._decoder_prefixes = {
+            language: ids(tokens) for language, tokens in self.manifest.decoder_prefixes.items()
+        }
         self.max_input_tokens: int = self.manifest.model.max_positions
         # Hypotheses carry word alignments: the bundle's decoder step has the output.
         self.aligns: bool = self.manifest.alignment is not None
@@ -258,20 +272,35 @@ class Engine:
             )
         return engine
 
-    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
-        """Token ids + </s> per text, after the target's token for a multi-target model; [] for
-        empty or whitespace-only text (nothing to run). `target` None: the only target."""
-        if target is None and len(self.target_languages) == 1:
-            target = self.target_languages[0]
-        if target not in self.target_languages:
-            raise ValueError(
-                f"{self.name} translates into {', '.join(self.target_languages)}, not {target}"
-            )
-        prefix = self._prefixes.get(target, [])
+    def encode(
+        self, texts: Sequence[str], target: str | None = None, source: str | None = None
+    ) -> list[list[int]]:
+        """Token ids + </s> per text, after the source language's token for a multilingual
+        model and the target's token for a multi-target model; [] for empty or whitespace-only
+        text (nothing to run). `target` and `source` None: the only one."""
+        target = self._language(target, self.target_languages, "translates into")
+        source = self._language(source, self.source_languages, "translates from")
+        prefix = [*self._source_prefixes.get(source, []), *self._target_prefixes.get(target, [])]
         # Control characters are not text: alone, they would be read as bytes the model then
         # "translates" into an invented sentence.
         texts = [text.translate(_CONTROL_CHARACTERS) for text in texts]
         return [[*prefix, *ids] if ids else [] for ids in self._tokenizer.encode(texts)]
+
+    def _language(self, language: str | None, languages: tuple[str, ...], verb: str) -> str:
+        if language is None and len(languages) == 1:
+            return languages[0]
+        if language not in languages:
+            raise ValueError(f"{self.name} {verb} {', '.join(languages)}, not {language}")
+        return language
+
+    def decoder_prefix(self, target: str | None = None) -> list[int]:
+        """The ids a translation into `target` is forced to start with (a multilingual model's
+        target-language token; none for other models): `generate`'s `prefixes`."""
+        return list(
+            self._decoder_prefixes.get(
+                self._language(target, self.target_languages, "translates into"), []
+            )
+        )
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids)
@@ -302,6 +331,7 @@ class Engine:
         sources: Sequence[Sequence[int]],
         options: DecodingOptions,
         deadline: Deadline | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """n-best lists in the input order, each of at most `options.limit(len(source))`
         tokens. An empty source gets one empty "eos" hypothesis without a model call; any
@@ -309,6 +339,8 @@ class Engine:
         vocabulary ValueError, before anything runs. `deadline(i)` is when source i must be
         done (time.monotonic()), read before every decoder step: a source past it leaves its
         batch there and gets one "deadline" hypothesis, the others go on undisturbed.
+        `prefixes[i]`: the ids source i's translation is forced to start with
+        (`decoder_prefix`), not in its hypotheses; sources with different ones share batches.
 
         Safe to call from several threads, but calls run one at a time (module docstring).
         """
@@ -329,13 +361,18 @@ class Engine:
         with self._lock:
             for start in range(0, len(order), self.max_batch_size):
                 chunk = order[start : start + self.max_batch_size]
+                forced = Prefixes([() if prefixes is None else prefixes[i] for i in chunk])
                 nbest = self._generate_batch(
                     [sources[i] for i in chunk],
                     options,
                     None if deadline is None else _within(chunk, deadline),
+                    forced,
                 )
-                for i, hyps in zip(chunk, nbest, strict=True):
-                    results[i] = [_aligned(h, len(sources[i]), self._aligns_read) for h in hyps]
+                for row, (i, hyps) in enumerate(zip(chunk, nbest, strict=True)):
+                    results[i] = [
+                        _aligned(forced.strip(row, h), len(sources[i]), self._aligns_read)
+                        for h in hyps
+                    ]
         return results
 
     def _generate_batch(
@@ -343,6 +380,7 @@ class Engine:
         sources: Sequence[Sequence[int]],
         options: DecodingOptions,
         deadline: Deadline | None,
+        prefixes: Prefixes,
     ) -> list[list[Hypothesis]]:
         manifest, pool, padded = self.manifest, self._pool, self.padded
         n = len(sources)
@@ -358,7 +396,9 @@ class Engine:
             input_ids[row, : len(source)] = source
             attention_mask[row, : len(source)] = 1
         cross = self._encode(input_ids, attention_mask)
-        limits = [options.limit(len(source)) for source in sources]
+        limits = prefixes.limits(
+            [options.limit(len(source)) for source in sources], self.max_input_tokens
+        )
         limit = max(limits)
         state = StaticCacheState(
             self._decoder_step,
@@ -374,7 +414,10 @@ class Engine:
             graph_ids=self._graph_ids,
         )
         ids = manifest.special_ids
-        return search(state, limits, options, bos_id=ids.bos, eos_id=ids.eos, deadline=deadline)
+        return search(
+            state, limits, options, bos_id=ids.bos, eos_id=ids.eos, deadline=deadline,
+            prefixes=prefixes,
+        )  # fmt: skip
 
     def _encode(self, input_ids: IntArray, attention_mask: IntArray) -> dict[str, Any]:
         """Every decoder layer's cross keys/values, (N, H, S, Dh) each: host arrays, or on a

@@ -1,8 +1,11 @@
-"""The served models: the bundles `--bundle` names loaded as engines, or the shipped model's
-bundle, exported from its checkpoint on first start and whenever it is stale."""
+"""The served models: the bundles `--bundle` names and the transformers checkpoints `--model`
+names (imported and exported into a cache on first start), loaded as engines; without either,
+the shipped model's bundle, exported from its checkpoint on first start and whenever it is
+stale."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -38,7 +41,10 @@ def load_models(settings: Settings) -> list[Engine]:
     # shipped bundle's export and apps built on fakes never need.
     from service.inference.engine import Engine
 
-    directories = settings.bundle or [shipped_bundle(settings.checkpoint, settings.shipped_bundle)]
+    directories = [
+        *settings.bundle,
+        *(model_bundle(directory, settings.model_cache) for directory in settings.model),
+    ] or [shipped_bundle(settings.checkpoint, settings.shipped_bundle)]
     return [
         Engine.load(
             directory,
@@ -79,6 +85,47 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
         )
     _export(checkpoint, bundle)
     return bundle
+
+
+def model_bundle(directory: Path, cache: Path) -> Path:
+    """The bundle of a transformers checkpoint directory (`--model`): `cache`/NAME-HASH, HASH
+    from the directory's files, made on first start by `python -m model.import` (the family
+    from config.json's model_type) and `python -m export`, each in a subprocess (they need
+    torch), then kept: a changed checkpoint gets a new bundle, the same one is never imported
+    twice. A directory that is no supported checkpoint fails with the importer's message."""
+    if not directory.is_dir():
+        raise BundleError(f"--model {directory}: no such directory")
+    bundle = cache / f"{directory.resolve().name}-{_content_hash(directory)[:16]}"
+    if (bundle / MANIFEST_FILE).is_file():
+        return bundle
+    if importlib.util.find_spec("model") is None or importlib.util.find_spec("torch") is None:
+        raise BundleError(
+            f"--model {directory}: importing a checkpoint needs the model and export packages "
+            "with torch (pip install -e '.[train]'); or import and export it elsewhere and pass "
+            "--bundle DIR"
+        )
+    log.info("importing %s into %s (first start)", directory, bundle)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".import-", dir=cache) as tmp:
+        checkpoint = Path(tmp) / directory.resolve().name
+        _run([sys.executable, "-m", "model.import", "--from", str(directory), "--out",
+              str(checkpoint)])  # fmt: skip
+        _export(checkpoint, bundle)
+    return bundle
+
+
+def _content_hash(directory: Path) -> str:
+    """sha256 over a checkpoint directory's files (names and contents), subdirectories out."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + sha256_file(path).encode() + b"\0")
+    return digest.hexdigest()
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BundleError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
 def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
@@ -132,11 +179,7 @@ def _export(checkpoint: Path, bundle: Path) -> None:
         str(fresh),
     ]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise BundleError(
-                f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}"
-            )
+        _run(command)
         replace_directory(fresh, bundle)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)  # gone already unless the export failed

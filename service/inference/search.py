@@ -27,6 +27,8 @@ finish, the rows' moves, the n-best lists). This module keeps the array work:
   back-pointers), and every finished hypothesis carries those of every step it ran: one per
   token and one for the step that picked </s> (the engine keeps a row per token: the step
   that picked it, or for an aligner the step that read it).
+- A sentence's decoder prefix (`Prefixes`: a multilingual model's target-language token) is
+  forced: its rows' candidates at those steps are the prefix's token at log-prob 0 alone.
 - Before each step, a sentence past its `Deadline` leaves (`GreedyBook.stop`, `BeamBook.stop`)
   with one "deadline" hypothesis, as finished sentences leave; each sentence also ends at its own
   length limit (`limits`, DecodingOptions.limit).
@@ -49,6 +51,7 @@ from service.bundle.decoding import (
     DecodingOptions,
     GreedyBook,
     Hypothesis,
+    Prefixes,
     StepPolicy,
 )
 
@@ -91,16 +94,22 @@ def search(
     bos_id: int,
     eos_id: int,
     deadline: Deadline | None = None,
+    prefixes: Prefixes | None = None,
 ) -> list[list[Hypothesis]]:
     """n-best lists for len(limits) sentences, each of at most its limit of tokens
-    (DecodingOptions.limit); `state` holds one row per sentence. A sentence past its
-    `deadline` leaves before the next step with one "deadline" hypothesis."""
+    (DecodingOptions.limit, plus its prefix: Prefixes.limits); `state` holds one row per
+    sentence. A sentence past its `deadline` leaves before the next step with one "deadline"
+    hypothesis. Hypotheses keep their `prefixes` (Prefixes.strip takes them off)."""
+    forced = prefixes or Prefixes.none(len(limits))
     if options.beam_size == 1:
         greedy = greedy_search(
-            state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline
-        )
+            state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline,
+            prefixes=forced,
+        )  # fmt: skip
         return [[h] for h in greedy]
-    return beam_search(state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline)
+    return beam_search(
+        state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline, prefixes=forced
+    )
 
 
 def greedy_search(
@@ -111,11 +120,13 @@ def greedy_search(
     bos_id: int,
     eos_id: int,
     deadline: Deadline | None = None,
+    prefixes: Prefixes | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at each step; finished rows leave the batch.
 
     Uses the length options only (beam_size and num_hypotheses are beam_search's).
     """
+    forced = prefixes or Prefixes.none(len(limits))
     book = GreedyBook(StepPolicy(options, eos_id), limits)
     tokens = np.full(len(limits), bos_id, dtype=np.int64)  # (R,)
     aligned: list[list[FloatArray]] = [[] for _ in limits]  # per sentence, per step
@@ -131,6 +142,7 @@ def greedy_search(
         bans = book.policy.bans(step, len(tokens), book.history)
         # One more candidate per banned token: it may be among the best.
         top_log_probs, top_ids = _without(*state.step(tokens, 1 + _extra(bans)), bans)  # (R, 1)
+        _force(top_log_probs, top_ids, forced.forced(step, book.alive), 1)
         best = top_ids[:, 0]  # (R,)
         alignment = state.alignment()
         if alignment is not None:
@@ -161,9 +173,11 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     deadline: Deadline | None = None,
+    prefixes: Prefixes | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
     sentence (sentence-major) after the first step."""
+    forced = prefixes or Prefixes.none(len(limits))
     book = BeamBook(StepPolicy(options, eos_id), limits)
     batch_size = len(limits)
     k = options.beam_size
@@ -199,6 +213,7 @@ def beam_search(
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
         top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + _extra(bans)), bans)
+        _force(top_log_probs, top_ids, forced.forced(step, book.alive), scores.shape[1])
         step_alignment = state.alignment()
         if step_alignment is not None and aligned is None:
             aligned = np.zeros((len(step_alignment), 0, step_alignment.shape[1]), np.float32)
@@ -239,6 +254,17 @@ def _late(alive: list[int], deadline: Deadline | None) -> list[int]:
         return []
     now = time.monotonic()
     return [i for i, sentence in enumerate(alive) if deadline(sentence) < now]
+
+
+def _force(log_probs: FloatArray, ids: IntArray, forced: list[tuple[int, int]], beams: int) -> None:
+    """In place: the rows of each sentence a prefix forces a token on (Prefixes.forced: its
+    position among the live ones, `beams` rows each, and the token) get that token first at
+    log-prob 0 and nothing else."""
+    for i, token in forced:
+        rows = slice(i * beams, (i + 1) * beams)
+        ids[rows, 0] = token
+        log_probs[rows, 0] = 0.0
+        log_probs[rows, 1:] = -np.inf
 
 
 def _most(bans: list[tuple[int, ...]]) -> int:

@@ -33,7 +33,10 @@ from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-Generate = Callable[[list[list[int]], DecodingOptions, Deadline], list[list[Hypothesis]]]
+# The engine's generate: sources, options, each source's deadline and decoder prefix.
+Generate = Callable[
+    [list[list[int]], DecodingOptions, Deadline, list[list[int]]], list[list[Hypothesis]]
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class BatchLimits:
 @dataclass(eq=False)
 class _Pending:
     ids: list[int]
+    prefix: list[int]  # the ids its translation is forced to start with (Engine.decoder_prefix)
     options: DecodingOptions
     future: asyncio.Future[list[Hypothesis]]
     enqueued: float  # time.monotonic()
@@ -92,11 +96,17 @@ class Batcher:
         self._worker = asyncio.create_task(self._work(), name=f"batcher-{self._model}")
 
     async def submit(
-        self, sources: Sequence[list[int]], options: DecodingOptions, *, deadline: float
+        self,
+        sources: Sequence[list[int]],
+        options: DecodingOptions,
+        *,
+        deadline: float,
+        prefix: Sequence[int] = (),
     ) -> list[list[Hypothesis]]:
-        """Hypotheses for each source, in order. All sources are queued or none is: a request
-        is never half-admitted. Cancelling the caller takes its segments still queued out of
-        the queue at once."""
+        """Hypotheses for each source, in order; `prefix`: the ids their translations are
+        forced to start with (a multilingual model's target: requests with different ones
+        share batches). All sources are queued or none is: a request is never half-admitted.
+        Cancelling the caller takes its segments still queued out of the queue at once."""
         if self._closed:
             raise ServiceError(ErrorType.UNAVAILABLE, "the service is shutting down")
         if not self.running:
@@ -121,7 +131,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         pending = [
-            _Pending(list(ids), options, loop.create_future(), now, deadline) for ids in sources
+            _Pending(list(ids), list(prefix), options, loop.create_future(), now, deadline)
+            for ids in sources
         ]
         self._queue.extend(pending)
         self._queue_changed()
@@ -284,7 +295,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(
-                self._executor, self._generate, sources, options, _deadlines(batch)
+                self._executor,
+                self._generate,
+                sources,
+                options,
+                _deadlines(batch),
+                [item.prefix for item in batch],
             )
             if len(results) != len(batch):
                 raise RuntimeError(f"engine returned {len(results)} results for {len(batch)}")

@@ -36,7 +36,8 @@ class TranslationModel(TextModel, Protocol):
     """What the service needs of an engine (service.inference.engine.Engine, or a test's fake)."""
 
     name: str  # unique among the served models: the metrics' model label
-    target_languages: tuple[str, ...]  # several for a multi-target model
+    source_languages: tuple[str, ...]  # several for a multilingual model (M2M100, NLLB)
+    target_languages: tuple[str, ...]  # several for a multi-target or multilingual model
     provider: str
     device: Literal["cpu", "cuda"]
     dtype: str  # the bundle's: fp32, fp16, int8
@@ -48,7 +49,10 @@ class TranslationModel(TextModel, Protocol):
         sources: Sequence[Sequence[int]],
         options: DecodingOptions,
         deadline: Deadline | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Hypothesis]]: ...
+
+    def decoder_prefix(self, target: str | None = None) -> list[int]: ...
 
 
 class Runtime:
@@ -68,13 +72,16 @@ class Runtime:
                     "of differently named checkpoints"
                 )
             names[model.name] = model
-            for target in model.target_languages:
-                pair = (model.source_language, target)
-                if pair in self.models:
-                    raise ValueError(
-                        f"two models for {pair[0]} -> {pair[1]}: {model.name}, "
-                        f"{self.models[pair].name}"
-                    )
+            for pair in _pairs(model):
+                other = self.models.get(pair)
+                if other is not None:
+                    if _multilingual(other) == _multilingual(model):
+                        raise ValueError(
+                            f"two models for {pair[0]} -> {pair[1]}: {model.name}, {other.name}"
+                        )
+                    # A bilingual model before a multilingual one, unless the settings say.
+                    if _multilingual(model) != settings.prefer_multilingual:
+                        continue
                 self.models[pair] = model
         limits = BatchLimits(
             max_batch_size=settings.max_batch_size,
@@ -82,8 +89,8 @@ class Runtime:
             max_wait_s=settings.max_wait_ms / 1000,
             max_queue=settings.max_queue_segments,
         )
-        # One batcher per model: a multi-target model batches all its targets together (the
-        # target is in the source ids).
+        # One batcher per model: a multi-target or multilingual model batches all its pairs
+        # together (the target is in the source ids, or the decoder's prefix).
         self.batchers = {
             name: Batcher(model.generate, model=name, limits=limits, metrics=metrics)
             for name, model in names.items()
@@ -105,9 +112,23 @@ class Runtime:
         running = all(b.running for b in self.batchers.values())
         return self.warmed_up and running and not self.draining
 
+    def describe(self) -> str:
+        """The served pairs for a log line: each pair, a multilingual model's in a count."""
+        by_model: dict[str, list[tuple[str, str]]] = {}
+        for pair, model in self.models.items():
+            by_model.setdefault(model.name, []).append(pair)
+        return "; ".join(
+            f"{name}: {len(pairs)} pairs of {len({s for s, _ in pairs})} source languages"
+            if len(pairs) > 8
+            else f"{name}: " + ", ".join(f"{s} -> {t}" for s, t in pairs)
+            for name, pairs in by_model.items()
+        )
+
     async def start(self) -> None:
         """Start the batchers and translate one sentence per model through the whole path."""
         for (source, target), model in self.models.items():
+            if _multilingual(model):  # one series, not one per pair (NLLB: 40,602)
+                source = target = model.source_language
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
         for batcher in self.batchers.values():
             batcher.start()
@@ -183,12 +204,14 @@ class Runtime:
         )
 
     def _prepare_now(
-        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
+        self, model: TranslationModel, texts: Sequence[str], pair: tuple[str, str], form: Form
     ) -> pipeline.Prepared:
+        source, target = pair
         return pipeline.prepare(
             model,
             texts,
             target,
+            source=source,
             max_segment_characters=self.settings.max_segment_characters,
             max_segments=self.settings.max_queue_segments,
             format=form.format,
@@ -196,7 +219,7 @@ class Runtime:
         )
 
     async def _prepare(
-        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
+        self, model: TranslationModel, texts: Sequence[str], pair: tuple[str, str], form: Form
     ) -> pipeline.Prepared:
         """Parse, split and tokenize, after the cheap limits: the characters of the request
         (markup as sent) first."""
@@ -208,7 +231,7 @@ class Runtime:
                 f"{self.settings.max_characters} (max_characters)",
             )
         if characters <= _INLINE_CHARACTERS:
-            return self._prepare_now(model, texts, target, form)
+            return self._prepare_now(model, texts, pair, form)
         # Off the event loop: splitting and tokenising a large body takes CPU time that would
         # stall every other request (and /health) meanwhile.
         if self._preparing >= PREPARATION_LINE:
@@ -219,7 +242,7 @@ class Runtime:
         self._preparing += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._preparation, self._prepare_now, model, texts, target, form
+                self._preparation, self._prepare_now, model, texts, pair, form
             )
         finally:
             self._preparing -= 1
@@ -236,18 +259,39 @@ class Runtime:
         """Each text translated as `form` says (plain text or markup, alignments or not)."""
         model = self.models[pair]
         pipeline.check_form(model, form, options)
-        prepared = await self._prepare(model, texts, pair[1], form)
+        prepared = await self._prepare(model, texts, pair, form)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
         batcher = self.batchers[model.name]
-        results = await batcher.submit([sources[i] for i in to_run], options, deadline=deadline)
+        results = await batcher.submit(
+            [sources[i] for i in to_run],
+            options,
+            deadline=deadline,
+            prefix=model.decoder_prefix(pair[1]),
+        )
         nbest = [[nothing()] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
             nbest[i] = hypotheses
         return pipeline.assemble(
             model, prepared, nbest, options.num_hypotheses, alignments=form.alignments
         )
+
+
+def _multilingual(model: TranslationModel) -> bool:
+    """A model of several source languages (M2M100, NLLB), which routing ranks after a
+    bilingual or multi-target one for a pair both serve (Settings.prefer_multilingual)."""
+    return len(model.source_languages) > 1
+
+
+def _pairs(model: TranslationModel) -> list[tuple[str, str]]:
+    """The (source, target) pairs a model serves: every source to every other language."""
+    return [
+        (source, target)
+        for source in model.source_languages
+        for target in model.target_languages
+        if source != target
+    ]
 
 
 # Texts up to this many characters in all are split and tokenised on the event loop: well under

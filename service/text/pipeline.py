@@ -37,7 +37,9 @@ class TextModel(Protocol):
     max_input_tokens: int  # per segment, </s> included
     aligns: bool  # hypotheses carry word alignments (markup and return_alignments need them)
 
-    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]: ...
+    def encode(
+        self, texts: Sequence[str], target: str | None = None, source: str | None = None
+    ) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -131,6 +133,7 @@ def prepare(
     texts: Sequence[str],
     target: str | None,
     *,
+    source: str | None = None,
     max_segment_characters: int,
     max_segments: int | None = None,
     label: Callable[[int], str] = text_label,
@@ -139,7 +142,8 @@ def prepare(
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
-    and sentence over a limit. `max_segments` bounds the sentences of all texts together (a
+    and sentence over a limit. `source`: the texts' language, for a model of several (None:
+    the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
     title attributes are translated too."""
     documents = None
@@ -156,7 +160,8 @@ def prepare(
                 raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
-    layouts = [segment.split(block, model.source_language) for block in blocks]
+    language = source or model.source_language
+    layouts = [segment.split(block, language) for block in blocks]
     origins = [(b, n) for b, layout in enumerate(layouts) for n in range(len(layout.segments))]
     if max_segments is not None and len(origins) > max_segments:
         raise ServiceError(
@@ -179,7 +184,7 @@ def prepare(
                 f"the limit of {max_segment_characters} (max_segment_characters); split it "
                 "into shorter sentences",
             )
-    sources = model.encode([s for layout in layouts for s in layout.inputs], target)
+    sources = model.encode([s for layout in layouts for s in layout.inputs], target, source)
     limit = model.max_input_tokens
     for (b, _), number, ids in zip(origins, numbers, sources, strict=True):
         if len(ids) > limit:

@@ -240,7 +240,7 @@ def test_entrypoint_keeps_an_explicit_bundle(tmp_path: Path) -> None:
     ("env", "message"),
     [
         ({"MT_PRECISION": "int4"}, "MT_PRECISION must be"),
-        ({"MT_MODEL": "missing"}, "no bundle at"),
+        ({"MT_BUNDLE_NAME": "missing"}, "no bundle at"),
     ],
 )
 def test_entrypoint_refuses(tmp_path: Path, env: dict[str, str], message: str) -> None:

@@ -133,7 +133,7 @@ def test_gpu_and_security(objects: dict[str, dict[str, Any]], stages: dict[str, 
 
 def test_env_names_are_settings(objects: dict[str, dict[str, Any]]) -> None:
     known = {f"MT_{name.upper()}" for name in Settings.model_fields}
-    entrypoint_only = {"MT_PRECISION", "MT_BUNDLES_DIR", "MT_MODEL"}
+    entrypoint_only = {"MT_PRECISION", "MT_BUNDLES_DIR", "MT_BUNDLE_NAME"}
     for variable in (e["name"] for e in container(objects)["env"]):
         assert variable in known | entrypoint_only, variable
 

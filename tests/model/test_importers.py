@@ -41,21 +41,21 @@ def test_every_importer_has_the_interface_under_its_model_type() -> None:
 
 @pytest.mark.parametrize(
     ("values", "named"),
-    [({"model_type": "m2m_100"}, "model_type 'm2m_100'"), ({}, "model_type None")],
+    [({"model_type": "t5"}, "model_type 't5'"), ({}, "model_type None")],
 )
 def test_an_unknown_model_type_is_refused_naming_it_and_the_supported_ones(
     tmp_path: Path, values: dict[str, object], named: str
 ) -> None:
     with pytest.raises(UnsupportedCheckpoint) as refused:
         importer_for(_config(tmp_path, **values))
-    assert named in str(refused.value) and "supported: marian" in str(refused.value)
+    assert named in str(refused.value) and "supported: m2m_100, marian" in str(refused.value)
 
 
 def test_a_directory_without_config_json_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedCheckpoint) as refused:
         importer_for(tmp_path)
     message = str(refused.value)
-    assert "config.json is missing" in message and "supported: marian" in message
+    assert "config.json is missing" in message and "supported: m2m_100, marian" in message
 
 
 def test_the_command_exits_2_on_an_unknown_model_type_and_writes_nothing(
@@ -65,7 +65,7 @@ def test_the_command_exits_2_on_an_unknown_model_type_and_writes_nothing(
     out = tmp_path / "out"
     assert import_command.main(["--from", str(source), "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "model_type 'nllb-moe' has no importer (supported: marian)" in err
+    assert "model_type 'nllb-moe' has no importer (supported: m2m_100, marian)" in err
     assert not out.exists()
 
 

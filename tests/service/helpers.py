@@ -48,6 +48,7 @@ class FakeModel:
     ) -> None:
         self.name = f"fake-{source}-{target}"
         self.source_language = source
+        self.source_languages = (source,)
         self.target_languages = (target, *more_targets)
         self.encoded_for: list[str | None] = []  # the target of each encode call
         self.max_input_tokens = max_input_tokens
@@ -61,8 +62,11 @@ class FakeModel:
         self.gate: threading.Event | None = None
         self.entered = threading.Event()  # set when a generate call starts
 
-    def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+    def encode(
+        self, texts: Sequence[str], target: str | None = None, source: str | None = None
+    ) -> list[list[int]]:
         assert target in (None, *self.target_languages)
+        assert source in (None, *self.source_languages)
         self.encoded_for.append(target)
         return [[ord(c) for c in text] + [EOS] if text.strip() else [] for text in texts]
 
@@ -80,6 +84,7 @@ class FakeModel:
         sources: Sequence[Sequence[int]],
         options: DecodingOptions,
         deadline: Deadline | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Upper-cased sources (n-best: with k tildes), after the gate opens; the deadlines
         are read then, as the engine reads them between steps: a source past its own gets one
@@ -100,6 +105,9 @@ class FakeModel:
             ]
             for i, s in enumerate(sources)
         ]
+
+    def decoder_prefix(self, target: str | None = None) -> list[int]:
+        return []
 
     @property
     def batch_sizes(self) -> list[int]:

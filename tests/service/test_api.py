@@ -660,7 +660,9 @@ async def test_more_sentences_than_the_queue_holds_is_422_even_when_idle(fake: F
     async with running(app) as client:
         encoded: list[str] = []
         real_encode = fake.encode
-        fake.encode = lambda texts, target=None: encoded.extend(texts) or real_encode(texts, target)  # type: ignore[method-assign]
+        fake.encode = lambda texts, target=None, source=None: (  # type: ignore[method-assign]
+            encoded.extend(texts) or real_encode(texts, target, source)
+        )
         response = await client.post("/translate", json={"text": "Aa. Bb. Cc. Dd.", **EN_DE})
         assert response.status_code == 422 and "retry-after" not in response.headers
         assert error_of(response) == {
@@ -686,9 +688,9 @@ async def test_large_bodies_are_split_and_tokenised_off_the_event_loop(
     threads: list[threading.Thread] = []
     real_encode = fake.encode
 
-    def encode(texts: Any, target: str | None = None) -> list[list[int]]:
+    def encode(texts: Any, target: str | None = None, source: str | None = None) -> list[list[int]]:
         threads.append(threading.current_thread())
-        return real_encode(texts, target)
+        return real_encode(texts, target, source)
 
     monkeypatch.setattr(fake, "encode", encode)
     text = " ".join(["A dog runs across the green field."] * sentences)  # 2: 69, 200: 7k chars

@@ -186,12 +186,17 @@ async def test_the_engine_runs_off_the_event_loop_one_call_at_a_time(fake: FakeM
     threads: set[str] = set()
     busy = threading.Lock()
 
-    def generate(sources: list[list[int]], options: DecodingOptions, deadline: Deadline) -> object:
+    def generate(
+        sources: list[list[int]],
+        options: DecodingOptions,
+        deadline: Deadline,
+        prefixes: list[list[int]],
+    ) -> object:
         assert busy.acquire(blocking=False), "two engine calls at once"
         try:
             threads.add(threading.current_thread().name)
             time.sleep(0.01)
-            return fake.generate(sources, options, deadline)
+            return fake.generate(sources, options, deadline, prefixes)
         finally:
             busy.release()
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model import search as reference
-from service.bundle.decoding import DecodingOptions, Hypothesis, StepPolicy
+from service.bundle.decoding import DecodingOptions, Hypothesis, Prefixes, StepPolicy
 from service.inference.search import (
     FloatArray,
     IntArray,
@@ -456,12 +456,12 @@ class TorchStepper:
 
 
 def _reference(
-    seed: int, vocab: int, limits: list[int], opts: DecodingOptions
+    seed: int, vocab: int, limits: list[int], opts: DecodingOptions, prefixes: Prefixes
 ) -> list[list[Hypothesis]]:
     stepper = TorchStepper(RandomModel(seed, vocab, len(limits)))
     if opts.beam_size == 1:
-        return [[h] for h in reference.greedy_search(stepper, limits, opts)]
-    return reference.beam_search(stepper, limits, opts)
+        return [[h] for h in reference.greedy_search(stepper, limits, opts, prefixes=prefixes)]
+    return reference.beam_search(stepper, limits, opts, prefixes=prefixes)
 
 
 @settings(max_examples=60, deadline=None)
@@ -487,14 +487,20 @@ def test_numpy_search_equals_the_torch_reference(
         # 1 can ban a small vocabulary whole; real ones are larger than any output.
         no_repeat_ngram_size=data.draw(st.sampled_from([0, 2, 3]), "no_repeat_ngram_size"),
     )
-    # Each sentence's own limit, from a source length (DecodingOptions.limit).
+    # Each sentence's own limit, from a source length (DecodingOptions.limit), and its decoder
+    # prefix (a multilingual model's target token; none, one or two tokens here).
     lengths = data.draw(st.lists(st.integers(1, 6), min_size=sentences, max_size=sentences))
-    limits = [opts.limit(n) for n in lengths]
+    tokens = st.integers(0, vocab - 1).filter(lambda t: t != EOS)
+    prefixes = Prefixes(
+        data.draw(st.lists(st.lists(tokens, max_size=2), min_size=sentences, max_size=sentences))
+    )
+    limits = prefixes.limits([opts.limit(n) for n in lengths])
     state = NumpyState(RandomModel(seed, vocab, sentences))
-    ours = search(state, limits, opts, bos_id=BOS, eos_id=EOS)
-    expected = _reference(seed, vocab, limits, opts)
-    for n, limit in zip(ours, limits, strict=True):
+    ours = search(state, limits, opts, bos_id=BOS, eos_id=EOS, prefixes=prefixes)
+    expected = _reference(seed, vocab, limits, opts, prefixes)
+    for n, limit, prefix in zip(ours, limits, prefixes.prefixes, strict=True):
         assert all(len(h.ids) <= limit for h in n)
+        assert all(h.ids[: len(prefix)] == prefix[: len(h.ids)] for h in n)  # forced
     assert [[(h.ids, h.finish_reason) for h in n] for n in ours] == [
         [(h.ids, h.finish_reason) for h in n] for n in expected
     ]

@@ -189,10 +189,12 @@ async def test_large_requests_wait_in_a_short_line() -> None:
             super().__init__()
             self.open = threading.Event()
 
-        def encode(self, texts: Sequence[str], target: str | None = None) -> list[list[int]]:
+        def encode(
+            self, texts: Sequence[str], target: str | None = None, source: str | None = None
+        ) -> list[list[int]]:
             if len(texts) >= 40:
                 assert self.open.wait(10)
-            return super().encode(texts, target)
+            return super().encode(texts, target, source)
 
     model = SlowEncoder()
     async with running(create_app(fast_settings(), models=[model])) as client:

@@ -43,6 +43,7 @@ async def test_status_describes_the_models_and_limits(client: httpx.AsyncClient)
             {
                 "name": "fake-en-de",
                 "source": "en",
+                "sources": ["en"],
                 "targets": ["de"],
                 "device": "cpu",
                 "provider": "FakeProvider",
