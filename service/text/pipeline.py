@@ -201,14 +201,12 @@ def _parse(
     return documents
 
 
-def detectable(
-    texts: Sequence[str], format: Format, *, label: Callable[[int], str] = text_label
-) -> list[str]:
+def detectable(texts: Sequence[str], format: Format) -> list[str]:
     """What language detection reads of each text: the words the model would see, without
     URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line)."""
     if format == "text":
         return [markup.without_items(text) for text in texts]
-    return ["\n".join(d.blocks) for d in _parse(texts, format, False, label)]
+    return ["\n".join(d.blocks) for d in _parse(texts, format, False, text_label)]
 
 
 def assemble(

@@ -169,6 +169,9 @@ async def test_native_detect_ranks_the_served_languages_per_text(client: httpx.A
         assert 0 <= sum(confidences) <= 1.0001
     response = await client.post("/detect", json={"text": f"<p>{DE}</p>", "format": "html"})
     assert response.json()["detections"][0][0]["language"] == "de"
+    response = await client.post("/detect", json={"text": ["<a>ok</a>", "<a>"], "format": "xml"})
+    assert response.status_code == 422
+    assert response.json()["error"]["message"].startswith("text 1: malformed XML")
     response = await client.post("/detect", json={"text": 1})
     assert response.status_code == 422
 
