@@ -20,8 +20,9 @@ from service.http.middleware import (
     unless_disconnected,
     validate,
 )
-from service.scheduling.runtime import Runtime
-from service.text.pipeline import Form
+from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
+from service.text.detect import Candidate
+from service.text.pipeline import Form, TextTranslation
 
 # English names for the codes LibreTranslate clients display; others show their code.
 _LANGUAGE_NAMES = {
@@ -44,6 +45,11 @@ class LibreTranslateRequest(BaseModel):
     api_key: str | None = None
 
 
+class LibreTranslateDetectRequest(BaseModel):
+    q: str | None = None
+    api_key: str | None = None
+
+
 class DetectedLanguage(BaseModel):
     confidence: float
     language: str
@@ -53,6 +59,8 @@ class LibreTranslateResponse(BaseModel):
     translatedText: str | list[str]  # LibreTranslate's names
     detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
     alternatives: list[str] | list[list[str]] | None = None
+    # Ours, with source auto: why a text came back as sent (docs/api.md); absent when none did.
+    untranslated: Untranslated | list[Untranslated | None] | None = None
 
 
 class LibreTranslateLanguage(BaseModel):
@@ -135,9 +143,8 @@ async def libretranslate_translate(
                 f"Invalid request: request ({len(texts)}) exceeds text limit "
                 f"({runtime.settings.max_texts})",
             )
-        source = _libretranslate_source(runtime, source)
-        pair = (source, target)
-        runtime.model(*pair)  # an unknown pair is refused before anything else is checked
+        if source != "auto":
+            runtime.model(source, target)  # an unknown pair is refused before anything else
         if body.alternatives + 1 > runtime.settings.max_beam_size:
             raise ServiceError(
                 ErrorType.INVALID_REQUEST,
@@ -145,23 +152,47 @@ async def libretranslate_translate(
                 f"{runtime.settings.max_beam_size - 1}",
             )
         n = body.alternatives + 1
-        beam_size = max(runtime.settings.default_beam_size, n)
-        options = runtime.decoding_options(pair, {"beam_size": beam_size, "num_hypotheses": n})
-        work = runtime.translate(texts, pair, options, deadline=deadline, form=Form(body.format))
-        results = await unless_disconnected(request, work)
-    translated = [r.texts[0] for r in results]
-    # As LibreTranslate: alternatives differ from the translation and from each other.
-    alternatives = [
-        list(dict.fromkeys(t for t in r.texts[1:] if t and t != r.texts[0])) for r in results
-    ]
-    detected = DetectedLanguage(confidence=100.0, language=source)
+        requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
+        form = Form(body.format)
+        detected: list[DetectedLanguage] | None = None
+        untranslated: list[Untranslated | None] = []
+        if source == "auto":
+            # Each text's own language, not one for the batch as LibreTranslate does.
+            detecting = runtime.translate_detected(
+                texts, target, requested, deadline=deadline, form=form
+            )
+            found = await unless_disconnected(request, detecting)
+            results = [d.translation for d in found]
+            detected = [_detected(d.detected) for d in found]
+            untranslated = [d.untranslated for d in found]
+        else:
+            pair = (source, target)
+            options = runtime.decoding_options(pair, requested)
+            work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+            results = await unless_disconnected(request, work)
     single = isinstance(body.q, str)
+
+    def each(values: list[Any]) -> Any:
+        return values[0] if single else values
+
     return LibreTranslateResponse(
-        translatedText=translated[0] if single else translated,
-        detectedLanguage=(detected if single else [detected] * len(texts))
-        if body.source == "auto"
-        else None,
-        alternatives=(alternatives[0] if single else alternatives) if body.alternatives else None,
+        translatedText=each([r.texts[0] for r in results]),
+        detectedLanguage=None if detected is None else each(detected),
+        alternatives=each([_alternatives(r) for r in results]) if body.alternatives else None,
+        untranslated=each(untranslated) if any(untranslated) else None,
+    )
+
+
+def _alternatives(result: TextTranslation) -> list[str]:
+    """As LibreTranslate: alternatives differ from the translation and from each other."""
+    best = result.texts[0]
+    return list(dict.fromkeys(t for t in result.texts[1:] if t and t != best))
+
+
+def _detected(candidate: Candidate) -> DetectedLanguage:
+    """LibreTranslate's confidence is a percentage."""
+    return DetectedLanguage(
+        confidence=round(100 * candidate.confidence, 2), language=candidate.language
     )
 
 
@@ -203,19 +234,6 @@ async def _libretranslate_fields(
     return fields, False
 
 
-def _libretranslate_source(runtime: Runtime, source: str) -> str:
-    if source != "auto":
-        return source
-    sources = {s for s, _ in runtime.models}
-    if len(sources) != 1:
-        raise ServiceError(
-            ErrorType.INVALID_REQUEST,
-            "this server detects no language: 'auto' needs a single source language, and it "
-            "serves " + ", ".join(sorted(sources)),
-        )
-    return sources.pop()
-
-
 @libretranslate_router.post(
     "/detect",
     response_model=list[DetectedLanguage],
@@ -225,15 +243,16 @@ def _libretranslate_source(runtime: Runtime, source: str) -> str:
 async def libretranslate_detect(
     request: Request, runtime: RuntimeDep, header_key: PresentedKey
 ) -> list[DetectedLanguage]:
-    """LibreTranslate's /detect, for clients that call it: no detector, the server's only
-    source language with confidence 100 (400 when it serves several)."""
+    """LibreTranslate's /detect: the served languages `q` may be in, most likely first (und
+    with confidence 0 when none is: clients read the first)."""
     with runtime.accept():  # refused while draining, like every request that carries text
-        fields, _ = await _libretranslate_fields(request, runtime, header_key)
+        fields, strict = await _libretranslate_fields(request, runtime, header_key)
         _check_key(runtime, fields, header_key)
-        if not fields.get("q"):
+        q = validate(LibreTranslateDetectRequest, fields, strict=strict).q
+        if not q:
             raise _missing("q")
-        language = _libretranslate_source(runtime, "auto")
-    return [DetectedLanguage(confidence=100.0, language=language)]
+        (found,) = await runtime.detect([q])
+    return [_detected(c) for c in found or [UNDETERMINED]]
 
 
 @libretranslate_router.get("/languages", response_model=list[LibreTranslateLanguage])

@@ -1,6 +1,7 @@
-"""The native HTTP routes: /translate, /languages, /health, /ready, /metrics, /status and the
-model cards (their request and response models are in schemas.py). The runtime they call is
-service/scheduling/runtime.py; the LibreTranslate surface is service/http/libretranslate.py."""
+"""The native HTTP routes: /translate, /detect, /languages, /health, /ready, /metrics, /status
+and the model cards (their request and response models are in schemas.py). The runtime they
+call is service/scheduling/runtime.py; the LibreTranslate surface is
+service/http/libretranslate.py."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from service.http.middleware import (
 )
 from service.http.schemas import (
     Alternative,
+    DetectedLanguage,
+    DetectRequest,
+    DetectResponse,
     ErrorBody,
     LanguagePair,
     Limits,
@@ -40,9 +44,13 @@ from service.http.schemas import (
     TranslationOut,
 )
 from service.metrics import Metrics
-from service.scheduling.runtime import Runtime, TranslationModel
+from service.scheduling.runtime import DetectedTranslation, Runtime, TranslationModel
 from service.text.alignment import TextAlignment
+from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
+
+# The source that asks for each text's language to be detected.
+AUTO = "auto"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503, 504)
@@ -69,13 +77,25 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
+    texts = [body.text] if isinstance(body.text, str) else body.text
+    form = Form(body.format, body.translate_attributes, body.return_alignments)
     with runtime.accept():
+        if body.source == AUTO:
+            _check_count(runtime, len(texts))
+            detecting = runtime.translate_detected(
+                texts, body.target, body.decoding(), deadline=deadline, form=form
+            )
+            detected = await unless_disconnected(request, detecting)
+            return TranslateResponse(
+                model=", ".join(dict.fromkeys(d.model for d in detected if d.model)),
+                source=AUTO,
+                target=body.target,
+                translations=[_translation_out(d.translation, body, d) for d in detected],
+            )
         model = runtime.model(body.source, body.target)
-        texts = [body.text] if isinstance(body.text, str) else body.text
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        form = Form(body.format, body.translate_attributes, body.return_alignments)
         work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
         results = await unless_disconnected(request, work)
     return TranslateResponse(
@@ -86,8 +106,37 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     )
 
 
-def _translation_out(result: TextTranslation, body: TranslateRequest) -> TranslationOut:
-    """Scores only when asked for, alternatives only when more than one hypothesis was."""
+@router.post(
+    "/detect",
+    response_model=DetectResponse,
+    responses=_ERRORS,
+    dependencies=[Depends(require_api_key)],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": DetectRequest.model_json_schema()}},
+        }
+    },
+)
+async def detect(request: Request, runtime: RuntimeDep) -> DetectResponse:
+    """The languages each text may be in, among those served, most likely first."""
+    body = validate(DetectRequest, await read_json(request))
+    texts = [body.text] if isinstance(body.text, str) else body.text
+    with runtime.accept():
+        _check_count(runtime, len(texts))
+        found = await runtime.detect(texts, body.format)
+    return DetectResponse(detections=[[_detected(c) for c in f or []] for f in found])
+
+
+def _detected(candidate: Candidate) -> DetectedLanguage:
+    return DetectedLanguage(language=candidate.language, confidence=round(candidate.confidence, 4))
+
+
+def _translation_out(
+    result: TextTranslation, body: TranslateRequest, detected: DetectedTranslation | None = None
+) -> TranslationOut:
+    """Scores only when asked for, alternatives only when more than one hypothesis was; with
+    source auto, the language detected and whether the text came back as sent."""
 
     def score(value: float | None) -> float | None:
         return _finite(value) if body.return_scores else None
@@ -105,6 +154,8 @@ def _translation_out(result: TextTranslation, body: TranslateRequest) -> Transla
             for h in result.segments
         ],
         alignments=None if result.alignment is None else _alignments(result.alignment),
+        detected_language=None if detected is None else _detected(detected.detected),
+        untranslated=None if detected is None else detected.untranslated,
     )
 
 
@@ -186,7 +237,7 @@ async def status(runtime: RuntimeDep) -> ServiceStatus:
         ready=runtime.ready,
         draining=runtime.draining,
         api_key_required=bool(settings.api_keys),
-        language_detection=False,
+        language_detection=True,
         queue_depth=sum(depths.values()),
         in_flight=runtime.in_flight,
         requests_per_second=round(runtime.request_rate.per_second(), 3),

@@ -28,7 +28,10 @@ class TranslateRequest(BaseModel):
     )
 
     text: str | list[str] = Field(description="a text or a list of texts; line breaks are kept")
-    source: str = Field(description="source language code, e.g. en")
+    source: str = Field(
+        description="source language code, e.g. en; auto: each text's language is detected on "
+        "its own and picks its model (docs/api.md)"
+    )
     target: str = Field(description="target language code, e.g. de")
     beam_size: int | None = Field(None, ge=1, description="1 is greedy; default from settings")
     num_hypotheses: int = Field(1, ge=1, description="n-best list size, at most beam_size")
@@ -90,6 +93,11 @@ class SentenceAlignmentOut(BaseModel):
     )
 
 
+class DetectedLanguage(BaseModel):
+    language: str = Field(description="a served language's code; und: nothing to detect")
+    confidence: float = Field(description="the detector's probability, 0-1")
+
+
 class TranslationOut(BaseModel):
     text: str
     score: float | None = Field(None, description="when return_scores: mean sentence score")
@@ -98,13 +106,44 @@ class TranslationOut(BaseModel):
     alignments: list[SentenceAlignmentOut] | None = Field(
         None, description="when return_alignments: one per sentence, in order"
     )
+    detected_language: DetectedLanguage | None = Field(
+        None, description="with source auto: the language detected in this text"
+    )
+    untranslated: Literal["source_is_target", "nothing_to_detect"] | None = Field(
+        None,
+        description="with source auto, why `text` is the text as sent: it is in the target "
+        "language already, or has no letter to detect a language from (emoji, a URL, digits)",
+    )
 
 
 class TranslateResponse(BaseModel):
-    model: str
+    model: str = Field(
+        description="the model that translated; with source auto, each one that did, in the "
+        "order of the texts, comma-separated (empty when none did)"
+    )
     source: str
     target: str
     translations: list[TranslationOut] = Field(description="one per input text, in order")
+
+
+class DetectRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"text": ["A dog runs.", "Ein Hund läuft."]}]},
+    )
+
+    text: str | list[str] = Field(description="a text or a list of texts")
+    format: Literal["text", "html", "xml"] = Field(
+        "text", description="html or xml: the language of the document's text is detected"
+    )
+
+
+class DetectResponse(BaseModel):
+    detections: list[list[DetectedLanguage]] = Field(
+        description="one list per input text, in order: the served languages it may be in, "
+        "most likely first; empty when it has no letter or none of them is likely at all"
+    )
 
 
 class LanguagePair(BaseModel):
@@ -151,7 +190,7 @@ class ServiceStatus(BaseModel):
     draining: bool = Field(description="shutting down: new translations get 503")
     api_key_required: bool
     language_detection: bool = Field(
-        description="whether source 'auto' is served (not yet: every request names its source)"
+        description="whether source 'auto' is served (it is: each text's language detected)"
     )
     queue_depth: int = Field(description="segments waiting for a batch, all models")
     in_flight: int = Field(description="translation requests accepted and not yet answered")

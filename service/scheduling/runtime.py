@@ -6,6 +6,10 @@ one batcher per model, readiness and draining. A translation goes: the text pipe
 segments of the request, batched with everyone else's, whatever their target) -> the pipeline's
 `assemble` (decode, reassemble each text around its original separators). The HTTP routes
 (service/http/routes.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
+
+With `source: "auto"` (`translate_detected`) each text's language is detected on its own
+(service/text/detect.py) and each text goes to the model of its (detected, target) pair: the
+texts of one request may go to several models, at the same time, and come back in order.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
@@ -25,11 +30,33 @@ from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits
 from service.settings import Settings
 from service.text import pipeline
-from service.text.pipeline import PLAIN, Form, TextModel, TextTranslation
+from service.text.detect import Candidate, Detector
+from service.text.pipeline import PLAIN, Form, Format, TextModel, TextTranslation
 
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "A man is riding a bike."
+# The language of a text with nothing to detect (ISO 639's "undetermined"), confidence 0.
+UNDETERMINED = Candidate("und", 0.0)
+
+_T = TypeVar("_T")
+_K = TypeVar("_K")
+
+# Why a text of a request with source "auto" came back as it was sent: it is already in the
+# target language, or it has no letter to detect a language from (emoji, a URL, digits).
+Untranslated = Literal["source_is_target", "nothing_to_detect"]
+
+
+@dataclass(frozen=True)
+class DetectedTranslation:
+    """A text of a request with source "auto": its translation (the text itself when
+    `untranslated` says why), its detected language (UNDETERMINED when there was nothing to
+    detect) and the model that translated it (None: none did)."""
+
+    translation: TextTranslation
+    detected: Candidate
+    model: str | None
+    untranslated: Untranslated | None
 
 
 class TranslationModel(TextModel, Protocol):
@@ -106,6 +133,8 @@ class Runtime:
         self._no_requests = asyncio.Event()
         self._no_requests.set()
         self.request_rate = RequestRate()  # translation requests answered, for /status
+        # Every served language, targets too: a text already in its target is seen as such.
+        self.detector = Detector({language for pair in self.models for language in pair})
 
     @property
     def ready(self) -> bool:
@@ -132,6 +161,7 @@ class Runtime:
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
         for batcher in self.batchers.values():
             batcher.start()
+        self.detector.rank(WARM_UP_TEXT)  # loads its model
         warm_up: dict[str, tuple[str, str]] = {}  # model name -> its first pair
         for pair, model in self.models.items():
             warm_up.setdefault(model.name, pair)
@@ -188,12 +218,14 @@ class Runtime:
     def model(self, source: str, target: str) -> TranslationModel:
         model = self.models.get((source, target))
         if model is None:
-            served = ", ".join(f"{s} -> {t}" for s, t in self.models)
             raise ServiceError(
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
-                f"no model translates {source} -> {target}; served: {served}",
+                f"no model translates {source} -> {target}; served: {self._served()}",
             )
         return model
+
+    def _served(self) -> str:
+        return ", ".join(f"{s} -> {t}" for s, t in self.models)
 
     def decoding_options(
         self, pair: tuple[str, str], requested: Mapping[str, Any] | None = None
@@ -204,7 +236,12 @@ class Runtime:
         )
 
     def _prepare_now(
-        self, model: TranslationModel, texts: Sequence[str], pair: tuple[str, str], form: Form
+        self,
+        model: TranslationModel,
+        texts: Sequence[str],
+        pair: tuple[str, str],
+        form: Form,
+        label: Callable[[int], str],
     ) -> pipeline.Prepared:
         source, target = pair
         return pipeline.prepare(
@@ -214,15 +251,26 @@ class Runtime:
             source=source,
             max_segment_characters=self.settings.max_segment_characters,
             max_segments=self.settings.max_queue_segments,
+            label=label,
             format=form.format,
             translate_attributes=form.translate_attributes,
         )
 
     async def _prepare(
-        self, model: TranslationModel, texts: Sequence[str], pair: tuple[str, str], form: Form
+        self,
+        model: TranslationModel,
+        texts: Sequence[str],
+        pair: tuple[str, str],
+        form: Form,
+        label: Callable[[int], str],
     ) -> pipeline.Prepared:
         """Parse, split and tokenize, after the cheap limits: the characters of the request
         (markup as sent) first."""
+        return await self._text_work(texts, self._prepare_now, model, texts, pair, form, label)
+
+    async def _text_work(self, texts: Sequence[str], work: Callable[..., _T], *args: Any) -> _T:
+        """`work(*args)` on the request's `texts`, once they are within max_characters: on
+        the event loop when they are short, else in the preparation thread."""
         characters = sum(len(text) for text in texts)
         if characters > self.settings.max_characters:
             raise ServiceError(
@@ -231,9 +279,9 @@ class Runtime:
                 f"{self.settings.max_characters} (max_characters)",
             )
         if characters <= _INLINE_CHARACTERS:
-            return self._prepare_now(model, texts, pair, form)
-        # Off the event loop: splitting and tokenising a large body takes CPU time that would
-        # stall every other request (and /health) meanwhile.
+            return work(*args)
+        # Off the event loop: splitting and tokenising (or detecting) a large body takes CPU
+        # time that would stall every other request (and /health) meanwhile.
         if self._preparing >= PREPARATION_LINE:
             raise ServiceError(
                 ErrorType.QUEUE_FULL,
@@ -241,11 +289,18 @@ class Runtime:
             )
         self._preparing += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._preparation, self._prepare_now, model, texts, pair, form
-            )
+            return await asyncio.get_running_loop().run_in_executor(self._preparation, work, *args)
         finally:
             self._preparing -= 1
+
+    def _detect_now(self, texts: Sequence[str], format: Format) -> list[list[Candidate] | None]:
+        return [self.detector.rank(text) for text in pipeline.detectable(texts, format)]
+
+    async def detect(
+        self, texts: Sequence[str], format: Format = "text"
+    ) -> list[list[Candidate] | None]:
+        """Each text's served languages, most likely first (None: nothing to detect)."""
+        return await self._text_work(texts, self._detect_now, texts, format)
 
     async def translate(
         self,
@@ -255,11 +310,13 @@ class Runtime:
         *,
         deadline: float,
         form: Form = PLAIN,
+        label: Callable[[int], str] = pipeline.text_label,
     ) -> list[TextTranslation]:
-        """Each text translated as `form` says (plain text or markup, alignments or not)."""
+        """Each text translated as `form` says (plain text or markup, alignments or not); an
+        error names a text by `label(its index)`."""
         model = self.models[pair]
         pipeline.check_form(model, form, options)
-        prepared = await self._prepare(model, texts, pair, form)
+        prepared = await self._prepare(model, texts, pair, form, label)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
@@ -276,6 +333,93 @@ class Runtime:
         return pipeline.assemble(
             model, prepared, nbest, options.num_hypotheses, alignments=form.alignments
         )
+
+    async def translate_detected(
+        self,
+        texts: Sequence[str],
+        target: str,
+        requested: Mapping[str, Any],
+        *,
+        deadline: float,
+        form: Form = PLAIN,
+    ) -> list[DetectedTranslation]:
+        """Each text translated from the language detected in it into `target`, by the model
+        of that pair with the options `requested` (as `decoding_options` takes them); a text
+        already in `target`, or with nothing to detect, comes back as it was sent. A text
+        whose pair no model serves fails the request, before anything is translated."""
+        if all(t != target for _, t in self.models):
+            raise ServiceError(
+                ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
+                f"no model translates into {target}; served: {self._served()}",
+            )
+        found = await self.detect(texts, form.format)
+        best: list[Candidate] = []  # each text's language
+        routes: dict[tuple[str, str], list[int]] = {}  # pair -> its texts, in order
+        for i, candidates in enumerate(found):
+            if candidates == []:
+                served = ", ".join(sorted(self.detector.languages))
+                raise ServiceError(
+                    ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
+                    f"{pipeline.text_label(i)} is in none of the languages served ({served})",
+                )
+            best.append(UNDETERMINED if candidates is None else candidates[0])
+            pair = (best[i].language, target)
+            if candidates is None or pair[0] == target:
+                continue
+            try:
+                self.model(*pair)
+            except ServiceError as e:
+                raise ServiceError(
+                    e.type,
+                    f"{pipeline.text_label(i)} is in {pair[0]} (detected, confidence "
+                    f"{best[i].confidence:.2f}): {e.message}",
+                ) from None
+            routes.setdefault(pair, []).append(i)
+        options = {pair: self.decoding_options(pair, requested) for pair in routes}
+        for pair, chosen in options.items():
+            pipeline.check_form(self.models[pair], form, chosen)
+        translated = await _all(
+            {
+                pair: self.translate(
+                    [texts[i] for i in indices],
+                    pair,
+                    options[pair],
+                    deadline=deadline,
+                    form=form,
+                    label=_labels(indices),
+                )
+                for pair, indices in routes.items()
+            }
+        )
+        results = [
+            DetectedTranslation(
+                TextTranslation([text], [None], []),
+                language,
+                None,
+                "nothing_to_detect" if language is UNDETERMINED else "source_is_target",
+            )
+            for text, language in zip(texts, best, strict=True)
+        ]
+        for pair, indices in routes.items():
+            for i, translation in zip(indices, translated[pair], strict=True):
+                results[i] = DetectedTranslation(translation, best[i], self.models[pair].name, None)
+        return results
+
+
+def _labels(indices: Sequence[int]) -> Callable[[int], str]:
+    """How errors name the texts of a model's share of a request: by their index in it."""
+    return lambda j: pipeline.text_label(indices[j])
+
+
+async def _all(work: Mapping[_K, Coroutine[Any, Any, _T]]) -> dict[_K, _T]:
+    """Every coroutine's result, run at the same time; the first failure cancels the others
+    and is raised (as itself, not in an ExceptionGroup: the error table maps it)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = {key: group.create_task(coroutine) for key, coroutine in work.items()}
+    except BaseExceptionGroup as e:
+        raise e.exceptions[0] from None
+    return {key: task.result() for key, task in tasks.items()}
 
 
 def _multilingual(model: TranslationModel) -> bool:

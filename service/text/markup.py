@@ -780,6 +780,12 @@ def parse(markup: str, format: Format, *, translate_attributes: bool = False) ->
     )
 
 
+def without_items(text: str) -> str:
+    """Plain `text` without what a document's blocks leave out of the model's text (URLs,
+    e-mail addresses, @mentions, #hashtags): what language detection reads of it."""
+    return _SPECIAL.sub(" ", text)
+
+
 def render(document: Document, translations: Sequence[tuple[str, Projection]]) -> str:
     """The document with each block replaced by its translation, `translations[i]` being
     (target text of `blocks[i]`, its projection)."""

@@ -150,14 +150,7 @@ def prepare(
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = []
-        for t, text in enumerate(texts):
-            try:
-                documents.append(
-                    markup.parse(text, format, translate_attributes=translate_attributes)
-                )
-            except markup.MarkupError as e:
-                raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
+        documents = _parse(texts, format, translate_attributes, label)
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
@@ -195,6 +188,30 @@ def prepare(
                 "shorter sentences",
             )
     return Prepared(layouts, sources, origins, owners, documents)
+
+
+def _parse(
+    texts: Sequence[str],
+    format: MarkupFormat,
+    translate_attributes: bool,
+    label: Callable[[int], str],
+) -> list[markup.Document]:
+    """Each text parsed as a document; a ServiceError names the first that cannot be."""
+    documents = []
+    for t, text in enumerate(texts):
+        try:
+            documents.append(markup.parse(text, format, translate_attributes=translate_attributes))
+        except markup.MarkupError as e:
+            raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
+    return documents
+
+
+def detectable(texts: Sequence[str], format: Format) -> list[str]:
+    """What language detection reads of each text: the words the model would see, without
+    URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line)."""
+    if format == "text":
+        return [markup.without_items(text) for text in texts]
+    return ["\n".join(d.blocks) for d in _parse(texts, format, False, text_label)]
 
 
 def assemble(

@@ -81,7 +81,7 @@ async def test_a_mastodon_status_keeps_its_mention_link_and_hashtag_byte_for_byt
         assert kept in status
     assert "TWO DOGS RUN &amp; PLAY." in status and "<b>BIG</b>" in status
     assert second == "<p>TWO CATS.</p>"
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    assert [d["language"] for d in body["detectedLanguage"]] == ["en", "en"]
     single = await markup_client.post(
         f"{LT}/translate", json={"q": "<p>A dog.</p>", **EN_DE, "format": "html"}
     )

@@ -21,7 +21,7 @@ from service.inference.engine import Engine
 from tests.service.helpers import fast_settings, running
 
 EN_DE = {"source": "en", "target": "de"}
-# Schema fuzzing: cases per operation and generation mode (3 POST operations x 2 modes: 2,100).
+# Schema fuzzing: cases per operation and generation mode (4 POST operations x 2 modes: 2,800).
 EXAMPLES_PER_MODE = 350
 
 
@@ -130,7 +130,7 @@ def test_openapi_schema_fuzzing_finds_no_server_error(eos_engine: Engine) -> Non
                 _fuzz(operation, schemathesis.GenerationMode.NEGATIVE, calls)
     finally:
         shutdown_lifespans()
-    assert sum(calls.values()) >= 2000, calls
+    assert sum(calls.values()) >= 2800, calls
     assert calls["POST /translate"] >= 2 * EXAMPLES_PER_MODE, calls
 
 
@@ -145,12 +145,16 @@ def _fuzz(
         database=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=operation.as_strategy(generation_mode=mode), served_pair=st.booleans())
-    def check(case: schemathesis.Case, served_pair: bool) -> None:
-        # Random language codes are all unknown: half the time use the served pair, so that
-        # cases get past validation into segmentation, batching and the engine.
-        if served_pair and isinstance(case.body, dict):
-            case.body.update(EN_DE)
+    @given(
+        case=operation.as_strategy(generation_mode=mode),
+        source=st.sampled_from([None, "en", "auto"]),
+    )
+    def check(case: schemathesis.Case, source: str | None) -> None:
+        # Random language codes are all unknown: two times in three use the served pair, or
+        # detect the source, so that cases get past validation into detection, segmentation,
+        # batching and the engine.
+        if source is not None and isinstance(case.body, dict):
+            case.body.update({**EN_DE, "source": source})
         calls[operation.label] += 1
         case.call_and_validate(checks=[not_a_server_error])
 

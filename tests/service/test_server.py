@@ -109,14 +109,14 @@ def test_libretranslate_clients_work_unchanged(server: ServerProcess) -> None:
             {"code": "en", "name": "English", "targets": ["de"]},
         ]
     with urllib.request.urlopen(urllib.request.Request(base + "detect", data=b"q=Hello")) as r:
-        assert json.loads(r.read()) == [{"confidence": 100.0, "language": "en"}]
+        assert json.loads(r.read())[0]["language"] == "en"
     response = httpx.post(
         base + "translate",
         json={"q": ["A dog.", "A cat."], "source": "auto", "target": "de", "alternatives": 1},
     )
     body = response.json()
     assert len(body["translatedText"]) == 2 and len(body["alternatives"]) == 2
-    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 2
+    assert [d["language"] for d in body["detectedLanguage"]] == ["en", "en"]
 
 
 def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> None:

