@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Literal
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
@@ -223,9 +224,15 @@ async def _libretranslate_fields(
             # problem, in LibreTranslate's words and ours.
             check_api_key(runtime, header_key)
             raise ServiceError(e.type, f"Invalid JSON format: {e.message}") from None
-    form = await request.form()
+    if content_type == "application/x-www-form-urlencoded":
+        # As werkzeug reads it for LibreTranslate: UTF-8, escaped or not (curl -d 'q=läuft'
+        # sends the raw bytes, which starlette's parser would read as Latin-1).
+        body = (await request.body()).decode("utf-8", errors="replace")
+        form_items: list[tuple[str, Any]] = parse_qsl(body, keep_blank_values=True)
+    else:
+        form_items = list((await request.form()).multi_items())
     fields: dict[str, Any] = {}
-    for key, value in [*request.query_params.multi_items(), *form.multi_items()]:
+    for key, value in [*request.query_params.multi_items(), *form_items]:
         if isinstance(value, str):  # uploaded files are not fields
             fields.setdefault(key, value)
     if "q" in fields:

@@ -493,6 +493,17 @@ async def test_libretranslate_form_and_query_bodies(client: httpx.AsyncClient) -
     assert response.json() == {"translatedText": "MULTI"}
     response = await client.post(f"{LT}/translate", params={"q": "query", **EN_DE})
     assert response.json() == {"translatedText": "QUERY"}
+    # UTF-8 in a form body, escaped or as raw bytes (curl -d 'q=läuft'), as werkzeug reads it.
+    for body in (
+        "q=l%C3%A4uft+%2B+%C3%9F&source=en&target=de",
+        "q=läuft %2B ß&source=en&target=de",
+    ):
+        response = await client.post(
+            f"{LT}/translate",
+            content=body.encode(),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert response.json() == {"translatedText": "LÄUFT + SS"}, body
 
 
 @pytest.mark.parametrize(
