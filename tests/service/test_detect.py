@@ -12,7 +12,7 @@ import pytest
 from benchmarks.detect_bench import LANGUAGES, MULTI30K, read_texts
 from service.http.app import create_app
 from service.text import pipeline
-from service.text.detect import Detector
+from service.text.detect import Detector, detector_label
 from tests.service.helpers import FakeModel, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +209,18 @@ async def test_libretranslate_detects_each_text_of_a_batch(
     body = response.json()
     assert body["translatedText"] == DE and body["untranslated"] == "source_is_target"
     assert body["detectedLanguage"]["language"] == "de" and body["alternatives"] == []
+
+
+def test_flores_codes_are_detected_as_their_languages() -> None:
+    """NLLB names languages by FLORES-200 codes: each is ranked by fastText's label for it,
+    two codes of one label (Chinese in two scripts) at the same confidence."""
+    detector = Detector(["eng_Latn", "deu_Latn", "fra_Latn", "arb_Arab", "zho_Hans", "zho_Hant"])
+    assert detector.rank(DE)[0].language == "deu_Latn"  # type: ignore[index]
+    assert detector.rank(FR)[0].language == "fra_Latn"  # type: ignore[index]
+    assert detector.rank("الكلب يركض في الحديقة")[0].language == "arb_Arab"  # type: ignore[index]
+    first, second = detector.rank("一只狗在公园里跑。")[:2]  # type: ignore[index]
+    assert (first.language, second.language) == ("zho_Hans", "zho_Hant")
+    assert first.confidence == second.confidence > 0.5
+    assert [detector_label(code) for code in ("nob_Latn", "als_Latn", "pes_Arab", "hye_Armn")] == [
+        "no", "sq", "fa", "hy"
+    ]  # fmt: skip

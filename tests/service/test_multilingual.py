@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -171,3 +172,29 @@ def test_a_folder_that_is_no_checkpoint_is_refused_naming_what_is_missing(tmp_pa
     with pytest.raises(BundleError, match="no such directory"):
         model_bundle(tmp_path / "nowhere", tmp_path / "cache")
     assert not any((tmp_path / "cache").glob("*/manifest.json"))
+
+
+@pytest.mark.anyio
+async def test_auto_routes_each_text_to_its_nllb_pair(nllb_bundle: Path) -> None:
+    """`source: "auto"` on an NLLB bundle: each text detected as its FLORES-200 code and
+    translated from it, as a request naming that code translates it."""
+    engine = _engine(nllb_bundle)
+    texts = ["Ein Hund läuft durch den Park.", "Un chien court dans le parc.", "A dog runs."]
+    async with running(create_app(fast_settings(), models=[engine])) as client:
+
+        async def translate(text: str | list[str], source: str) -> list[dict[str, Any]]:
+            body = {"text": text, "source": source, "target": "eng_Latn"}
+            response = await client.post("/translate", json=body)
+            assert response.status_code == 200, response.text
+            return list(response.json()["translations"])
+
+        translations = await translate(texts, "auto")
+        detected = [t["detected_language"]["language"] for t in translations]
+        assert detected == ["deu_Latn", "fra_Latn", "eng_Latn"]
+        assert (translations[2]["text"], translations[2]["untranslated"]) == (
+            texts[2],
+            "source_is_target",
+        )
+        for text, source, translation in zip(texts[:2], detected, translations, strict=False):
+            [named] = await translate(text, source)
+            assert translation["text"] == named["text"] and named["text"] != text
