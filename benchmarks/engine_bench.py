@@ -294,12 +294,14 @@ def _prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int, int]:
 
 
 def encode_sources(bundle: Path, lines: Sequence[str]) -> tuple[list[list[int]], int]:
-    """`lines` tokenized by the bundle's engine, the empty ones and those over the model's input
-    limit left out; and that limit."""
+    """`lines` tokenized by the bundle's engine (a multilingual one's first pair: the same work
+    as any other), the empty ones and those over the model's input limit left out; and that
+    limit."""
     from service.inference.engine import Engine
 
     engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
-    encoded = [ids for ids in engine.encode(lines) if ids]
+    source, target = engine.source_languages[0], engine.target_languages[-1]
+    encoded = [ids for ids in engine.encode(lines, target, source) if ids]
     return [ids for ids in encoded if len(ids) <= engine.max_input_tokens], engine.max_input_tokens
 
 

@@ -40,16 +40,24 @@ Family = Literal["m2m100", "nllb"]
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # fairseq's first four ids
 PAD, EOS = 1, 2
 MADEUP_WORDS = 8  # M2M100Tokenizer's num_madeup_words
+NLLB_ADDED = 203  # NllbTokenizer's tokens after its vocabulary: 202 language codes and <mask>
 LICENSE = {"m2m100": "mit", "nllb": "cc-by-nc-4.0"}  # what the published model cards say
 
 
-def _nllb_tokenizer(lines: Sequence[str], vocab_size: int) -> NllbTokenizer:
-    """NllbTokenizer over a BPE learnt from `lines` (fairseq's four specials first)."""
+def _nllb_tokenizer(lines: Sequence[str], vocab_size: int, size: int | None) -> NllbTokenizer:
+    """NllbTokenizer over a BPE of `vocab_size` learnt from `lines` (fairseq's four specials
+    first), with filler tokens after it to make `size` tokens in all (NLLB-200's 256,206)."""
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS)
     bpe.train_from_iterator(lines, trainer)
     state = json.loads(bpe.to_str())["model"]
+    if size is not None:  # the language codes and <mask> come after the vocabulary
+        vocab = state["vocab"]
+        fillers = size - NLLB_ADDED - len(vocab)
+        if fillers < 0:
+            raise ValueError(f"{size} tokens < the {len(vocab) + NLLB_ADDED} the BPE has")
+        vocab.update({f"<filler_{i}>": len(vocab) + i for i in range(fillers)})
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]]
     return NllbTokenizer(vocab=state["vocab"], merges=merges, src_lang="eng_Latn")
 
@@ -82,6 +90,7 @@ def write_checkpoint(
     family: Family = "m2m100",
     language_codes: str = "wmt21",
     tokenizer_vocab_size: int = 1000,
+    vocab_size: int | None = None,
     d_model: int = 32,
     heads: int = 4,
     d_ff: int = 64,
@@ -90,13 +99,16 @@ def write_checkpoint(
     seed: int = 0,
 ) -> Path:
     """Write the checkpoint into `out` (module docstring); `language_codes` is
-    M2M100Tokenizer's ("wmt21": 8 languages, "m2m100": 100)."""
+    M2M100Tokenizer's ("wmt21": 8 languages, "m2m100": 100). `vocab_size` (NLLB only): the
+    tokenizer's and model's size, filler tokens making up what the BPE did not learn."""
     out.mkdir(parents=True, exist_ok=True)
     tokenizer: M2M100Tokenizer | NllbTokenizer
     if family == "nllb":
-        tokenizer = _nllb_tokenizer(lines, tokenizer_vocab_size)
+        tokenizer = _nllb_tokenizer(lines, tokenizer_vocab_size, vocab_size)
         vocab_size = len(tokenizer)
     else:
+        if vocab_size is not None:
+            raise ValueError("vocab_size is for NLLB-shaped models")
         tokenizer = _m2m100_tokenizer(lines, tokenizer_vocab_size, out, language_codes)
         vocab_size = len(tokenizer.encoder) + len(tokenizer.lang_token_to_id) + MADEUP_WORDS
     config = M2M100Config(

@@ -1,0 +1,110 @@
+"""An NLLB-200-600M-shaped model: this engine vs CTranslate2 on the same weights, in one run.
+
+    python -m benchmarks.nllb_bench [--work DIR] [--n 32] [--length 32] [--threads 2]
+        [--repeat 1] [--batch-sizes 1 32] [--beam-sizes 4] [--json FILE]
+
+1. Builds a random model of NLLB-200-distilled-600M's shape in transformers' format
+   (benchmarks/m2m100_checkpoint.py): 12 + 12 layers, d_model 1024, 16 heads, d_ff 4096, ReLU,
+   a vocabulary of 256,206 tokens (a BPE learnt from Multi30k, filler tokens, the 202 language
+   codes), max positions 1024: 615M parameters, 2.5 GB in fp32.
+2. Imports it (model/importers/m2m100.py) and exports fp32 and int8 bundles (python -m export).
+3. Runs benchmarks/engine_bench.py on the first N Multi30k test_2016_flickr sentences (as
+   eng_Latn), every system decoding exactly --length tokens per sentence: engine-fp32/int8 and
+   ct2-fp32/int8 (CTranslate2's own TransformersConverter on the same weights), each in its own
+   process; time is the median of --repeat passes, memory the process's peak RSS. With a 256k
+   vocabulary the output projection is most of a step (1024 x 256,206 multiply-adds a row).
+4. Prints engine_bench's table, then engine / CTranslate2 in every cell (fp32 vs fp32, int8 vs
+   int8; goal >= 1.0).
+
+--work keeps the model, bundles and CTranslate2 model (about 9 GB) for a second run; without it
+they go to a temporary directory. The last stdout line is engine_bench's JSON summary with the
+goal ratios added. Needs the bench extra (ctranslate2) and about 12 GB of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import engine_bench
+from benchmarks.m2m100_checkpoint import write_checkpoint
+from benchmarks.marian_bench import goals
+from export.onnx_export import export_bundle
+from model.data import read_lines
+from model.importers import m2m100
+from service.inference.models import stale_reason
+
+DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
+NLLB_600M = dict(d_model=1024, heads=16, d_ff=4096, layers=12, max_positions=1024)
+VOCAB_SIZE = 256_206
+SYSTEMS = ["engine-fp32", "engine-int8", "ct2-fp32", "ct2-int8"]
+
+
+def prepare(work: Path, shape: dict[str, int], vocab_size: int) -> tuple[Path, Path, Path, Path]:
+    """(transformers dir, checkpoint, fp32 bundle, int8 bundle), built once into `work`."""
+    hf, checkpoint = work / "hf-nllb", work / "nllb"
+    bundles = work / "nllb-fp32", work / "nllb-int8"
+    if not (hf / "config.json").is_file():
+        lines = [*read_lines(DATA / "train.en.gz"), *read_lines(DATA / "train.de.gz")]
+        write_checkpoint(
+            hf, lines, family="nllb", tokenizer_vocab_size=8000, vocab_size=vocab_size, **shape
+        )
+    if not (checkpoint / "config.json").is_file():
+        m2m100.import_checkpoint(hf, checkpoint)
+    for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
+        if stale_reason(checkpoint, bundle):
+            export_bundle(checkpoint, bundle, dtype=dtype)  # type: ignore[arg-type]
+    return hf, checkpoint, *bundles
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.nllb_bench", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--work", type=Path, help="keep the models here (default: a temp dir)")
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.gz")
+    p.add_argument("--n", type=int, default=32, help="sentences (default 32)")
+    p.add_argument("--length", type=int, default=32, help="tokens per sentence (default 32)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--beam-sizes", type=int, nargs="+", default=[4])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
+    p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    # A smaller model of the same kind, for a quick run or a test: "d_model,layers,vocab".
+    p.add_argument("--shape", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    shape, vocab_size = dict(NLLB_600M), VOCAB_SIZE
+    if args.shape:
+        d_model, layers, vocab_size = map(int, args.shape.split(","))
+        shape.update(d_model=d_model, d_ff=4 * d_model, heads=4, layers=layers)
+    with tempfile.TemporaryDirectory(prefix="nllb_bench_") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"building the model in {work} ...", file=sys.stderr, flush=True)
+        hf, checkpoint, fp32, int8 = prepare(work, shape, vocab_size)
+        bench_args = engine_bench.parser("engine_bench", "", SYSTEMS).parse_args(
+            [
+                "--checkpoint", str(checkpoint), "--hf-dir", str(hf),
+                "--bundle-fp32", str(fp32), "--bundle-int8", str(int8),
+                "--ct2-dir", str(work / "ct2"), "--src", str(args.src), "--n", str(args.n),
+                "--length", str(args.length), "--threads", str(args.threads),
+                "--repeat", str(args.repeat),
+                "--batch-sizes", *map(str, args.batch_sizes),
+                "--beam-sizes", *map(str, args.beam_sizes),
+                "--systems", *args.systems,
+            ]
+        )  # fmt: skip
+        summary = engine_bench.without_outputs(engine_bench.run(bench_args))
+    ratios = goals(summary)
+    print(f"\nmodel: NLLB-200-600M-shaped, {vocab_size} tokens, {args.length} tokens a sentence")
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.2f}x ({'meets' if ratio >= 1.0 else 'misses'} >= 1x)")
+    engine_bench.emit({**summary, "goals": ratios}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
