@@ -92,6 +92,7 @@ class Runtime:
         self.metrics = metrics
         self.models: dict[tuple[str, str], TranslationModel] = {}  # by (source, target)
         names: dict[str, TranslationModel] = {}
+        by_kind: dict[bool, dict[tuple[str, str], TranslationModel]] = {False: {}, True: {}}
         for model in models:
             if model.name in names:
                 raise ValueError(
@@ -99,17 +100,17 @@ class Runtime:
                     "of differently named checkpoints"
                 )
             names[model.name] = model
+            claimed = by_kind[_multilingual(model)]
             for pair in _pairs(model):
-                other = self.models.get(pair)
-                if other is not None:
-                    if _multilingual(other) == _multilingual(model):
-                        raise ValueError(
-                            f"two models for {pair[0]} -> {pair[1]}: {model.name}, {other.name}"
-                        )
-                    # A bilingual model before a multilingual one, unless the settings say.
-                    if _multilingual(model) != settings.prefer_multilingual:
-                        continue
-                self.models[pair] = model
+                if pair in claimed:
+                    raise ValueError(
+                        f"two models for {pair[0]} -> {pair[1]}: {model.name}, {claimed[pair].name}"
+                    )
+                claimed[pair] = model
+        # A pair both kinds serve goes to the bilingual model, unless the settings say.
+        first = settings.prefer_multilingual
+        self.models.update(by_kind[not first])
+        self.models.update(by_kind[first])
         limits = BatchLimits(
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=settings.max_batch_tokens,
@@ -334,6 +335,16 @@ class Runtime:
             model, prepared, nbest, options.num_hypotheses, alignments=form.alignments
         )
 
+    def _likeliest(self, candidates: list[Candidate], target: str) -> Candidate:
+        """The most likely language; of codes the detector cannot tell apart (an ISO code and
+        NLLB's FLORES code for one language, equally confident), one that has a model into
+        `target`, or is it."""
+        tied = [c for c in candidates if c.confidence == candidates[0].confidence]
+        for candidate in tied:
+            if candidate.language == target or (candidate.language, target) in self.models:
+                return candidate
+        return candidates[0]
+
     async def translate_detected(
         self,
         texts: Sequence[str],
@@ -362,7 +373,7 @@ class Runtime:
                     ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
                     f"{pipeline.text_label(i)} is in none of the languages served ({served})",
                 )
-            best.append(UNDETERMINED if candidates is None else candidates[0])
+            best.append(UNDETERMINED if candidates is None else self._likeliest(candidates, target))
             pair = (best[i].language, target)
             if candidates is None or pair[0] == target:
                 continue

@@ -77,9 +77,10 @@ class Detector:
         """Of `languages`, those the text may be in, most likely first, those the model gives
         no probability left out (a text in another script may have none of them); None when
         the text has no letter: nothing to detect."""
-        text = text[:MAX_DETECT_CHARACTERS]
-        if not _LETTER.search(text):
+        letter = _LETTER.search(text)
+        if letter is None:
             return None
+        text = text[letter.start() : letter.start() + MAX_DETECT_CHARACTERS]  # from its words
         ranked = _model().detect(text, k=-1)  # every language it gives a probability
         return [
             Candidate(code, float(r["score"]))

@@ -11,6 +11,7 @@ asked for into `DecodingOptions` over the settings' defaults.
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -155,30 +156,25 @@ def prepare(
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
     layouts = [segment.split(block, language) for block in blocks]
-    origins = [(b, n) for b, layout in enumerate(layouts) for n in range(len(layout.segments))]
-    if max_segments is not None and len(origins) > max_segments:
-        raise ServiceError(
-            ErrorType.INVALID_REQUEST,
-            f"{len(origins)} sentences in one request; the limit is {max_segments} "
-            "(max_queue_segments)",
-        )
-    # Sentences are counted per input text, across its blocks.
-    numbers = []  # each sentence's number within its input text, across the text's blocks
-    counts: dict[int, int] = {}
-    for b, _ in origins:
-        numbers.append(counts.get(owners[b], 0))
-        counts[owners[b]] = numbers[-1] + 1
-    for (b, n), number in zip(origins, numbers, strict=True):
-        sentence = layouts[b].segments[n]
-        if len(sentence) > max_segment_characters:
-            raise ServiceError(
-                ErrorType.INPUT_TOO_LONG,
-                f"{label(owners[b])}, sentence {number}: {len(sentence)} characters, more than "
-                f"the limit of {max_segment_characters} (max_segment_characters); split it "
-                "into shorter sentences",
-            )
-    sources = model.encode([s for layout in layouts for s in layout.inputs], target, source)
+    encode = functools.partial(
+        _encoded, model, owners=owners, target=target, source=source,
+        max_segment_characters=max_segment_characters, max_segments=max_segments, label=label,
+    )  # fmt: skip
+    origins, numbers, sources = encode(layouts)
     limit = model.max_input_tokens
+    # A sentence joined across hard-wrapped lines and over the model's limit (lower-case lines
+    # of a list, Chinese lines): its block's lines each on their own, as unjoined.
+    joined = {
+        b
+        for (b, n), ids in zip(origins, sources, strict=True)
+        if len(ids) > limit and segment.wrapped(layouts[b].segments[n])
+    }
+    if joined:
+        layouts = [
+            segment.split(block, language, wraps=False) if b in joined else layout
+            for b, (block, layout) in enumerate(zip(blocks, layouts, strict=True))
+        ]
+        origins, numbers, sources = encode(layouts)
     for (b, _), number, ids in zip(origins, numbers, sources, strict=True):
         if len(ids) > limit:
             raise ServiceError(
@@ -212,6 +208,45 @@ def detectable(texts: Sequence[str], format: Format) -> list[str]:
     if format == "text":
         return [markup.without_items(text) for text in texts]
     return ["\n".join(d.blocks) for d in _parse(texts, format, False, text_label)]
+
+
+def _encoded(
+    model: TextModel,
+    layouts: list[segment.Layout],
+    *,
+    owners: list[int],
+    target: str | None,
+    source: str | None,
+    max_segment_characters: int,
+    max_segments: int | None,
+    label: Callable[[int], str],
+) -> tuple[list[tuple[int, int]], list[int], list[list[int]]]:
+    """Each sentence's (block, index), its number within its input text, and its ids, after
+    the limits that come before tokenizing (`prepare`)."""
+    origins = [(b, n) for b, layout in enumerate(layouts) for n in range(len(layout.segments))]
+    if max_segments is not None and len(origins) > max_segments:
+        raise ServiceError(
+            ErrorType.INVALID_REQUEST,
+            f"{len(origins)} sentences in one request; the limit is {max_segments} "
+            "(max_queue_segments)",
+        )
+    # Sentences are counted per input text, across its blocks.
+    numbers = []  # each sentence's number within its input text, across the text's blocks
+    counts: dict[int, int] = {}
+    for b, _ in origins:
+        numbers.append(counts.get(owners[b], 0))
+        counts[owners[b]] = numbers[-1] + 1
+    for (b, n), number in zip(origins, numbers, strict=True):
+        sentence = layouts[b].segments[n]
+        if len(sentence) > max_segment_characters:
+            raise ServiceError(
+                ErrorType.INPUT_TOO_LONG,
+                f"{label(owners[b])}, sentence {number}: {len(sentence)} characters, more than "
+                f"the limit of {max_segment_characters} (max_segment_characters); split it "
+                "into shorter sentences",
+            )
+    sources = model.encode([s for layout in layouts for s in layout.inputs], target, source)
+    return origins, numbers, sources
 
 
 def assemble(
@@ -313,7 +348,8 @@ def _text_alignment(
                 raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
             weights = np.zeros((0, len(spans) + 1), np.float32)
         target_spans = [
-            (target.position(a), target.position(b)) for a, b in model.target_spans(hypothesis.ids)
+            (target.position(a, starts=True), target.position(b))
+            for a, b in model.target_spans(hypothesis.ids)
         ]
         aligned = sentence_alignment(source, target.text, spans, target_spans, weights)
         sentences.append((source_at, target_at, aligned))

@@ -29,9 +29,13 @@ A sentence goes on across a single line break where a reader would read on: hard
 (an e-mail, a commit message, a text file at 72 columns). The line must not end a sentence (an
 end mark) or announce what follows (a colon), and the next line must not start a list item or a
 quote (`- `, `* `, `• `, `> `, `1. `, `a) `), and either start in lower case, or the line was
-full: the next line's first word would not have fitted after it within the paragraph's longest
-line, of at least `_WRAP_WIDTH` characters. Between Chinese or Japanese characters any line
-break is a wrap. A sentence does not go on past `_LONGEST_WRAPPED` characters. The segment then
+full: at least `_WRAP_WIDTH` characters long (wrapping tools break at 60 to 80; a greeting,
+a heading or an address line is shorter) and the next line's first word would not have fitted
+after it within the paragraph's longest line. Between Chinese or Japanese characters any line
+break is a wrap; next to Thai, none is (Thai has no case and no end marks: a line is read as
+its own). A sentence does not go on past `_LONGEST_WRAPPED` characters, and a text whose
+joined sentence is over the model's token limit is split line by line instead
+(service/text/pipeline.py, `split(..., wraps=False)`). The segment then
 holds the line break (`Layout.inputs` gives it to the model as a space) and `Layout.rewrap` puts
 it back into the translation at the same fraction of the sentence's length, in the nearest space
 between words: the translation keeps the input's lines, as the LibreTranslate API promises, and
@@ -67,14 +71,16 @@ _ITEM = re.compile(r"(?:[-*+•‣◦▪–—>|#]|\d{1,3}[.)]|[A-Za-z][.)])(?:\
 _WRAPS_ANYWHERE = re.compile(
     r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60\uac00-\ud7af]"
 )
-# A paragraph whose longest line is shorter than this is not taken for hard-wrapped by its
-# lines' lengths (an address, a poem, a list without marks): wrapping tools use 60 to 80.
-_WRAP_WIDTH = 40
+# A line shorter than this is not taken for hard-wrapped by its length (a greeting, a heading,
+# an address, a poem, a list without marks): wrapping tools break at 60 to 80.
+_WRAP_WIDTH = 60
 # Nor does a sentence go on across lines past this many characters (more than the model's 256
 # tokens): many unpunctuated lines (a log, a word list) are not read as one endless sentence.
 _LONGEST_WRAPPED = 1000
 # A line's text up to the end of its last sentence mark and the space after it.
-_LAST_END = re.compile(r".*[.!?…。！？｡][\"'”’»)\]」』）】〉》]*\s", re.DOTALL)
+_LAST_END = re.compile(
+    r".*(?:[.!?…。！？｡][\"'”’»)\]」』）】〉》]*\s|[。！？｡][\"'”’»)\]」』）】〉》]*)", re.DOTALL
+)
 _BREAK = re.compile(r"\r\n|[\n\r]")
 _WRAP = re.compile(r"[^\S\n\r]*(?:\r\n|[\n\r])[^\S\n\r]*")  # a line break inside a sentence
 _AS_SPACES = str.maketrans("\n\r", "  ")
@@ -139,11 +145,12 @@ class Rewrapped:
     text: str
     edits: tuple[tuple[int, int, int], ...] = field(default=())
 
-    def position(self, offset: int) -> int:
-        """Where character `offset` of the translation is in `text`."""
+    def position(self, offset: int, *, starts: bool = False) -> int:
+        """Where character `offset` of the translation is in `text`; with `starts`, the offset
+        where something begins, after a line break put in at it (not before)."""
         shift = 0
         for start, old, new in self.edits:
-            if offset <= start:
+            if offset < start or (offset == start and not (starts and old == 0)):
                 break
             if offset < start + old:
                 return start + shift + min(offset - start, new)
@@ -224,14 +231,21 @@ def _rewrap(source: str, translation: str) -> Rewrapped:
     )
 
 
-def split(text: str, language: str = "") -> Layout:
+def wrapped(segment: str) -> bool:
+    """Whether a segment is a sentence that goes on across a line break."""
+    return _BREAK.search(segment) is not None
+
+
+def split(text: str, language: str = "", *, wraps: bool = True) -> Layout:
     """`language` (the source's code) picks the abbreviations that do not end a sentence; any
-    other code gets the language-independent rules only."""
+    other code gets the language-independent rules only. `wraps` False: every line on its own
+    (no sentence goes on across a line break)."""
     abbreviations = _ABBREVIATIONS.get(language, _NO_ABBREVIATIONS)
     segments: list[str] = []
     separators: list[str] = []
     end_of_last = 0
-    for unit_start, unit_end in _units(text):
+    units = _units(text) if wraps else (line.span() for line in _LINE.finditer(text))
+    for unit_start, unit_end in units:
         for start, end in _sentences(text, unit_start, unit_end, abbreviations):
             separators.append(text[end_of_last:start])
             segments.append(text[start:end])
@@ -267,11 +281,14 @@ def _continues(line: str, following: str, width: int) -> bool:
     line, following = line.rstrip(), following.lstrip()
     if not line or not following or _LINE_ENDED.search(line) or _ITEM.match(following):
         return False
+    if _THAI.match(line[-1]) or _THAI.match(following):
+        return False
     if following[0].islower() or (
         _WRAPS_ANYWHERE.match(line[-1]) and _WRAPS_ANYWHERE.match(following)
     ):
         return True
-    return width >= _WRAP_WIDTH and len(line) + 1 + len(following.split(maxsplit=1)[0]) > width
+    first_word = following.split(maxsplit=1)[0]
+    return len(line) >= _WRAP_WIDTH and len(line) + 1 + len(first_word) > width
 
 
 def _sentences(

@@ -722,3 +722,19 @@ async def test_libretranslate_repeated_fields_take_the_first_value_query_first(
         f"{LT}/translate", params={"q": "query"}, data={"q": "form", **EN_DE}
     )
     assert response.json() == {"translatedText": "QUERY"}
+
+
+async def test_lines_joined_past_the_token_limit_are_translated_one_by_one() -> None:
+    """Lower-case lines read as one wrapped sentence, which would be over the model's limit:
+    the text's lines are translated each on its own, as they were before lines were joined."""
+    fake = FakeModel(max_input_tokens=30)  # the fake's tokens are characters (+ </s>)
+    async with running(create_app(fast_settings(), models=[fake])) as client:
+        for text, segments in (
+            ("red apples and pears\ngreen grapes and figs\nsweet plums and limes", 3),
+            ("red apples\ngreen figs", 1),  # within the limit: one wrapped sentence
+        ):
+            response = await client.post("/translate", json={"text": text, **EN_DE})
+            assert response.status_code == 200, response.text
+            [translation] = response.json()["translations"]
+            assert translation["text"] == text.upper()
+            assert len(translation["segments"]) == segments

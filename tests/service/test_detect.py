@@ -211,6 +211,10 @@ async def test_libretranslate_detects_each_text_of_a_batch(
     assert body["detectedLanguage"]["language"] == "de" and body["alternatives"] == []
 
 
+def test_the_words_after_a_long_run_of_digits_are_read() -> None:
+    assert Detector(["en", "de"]).rank("1" * 1200 + " " + DE)[0].language == "de"  # type: ignore[index]
+
+
 def test_flores_codes_are_detected_as_their_languages() -> None:
     """NLLB names languages by FLORES-200 codes: each is ranked by fastText's label for it,
     two codes of one label (Chinese in two scripts) at the same confidence."""
@@ -224,3 +228,44 @@ def test_flores_codes_are_detected_as_their_languages() -> None:
     assert [detector_label(code) for code in ("nob_Latn", "als_Latn", "pes_Arab", "hye_Armn")] == [
         "no", "sq", "fa", "hy"
     ]  # fmt: skip
+
+
+def _multilingual(name: str, languages: tuple[str, ...]) -> FakeModel:
+    """A fake of several source languages, each into every other (as an NLLB bundle)."""
+    model = FakeModel(languages[0], languages[1], more_targets=languages[2:] + languages[:1])
+    model.name, model.source_languages = name, languages
+    return model
+
+
+async def test_auto_picks_the_code_that_has_a_model_into_the_target() -> None:
+    """ "en" (a bilingual model's) and "eng_Latn" (NLLB's) are one language to the detector:
+    an English text into deu_Latn goes to the model that has eng_Latn -> deu_Latn."""
+    bilingual = FakeModel("en", "de")
+    nllb = _multilingual("fake-nllb", ("eng_Latn", "deu_Latn"))
+    async with running(create_app(fast_settings(), models=[bilingual, nllb])) as client:
+        for target, model, language in (
+            ("deu_Latn", nllb.name, "eng_Latn"),
+            ("de", bilingual.name, "en"),
+        ):
+            response = await client.post(
+                "/translate", json={"text": EN[0], "source": "auto", "target": target}
+            )
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["model"] == model
+            assert body["translations"][0]["detected_language"]["language"] == language
+
+
+@pytest.mark.parametrize("prefer", [False, True])
+def test_two_bilingual_models_of_a_pair_are_refused_whatever_else_is_served(prefer: bool) -> None:
+    from service.metrics import Metrics
+    from service.scheduling.runtime import Runtime
+
+    models = [
+        FakeModel("en", "de"),
+        _multilingual("fake-mul", ("en", "de", "fr")),
+        FakeModel("en", "de"),
+    ]
+    models[2].name = "fake-en-de-2"
+    with pytest.raises(ValueError, match="two models for en -> de"):
+        Runtime(fast_settings(prefer_multilingual=prefer), Metrics(), models)

@@ -145,7 +145,9 @@ def test_unpunctuated_lines_are_not_read_as_one_endless_sentence() -> None:
     assert len(layout.segments) > 1
     assert all(len(s) <= segment._LONGEST_WRAPPED for s in layout.segments)
     # An end mark starts the count again: a long wrapped paragraph of short sentences is one unit.
-    sentences = "\n".join(["The dog runs. And it jumps over the wall"] * 100)
+    sentences = "\n".join(
+        ["The dog runs across the big green field. And it jumps over the old wall"] * 100
+    )
     assert len(split(sentences, "en").segments) == 101
 
 
@@ -305,3 +307,49 @@ def test_split_join_round_trips_thai(text: str) -> None:
     layout = split(text)
     assert layout.join(list(layout.segments)) == text
     assert all(s and not s[0].isspace() and not s[-1].isspace() for s in layout.segments)
+
+
+@pytest.mark.parametrize(
+    ("text", "segments"),
+    [
+        # A line shorter than a wrapping tool's width is not full, even the paragraph's longest.
+        (
+            "Thank you for your message about the new project\nBest regards\nJohn",
+            ["Thank you for your message about the new project", "Best regards", "John"],
+        ),
+        (
+            "Meeting notes from the planning session on Monday\nAttendees\nAlice, Bob",
+            ["Meeting notes from the planning session on Monday", "Attendees", "Alice, Bob"],
+        ),
+        # Thai lines stay lines, however long (no case, no end marks to tell a wrap by).
+        (
+            "ฉันไปเดินเล่นที่สวนสาธารณะกับเพื่อนตอนเย็นและเราเห็นนกหลายตัวบินอยู่เหนือทะเลสาบ\n"
+            "พรุ่งนี้ฉันจะไปทำงานแต่เช้าเพราะมีประชุมสำคัญกับลูกค้าจากต่างประเทศหลายคน\n"
+            "แม่เรียกให้กลับบ้าน",
+            [
+                "ฉันไปเดินเล่นที่สวนสาธารณะกับเพื่อนตอนเย็นและเราเห็นนกหลายตัวบินอยู่เหนือทะเลสาบ",
+                "พรุ่งนี้ฉันจะไปทำงานแต่เช้าเพราะมีประชุมสำคัญกับลูกค้าจากต่างประเทศหลายคน",
+                "แม่เรียกให้กลับบ้าน",
+            ],
+        ),
+    ],
+)
+def test_short_lines_and_thai_lines_are_not_taken_for_wraps(text: str, segments: list[str]) -> None:
+    assert list(split(text, "en").segments) == segments
+
+
+def test_a_long_hard_wrapped_chinese_text_is_cut_only_between_its_sentences() -> None:
+    """Full-width marks end a sentence with no space after them: the count of a sentence going
+    on across lines starts again at each, so no wrapped sentence is cut at a line break."""
+    sentence = "今天天气很好，我们一起去公园散步，孩子们在草地上玩得很开心，大家都很高兴。"
+    text = sentence * 60
+    wrapped = "\n".join(text[i : i + 31] for i in range(0, len(text), 31))
+    layout = split(wrapped, "zh")
+    assert [s.replace("\n", "") for s in layout.segments] == [sentence] * 60
+
+
+def test_a_token_starting_at_an_inserted_break_comes_after_it() -> None:
+    (rewrapped,) = split("hello\nworld").rewrap(["你好世界"])
+    assert rewrapped.text == "你好\n世界"
+    assert rewrapped.position(2, starts=True) == 3  # 世 starts after the break
+    assert rewrapped.position(2) == 2  # 好 ends before it
