@@ -40,13 +40,21 @@ COPY service/ service/
 # hadolint ignore=DL3013
 RUN pip install ".[train]" onnxruntime==1.31.1 pydantic==2.14.3
 
+# Both shipped directions, each for the CPU (fp32) and the GPU (fp16, or fp32 with a gather cache).
 COPY checkpoints/multi30k-en-de/ checkpoints/multi30k-en-de/
+COPY checkpoints/multi30k-de-en/ checkpoints/multi30k-de-en/
 RUN python -m export --checkpoint checkpoints/multi30k-en-de \
         --out /bundles/multi30k-en-de-fp32 --dtype fp32 \
     && python -m export --checkpoint checkpoints/multi30k-en-de \
         --out /bundles/multi30k-en-de-fp32-cuda --dtype fp32 --cache gather \
     && python -m export --checkpoint checkpoints/multi30k-en-de \
-        --out /bundles/multi30k-en-de-fp16 --dtype fp16
+        --out /bundles/multi30k-en-de-fp16 --dtype fp16 \
+    && python -m export --checkpoint checkpoints/multi30k-de-en \
+        --out /bundles/multi30k-de-en-fp32 --dtype fp32 \
+    && python -m export --checkpoint checkpoints/multi30k-de-en \
+        --out /bundles/multi30k-de-en-fp32-cuda --dtype fp32 --cache gather \
+    && python -m export --checkpoint checkpoints/multi30k-de-en \
+        --out /bundles/multi30k-de-en-fp16 --dtype fp16
 
 # ---------------------------------------------------------------------------------------------
 FROM ${CUDA_IMAGE} AS runtime

@@ -14,6 +14,7 @@ time, and open connections in number (service/http/connections.py).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from pydantic_settings import CliApp
@@ -21,7 +22,7 @@ from pydantic_settings import CliApp
 from service.bundle.manifest import BundleError
 from service.http.app import create_app
 from service.http.server import DrainingServer, uvicorn_config
-from service.inference.models import shipped_bundle
+from service.inference.models import shipped_bundles
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -32,14 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not settings.bundle:
-        # Before the server binds its port: the first start may export the shipped model.
+    if "MT_SHIPPED_BUNDLE" in os.environ:
+        log.warning(
+            "MT_SHIPPED_BUNDLE is not read any more: the shipped bundles are built under "
+            "MT_SHIPPED_BUNDLES (a directory; now %s)",
+            settings.shipped_bundles,
+        )
+    if not settings.bundle and not settings.model:
+        # Before the server binds its port: the first start may export the shipped models.
         try:
-            bundle = shipped_bundle(settings.checkpoint, settings.shipped_bundle)
+            bundles = shipped_bundles(settings)
         except BundleError as e:
             log.error("%s", e)
             return 2
-        settings = settings.model_copy(update={"bundle": [bundle]})
+        settings = settings.model_copy(update={"bundle": bundles})
     app = create_app(settings)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)

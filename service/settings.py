@@ -41,12 +41,17 @@ class Settings(BaseSettings):
         Path("bundles/imported"),
         description="where --model's bundles are kept, one per checkpoint content hash",
     )
-    checkpoint: Path = Field(
-        Path("checkpoints/multi30k-en-de"),
-        description="the shipped checkpoint, exported when no bundle or model is given",
+    checkpoint: Annotated[list[Path], NoDecode] = Field(
+        default_factory=lambda: [
+            Path("checkpoints/multi30k-en-de"),
+            Path("checkpoints/multi30k-de-en"),
+        ],
+        description="the shipped checkpoints, each exported to its bundle and served when no "
+        "bundle or model is given (comma-separated in the environment)",
     )
-    shipped_bundle: Path = Field(
-        Path("bundles/multi30k-en-de"), description="where the shipped checkpoint's bundle lives"
+    shipped_bundles: Path = Field(
+        Path("bundles"),
+        description="where the shipped checkpoints' bundles live, each under its checkpoint's name",
     )
     prefer_multilingual: bool = Field(
         False,
@@ -206,7 +211,7 @@ class Settings(BaseSettings):
         "long uvicorn waits for open requests",
     )
 
-    @field_validator("bundle", "model", "api_keys", "cors_origins", mode="before")
+    @field_validator("bundle", "model", "checkpoint", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -68,6 +68,14 @@ def shipped_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shipped_de_en_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped German -> English model's fp32 bundle, exported once."""
+    out = tmp_path_factory.mktemp("shipped_de_en_bundle")
+    export_bundle(REPO / "checkpoints" / "multi30k-de-en", out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def fp32_bundle(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle_fp32")
     export_bundle(tiny_checkpoint, out)

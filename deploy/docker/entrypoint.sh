@@ -9,7 +9,8 @@
 #                      serves $MT_BUNDLE_NAME-fp32-cuda, exported with the cache the CUDA provider
 #                      needs (--cache gather; the CPU's fp32 bundle uses the indirection).
 #   MT_BUNDLES_DIR     where the image keeps its bundles (default /app/bundles)
-#   MT_BUNDLE_NAME     bundle name prefix (default multi30k-en-de): $MT_BUNDLES_DIR/$MT_BUNDLE_NAME-fp32
+#   MT_BUNDLE_NAME     bundle name prefixes, comma-separated (default: both shipped directions,
+#                      multi30k-en-de,multi30k-de-en): $MT_BUNDLES_DIR/NAME-fp32 for each
 #                      (MT_MODEL is the service's: transformers checkpoint folders, --model)
 #
 # Every other MT_* variable and any argument go to the service unchanged. Without a GPU the
@@ -18,7 +19,7 @@ set -eu
 
 if [ -z "${MT_BUNDLE:-}" ]; then
     bundles_dir="${MT_BUNDLES_DIR:-/app/bundles}"
-    model="${MT_BUNDLE_NAME:-multi30k-en-de}"
+    names="${MT_BUNDLE_NAME:-multi30k-en-de,multi30k-de-en}"
     precision="${MT_PRECISION:-auto}"
     gpu=no
     if [ "${MT_DEVICE:-auto}" = "cuda" ]; then
@@ -40,11 +41,15 @@ if [ -z "${MT_BUNDLE:-}" ]; then
             exit 2
             ;;
     esac
-    MT_BUNDLE="$bundles_dir/$model-$variant"
-    if [ ! -f "$MT_BUNDLE/manifest.json" ]; then
-        echo "entrypoint: no bundle at $MT_BUNDLE (set MT_BUNDLE or MT_BUNDLES_DIR)" >&2
-        exit 2
-    fi
+    MT_BUNDLE=""
+    for name in $(echo "$names" | tr ',' ' '); do
+        bundle="$bundles_dir/$name-$variant"
+        if [ ! -f "$bundle/manifest.json" ]; then
+            echo "entrypoint: no bundle at $bundle (set MT_BUNDLE or MT_BUNDLES_DIR)" >&2
+            exit 2
+        fi
+        MT_BUNDLE="${MT_BUNDLE:+$MT_BUNDLE,}$bundle"
+    done
     export MT_BUNDLE
     echo "entrypoint: serving $MT_BUNDLE ($variant, MT_DEVICE=${MT_DEVICE:-auto})" >&2
 fi

@@ -44,7 +44,7 @@ def load_models(settings: Settings) -> list[Engine]:
     directories = [
         *settings.bundle,
         *(model_bundle(directory, settings.model_cache) for directory in settings.model),
-    ] or [shipped_bundle(settings.checkpoint, settings.shipped_bundle)]
+    ] or shipped_bundles(settings)
     return [
         Engine.load(
             directory,
@@ -56,6 +56,14 @@ def load_models(settings: Settings) -> list[Engine]:
             max_batch_size=settings.max_batch_size,
         )
         for directory in directories
+    ]
+
+
+def shipped_bundles(settings: Settings) -> list[Path]:
+    """Every shipped checkpoint's bundle (`shipped_bundle`), under `shipped_bundles`."""
+    return [
+        shipped_bundle(checkpoint, settings.shipped_bundles / checkpoint.name)
+        for checkpoint in settings.checkpoint
     ]
 
 
@@ -95,8 +103,21 @@ def model_bundle(directory: Path, cache: Path) -> Path:
     twice. A directory that is no supported checkpoint fails with the importer's message."""
     if not directory.is_dir():
         raise BundleError(f"--model {directory}: no such directory")
-    bundle = cache / f"{directory.resolve().name}-{_content_hash(directory)[:16]}"
+    # Hashing a large checkpoint's contents takes a while (NLLB-3.3B: 17 GB): its files' names,
+    # sizes and modification times find the content hash of a start before.
+    index_file = cache / "index.json"
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        index = {}
+    index = index if isinstance(index, dict) else {}
+    signature = _stat_signature(directory)
+    content = index.get(signature)
+    if not isinstance(content, str):
+        content = _content_hash(directory)
+    bundle = cache / f"{directory.resolve().name}-{content[:16]}"
     if (bundle / MANIFEST_FILE).is_file():
+        _remember(index_file, index, signature, content)
         return bundle
     if importlib.util.find_spec("model") is None or importlib.util.find_spec("torch") is None:
         raise BundleError(
@@ -111,7 +132,22 @@ def model_bundle(directory: Path, cache: Path) -> Path:
         _run([sys.executable, "-m", "model.import", "--from", str(directory), "--out",
               str(checkpoint)])  # fmt: skip
         _export(checkpoint, bundle)
+    _remember(index_file, index, signature, content)
     return bundle
+
+
+def _remember(index_file: Path, index: dict[str, Any], signature: str, content: str) -> None:
+    if index.get(signature) != content:
+        index_file.write_text(json.dumps({**index, signature: content}, indent=1), "utf-8")
+
+
+def _stat_signature(directory: Path) -> str:
+    """sha256 over a directory's files' names, sizes and modification times."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.resolve().iterdir() if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
 
 
 def _content_hash(directory: Path) -> str:

@@ -61,10 +61,11 @@ def test_torch_is_pinned_in_build_stage_only(stages: dict[str, Stage]) -> None:
 
 def test_build_stage_exports_fp32_and_fp16(stages: dict[str, Stage]) -> None:
     build_runs = " ".join(i.args for i in stages["build"].all("RUN"))
-    for dtype in ("fp32", "fp16"):
-        assert f"--out /bundles/multi30k-en-de-{dtype} --dtype {dtype}" in build_runs
-    # fp32 on CUDA needs the gather cache (fp16 exports it by default)
-    assert "--out /bundles/multi30k-en-de-fp32-cuda --dtype fp32 --cache gather" in build_runs
+    for name in ("multi30k-en-de", "multi30k-de-en"):  # both shipped directions
+        for dtype in ("fp32", "fp16"):
+            assert f"--out /bundles/{name}-{dtype} --dtype {dtype}" in build_runs
+        # fp32 on CUDA needs the gather cache (fp16 exports it by default)
+        assert f"--out /bundles/{name}-fp32-cuda --dtype fp32 --cache gather" in build_runs
     handed = [(src, dst) for stage, src, dst in stages["runtime"].copies() if stage == "build"]
     env = stages["runtime"].env()
     assert handed == [("/bundles/", env["MT_BUNDLES_DIR"] + "/")]
@@ -192,9 +193,10 @@ def run_entrypoint(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedP
     stub.write_text('#!/bin/sh\necho "python $* MT_BUNDLE=$MT_BUNDLE"\n')
     stub.chmod(0o755)
     bundles = tmp_path / "bundles"
-    for dtype in ("fp32", "fp32-cuda", "fp16"):
-        (bundles / f"multi30k-en-de-{dtype}").mkdir(parents=True, exist_ok=True)
-        (bundles / f"multi30k-en-de-{dtype}" / "manifest.json").write_text("{}")
+    for name in ("multi30k-en-de", "multi30k-de-en"):
+        for dtype in ("fp32", "fp32-cuda", "fp16"):
+            (bundles / f"{name}-{dtype}").mkdir(parents=True, exist_ok=True)
+            (bundles / f"{name}-{dtype}" / "manifest.json").write_text("{}")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MT_")}
     full_env = {**clean, "PATH": f"{stub_dir}:{os.environ['PATH']}", "MT_BUNDLES_DIR": str(bundles)}
     return subprocess.run(
@@ -226,8 +228,11 @@ def has_gpu_device() -> bool:
 def test_entrypoint_picks_bundle(tmp_path: Path, env: dict[str, str], dtype: str) -> None:
     done = run_entrypoint(tmp_path, env)
     assert done.returncode == 0, done.stderr
-    bundle = tmp_path / "bundles" / f"multi30k-en-de-{dtype}"
-    assert done.stdout.strip() == f"python -m service --log-level info MT_BUNDLE={bundle}"
+    bundles = [
+        tmp_path / "bundles" / f"{name}-{dtype}" for name in ("multi30k-en-de", "multi30k-de-en")
+    ]
+    served = ",".join(map(str, bundles))  # both shipped directions
+    assert done.stdout.strip() == f"python -m service --log-level info MT_BUNDLE={served}"
 
 
 def test_entrypoint_keeps_an_explicit_bundle(tmp_path: Path) -> None:

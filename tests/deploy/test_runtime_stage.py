@@ -172,6 +172,7 @@ def test_entrypoint_serves_the_fp32_bundle(
     url = f"http://127.0.0.1:{port}"
     env = image_env(image, stages, port)
     env["MT_DEVICE"] = "cpu"  # this machine may show /dev/nvidia*; the CPU wheel has no CUDA
+    env["MT_BUNDLE_NAME"] = "multi30k-en-de"  # one direction (the test bundle is en -> de)
     with entrypoint(image, env) as process:
         wait_until_ready(url, process, timeout=120.0)
         body = {"text": "A man rides a bike.", "source": "en", "target": "de", "beam_size": 1}

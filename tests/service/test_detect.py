@@ -5,6 +5,7 @@ in both APIs."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -269,3 +270,30 @@ def test_two_bilingual_models_of_a_pair_are_refused_whatever_else_is_served(pref
     models[2].name = "fake-en-de-2"
     with pytest.raises(ValueError, match="two models for en -> de"):
         Runtime(fast_settings(prefer_multilingual=prefer), Metrics(), models)
+
+
+async def test_auto_routes_between_the_shipped_directions(
+    shipped_bundle: Path, shipped_de_en_bundle: Path
+) -> None:
+    """Out of the box: English into German by multi30k-en-de, German into English by
+    multi30k-de-en, each text detected on its own; a text already in the target comes back."""
+    from service.inference.engine import Engine
+
+    engines = [
+        Engine.load(bundle, device="cpu", intra_op_threads=1)
+        for bundle in (shipped_bundle, shipped_de_en_bundle)
+    ]
+    english, german = "A man rides a bike.", "Ein Mann fährt Fahrrad."
+    async with running(create_app(fast_settings(), models=engines)) as client:
+        for target, model, translated in (("de", "multi30k-en-de", 0), ("en", "multi30k-de-en", 1)):
+            response = await client.post(
+                "/translate", json={"text": [english, german], "source": "auto", "target": target}
+            )
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["model"] == model
+            translations = body["translations"]
+            assert [t["detected_language"]["language"] for t in translations] == ["en", "de"]
+            done, kept = translations[translated], translations[1 - translated]
+            assert done["segments"] and done["text"] != [english, german][translated]
+            assert kept["untranslated"] == "source_is_target"

@@ -27,7 +27,7 @@ from service.bundle.manifest import (
 from service.http.app import create_app
 from service.http.server import fit_open_files, uvicorn_config
 from service.inference.engine import Engine
-from service.inference.models import shipped_bundle
+from service.inference.models import shipped_bundle, shipped_bundles
 from service.settings import Settings
 from tests.service.helpers import FakeModel
 
@@ -156,7 +156,7 @@ def test_without_export_or_checkpoint_the_error_says_what_to_do(
 def test_python_m_service_exits_2_with_a_message_when_there_is_no_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    argv = ["--checkpoint", str(tmp_path / "none"), "--shipped-bundle", str(tmp_path / "b")]
+    argv = ["--checkpoint", str(tmp_path / "none"), "--shipped-bundles", str(tmp_path / "b")]
     with caplog.at_level(logging.ERROR):
         assert main(argv) == 2
     assert "no bundle given (--bundle DIR)" in caplog.text
@@ -233,3 +233,21 @@ def test_a_bundle_without_the_checkpoints_model_card_is_exported_again(
     written = (bundle / MANIFEST_FILE).stat().st_mtime_ns
     assert shipped_bundle(checkpoint, bundle) == bundle  # the same card: no export
     assert (bundle / MANIFEST_FILE).stat().st_mtime_ns == written
+
+
+def test_every_shipped_checkpoint_gets_its_own_bundle(
+    tiny_checkpoint: Path, eos_checkpoint: Path, tmp_path: Path
+) -> None:
+    """The default serves every shipped direction: each checkpoint (MT_CHECKPOINT, comma-
+    separated) exported to MT_SHIPPED_BUNDLES/its name."""
+    checkpoints = [tmp_path / "en-de", tmp_path / "de-en"]
+    for source, copy in zip((tiny_checkpoint, eos_checkpoint), checkpoints, strict=True):
+        shutil.copytree(source, copy)
+    settings = Settings(
+        checkpoint=",".join(map(str, checkpoints)),  # type: ignore[arg-type]  # as the env has it
+        shipped_bundles=tmp_path / "bundles",
+    )
+    bundles = shipped_bundles(settings)
+    assert bundles == [tmp_path / "bundles" / "en-de", tmp_path / "bundles" / "de-en"]
+    provenance = [load_bundle(bundle).manifest.provenance.checkpoint for bundle in bundles]
+    assert provenance == [str(checkpoint.resolve()) for checkpoint in checkpoints]
