@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +88,12 @@ def goals(summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.marian_bench", description=__doc__.split("\n")[0]
-    )
+def bench_parser(
+    prog: str, description: str, systems: list[str], beam_sizes: list[int]
+) -> argparse.ArgumentParser:
+    """The flags of a benchmark that builds a model and runs engine_bench on it (this one and
+    benchmarks/nllb_bench.py)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--work", type=Path, help="keep the models here (default: a temp dir)")
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.gz")
     p.add_argument("--n", type=int, default=32, help="sentences (default 32)")
@@ -98,18 +101,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
+    p.add_argument("--beam-sizes", type=int, nargs="+", default=beam_sizes)
+    p.add_argument("--systems", nargs="+", choices=systems, default=systems)
     p.add_argument("--json", type=Path, help="also write the JSON summary here")
-    args = p.parse_args(argv)
-    if args.repeat < 1:
-        p.error("--repeat must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="marian_bench_") as tmp:
+    return p
+
+
+def run_bench(
+    args: argparse.Namespace,
+    prepare: Callable[[Path], tuple[Path, Path, Path, Path]],
+    systems: list[str],
+) -> dict[str, Any]:
+    """Build the model into --work (or a temporary directory) with `prepare`, run engine_bench
+    on it as `args` say, and return its summary (without the outputs)."""
+    with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         print(f"building the model in {work} ...", file=sys.stderr, flush=True)
         hf, checkpoint, fp32, int8 = prepare(work)
-        bench_args = engine_bench.parser("engine_bench", "", SYSTEMS).parse_args(
+        bench_args = engine_bench.parser("engine_bench", "", systems).parse_args(
             [
                 "--checkpoint", str(checkpoint), "--hf-dir", str(hf),
                 "--bundle-fp32", str(fp32), "--bundle-int8", str(int8),
@@ -121,7 +131,15 @@ def main(argv: list[str] | None = None) -> int:
                 "--systems", *args.systems,
             ]
         )  # fmt: skip
-        summary = engine_bench.without_outputs(engine_bench.run(bench_args))
+        return engine_bench.without_outputs(engine_bench.run(bench_args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser("python -m benchmarks.marian_bench", __doc__.split("\n")[0], SYSTEMS, [1, 4])
+    args = p.parse_args(argv)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    summary = run_bench(args, prepare, SYSTEMS)
     ratios = goals(summary)
     print(f"\nmodel: transformer-base Marian, {VOCAB_SIZE} tokens, {args.length} tokens a sentence")
     for name, ratio in ratios.items():

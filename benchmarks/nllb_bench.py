@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 from benchmarks import engine_bench
 from benchmarks.m2m100_checkpoint import write_checkpoint
-from benchmarks.marian_bench import goals
+from benchmarks.marian_bench import bench_parser, goals, run_bench
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.importers import m2m100
@@ -60,19 +59,7 @@ def prepare(work: Path, shape: dict[str, int], vocab_size: int) -> tuple[Path, P
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.nllb_bench", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--work", type=Path, help="keep the models here (default: a temp dir)")
-    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.en.gz")
-    p.add_argument("--n", type=int, default=32, help="sentences (default 32)")
-    p.add_argument("--length", type=int, default=32, help="tokens per sentence (default 32)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=1)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--beam-sizes", type=int, nargs="+", default=[4])
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS)
-    p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    p = bench_parser("python -m benchmarks.nllb_bench", __doc__.split("\n")[0], SYSTEMS, [4])
     # A smaller model of the same kind, for a quick run or a test: "d_model,layers,vocab".
     p.add_argument("--shape", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -80,24 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape:
         d_model, layers, vocab_size = map(int, args.shape.split(","))
         shape.update(d_model=d_model, d_ff=4 * d_model, heads=4, layers=layers)
-    with tempfile.TemporaryDirectory(prefix="nllb_bench_") as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"building the model in {work} ...", file=sys.stderr, flush=True)
-        hf, checkpoint, fp32, int8 = prepare(work, shape, vocab_size)
-        bench_args = engine_bench.parser("engine_bench", "", SYSTEMS).parse_args(
-            [
-                "--checkpoint", str(checkpoint), "--hf-dir", str(hf),
-                "--bundle-fp32", str(fp32), "--bundle-int8", str(int8),
-                "--ct2-dir", str(work / "ct2"), "--src", str(args.src), "--n", str(args.n),
-                "--length", str(args.length), "--threads", str(args.threads),
-                "--repeat", str(args.repeat),
-                "--batch-sizes", *map(str, args.batch_sizes),
-                "--beam-sizes", *map(str, args.beam_sizes),
-                "--systems", *args.systems,
-            ]
-        )  # fmt: skip
-        summary = engine_bench.without_outputs(engine_bench.run(bench_args))
+    summary = run_bench(args, lambda work: prepare(work, shape, vocab_size), SYSTEMS)
     ratios = goals(summary)
     print(f"\nmodel: NLLB-200-600M-shaped, {vocab_size} tokens, {args.length} tokens a sentence")
     for name, ratio in ratios.items():

@@ -338,3 +338,32 @@ def write_checkpoint(
         replace_directory(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
+
+
+def card(name: str, family: str, rows: Sequence[tuple[str, str]], terms: str = "") -> str:
+    """An imported checkpoint's MODEL_CARD.md: what it is (`rows`), whose terms apply (with
+    `terms` added, e.g. a licence's restriction), and how to serve it."""
+    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
+    return f"""# {name}: imported {family} model
+
+Imported with `python -m model.import`. The weights and their terms are the origin's: check
+its license before serving or redistributing them{terms}. Quality is the origin's too; nothing
+here was retrained or evaluated.
+
+| | |
+|---|---|
+{table}
+
+Serve it:
+
+```bash
+python -m export --checkpoint checkpoints/{name} --out bundles/{name}
+python -m service --bundle bundles/{name}
+```
+"""
+
+
+def add_origin_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the weights came from and under which licence, when the folder does not say."""
+    parser.add_argument("--license", dest="license_id", help="default: the license in README.md")
+    parser.add_argument("--origin", help="where the model came from, e.g. its hub URL")

@@ -50,7 +50,9 @@ from model.importers.common import (
     NEUTRAL,
     Fields,
     UnsupportedCheckpoint,
+    add_origin_arguments,
     both,
+    card,
     integer,
     map_weights,
     read_json,
@@ -351,26 +353,8 @@ def _card(name: str, model: Transformer, meta: dict[str, Any]) -> str:
         ("max positions", str(c.max_positions)),
         ("transformers version", str(origin["transformers_version"])),
     ]  # fmt: skip
-    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
-    return f"""# {name}: imported multilingual model
-
-Imported with `python -m model.import`. The weights and their terms are the origin's: check
-its license before serving or redistributing them (NLLB-200 is CC-BY-NC 4.0: not for
-commercial use). Quality is the origin's too; nothing here was retrained or evaluated.
-
-| | |
-|---|---|
-{table}
-
-Serve it:
-
-```bash
-python -m export --checkpoint checkpoints/{name} --out bundles/{name}
-python -m service --bundle bundles/{name}
-```
-"""
+    return card(name, "multilingual", rows, " (NLLB-200 is CC-BY-NC 4.0: not for commercial use)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--license", dest="license_id", help="default: the license in README.md")
-    parser.add_argument("--origin", help="where the model came from, e.g. its hub URL")
+    add_origin_arguments(parser)

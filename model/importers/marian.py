@@ -46,8 +46,10 @@ from model.importers.common import (
     NEUTRAL,
     Fields,
     UnsupportedCheckpoint,
+    add_origin_arguments,
     both,
     build_parser,
+    card,
     integer,
     map_weights,
     read_json,
@@ -328,31 +330,13 @@ def _card(name: str, model: Transformer, meta: dict[str, Any], files: SentencePi
         ("max positions", str(c.max_positions)),
         ("transformers version", str(origin["transformers_version"])),
     ]  # fmt: skip
-    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
-    return f"""# {name}: imported Marian model
-
-Imported with `python -m model.import`. The weights and their terms are the origin's:
-check its license before serving or redistributing them. Quality is the origin's too; nothing
-here was retrained or evaluated.
-
-| | |
-|---|---|
-{table}
-
-Serve it:
-
-```bash
-python -m export --checkpoint checkpoints/{name} --out bundles/{name}
-python -m service --bundle bundles/{name}
-```
-"""
+    return card(name, "Marian", rows)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source-language", help="default: source_lang of tokenizer_config.json")
     parser.add_argument("--target-language", help="default: target_lang of tokenizer_config.json")
-    parser.add_argument("--license", dest="license_id", help="default: the license in README.md")
-    parser.add_argument("--origin", help="where the model came from, e.g. its hub URL")
+    add_origin_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
