@@ -20,8 +20,10 @@ import torch
 from torch import Tensor
 
 from model.transformer import Transformer, save_model
-from service.bundle.manifest import CARD_FILE, replace_directory
+from service.bundle.manifest import CARD_FILE, replace_directory, sha256_file
 
+# transformers' activation_function names -> ModelConfig.activation.
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 _SAFETENSORS, _SAFETENSORS_INDEX, _PICKLE = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -176,6 +178,18 @@ class Fields:
                     f"{path}: {key} = {value!r} is not supported (only {expected!r})"
                 )
             raise UnsupportedCheckpoint(f"{path}: unknown field {key!r}; it cannot be mapped")
+
+    def check_both(self, values: dict[str, Any], generation: dict[str, Any], source: Path) -> None:
+        """config.json's and generation_config.json's fields, and their special ids agreeing
+        (transformers reads generation_config.json's first)."""
+        self.check(values, source / "config.json")
+        self.check(generation, source / "generation_config.json")
+        for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
+            if key in generation and generation[key] != values.get(key):
+                raise UnsupportedCheckpoint(
+                    f"{source / 'generation_config.json'}: {key} {generation[key]!r} differs "
+                    f"from config.json's {values.get(key)!r}"
+                )
 
 
 def both(values: dict[str, Any], encoder_key: str, decoder_key: str, path: Path) -> int:
@@ -367,3 +381,24 @@ def add_origin_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the weights came from and under which licence, when the folder does not say."""
     parser.add_argument("--license", dest="license_id", help="default: the license in README.md")
     parser.add_argument("--origin", help="where the model came from, e.g. its hub URL")
+
+
+def imported_from(
+    source: Path,
+    config_json: dict[str, Any],
+    weights_file: Path,
+    *,
+    license_id: str | None,
+    origin: str | None,
+) -> dict[str, Any]:
+    """config.json's record of where an imported model came from: the folder, the origin
+    (--origin, else transformers' _name_or_path), the licence (--license, else the README's),
+    the weights file and its sha256, and the transformers version that saved it."""
+    return {
+        "directory": str(source.resolve()),
+        "origin": origin or config_json.get("_name_or_path"),
+        "license": license_id or readme_license(source / "README.md"),
+        "weights": weights_file.name,
+        "weights_sha256": sha256_file(weights_file),
+        "transformers_version": config_json.get("transformers_version"),
+    }

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from model.importers.common import (
+    ACTIVATIONS,
     IGNORED,
     NEUTRAL,
     Fields,
@@ -53,11 +54,11 @@ from model.importers.common import (
     add_origin_arguments,
     both,
     card,
+    imported_from,
     integer,
     map_weights,
     read_json,
     read_weights,
-    readme_license,
     token_text,
     write_checkpoint,
 )
@@ -67,12 +68,10 @@ from service.bundle.manifest import (
     SentencePieceFiles,
     SpecialIds,
     TokenizersFile,
-    sha256_file,
 )
 from service.bundle.tokenizer import load_tokenizer_files
 
 MODEL_TYPE = "m2m_100"
-_ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 _SPM, _VOCAB, _TOKENIZERS = "sentencepiece.bpe.model", "vocab.json", "tokenizer.json"
 _M2M100_LANGUAGE = re.compile(r"__([a-z]{2,3})__")  # "__de__"
 _NLLB_LANGUAGE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # "deu_Latn"
@@ -146,13 +145,10 @@ def import_checkpoint(
         weights_file, weights = read_weights(source)
         model = Transformer(config)
         model.load_state_dict(map_weights(model, weights, weights_file))
-        imported_from = {
-            "directory": str(source.resolve()),
-            "origin": origin or config_json.get("_name_or_path"),
-            "license": license_id or readme_license(source / "README.md"),
-            "weights": weights_file.name,
-            "weights_sha256": sha256_file(weights_file),
-            "transformers_version": config_json.get("transformers_version"),
+        origin_record = {
+            **imported_from(
+                source, config_json, weights_file, license_id=license_id, origin=origin
+            ),
             "tokenizer_class": tokenizer_config.get("tokenizer_class"),
         }
         meta: dict[str, Any] = {
@@ -161,7 +157,7 @@ def import_checkpoint(
             "source_tokens": tokenizer.languages,
             "decoder_prefixes": {code: [token] for code, token in tokenizer.languages.items()},
             "tokenizer": tokenizer.files.model_dump(mode="json"),
-            "imported_from": imported_from,
+            "imported_from": origin_record,
         }
         card = _card(out.name, model, meta)
         write_checkpoint(out, model, meta, tokenizer.copied, card)
@@ -173,24 +169,17 @@ def import_checkpoint(
 def _model_config(values: dict[str, Any], generation: dict[str, Any], source: Path) -> ModelConfig:
     """The model's config; its unk id is the tokenizer's to say (`_tokenizer`)."""
     path = source / "config.json"
-    _FIELDS.check(values, path)
-    _FIELDS.check(generation, source / "generation_config.json")
-    for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
-        if key in generation and generation[key] != values.get(key):
-            raise UnsupportedCheckpoint(
-                f"{source / 'generation_config.json'}: {key} {generation[key]!r} differs from "
-                f"config.json's {values.get(key)!r}"
-            )
+    _FIELDS.check_both(values, generation, source)
     architectures = values.get("architectures") or ["M2M100ForConditionalGeneration"]
     if "M2M100ForConditionalGeneration" not in architectures:
         raise UnsupportedCheckpoint(
             f"{path}: architectures {architectures}, not M2M100ForConditionalGeneration"
         )
     activation = values.get("activation_function", "relu")  # M2M100Config's default
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise UnsupportedCheckpoint(
             f"{path}: activation_function {activation!r} is not supported "
-            f"(supported: {', '.join(_ACTIVATIONS)})"
+            f"(supported: {', '.join(ACTIVATIONS)})"
         )
     pad_id = integer({"pad_token_id": 1, **values}, "pad_token_id", path)
     eos_id = integer({"eos_token_id": 2, **values}, "eos_token_id", path)
@@ -204,7 +193,7 @@ def _model_config(values: dict[str, Any], generation: dict[str, Any], source: Pa
             n_decoder_layers=integer(values, "decoder_layers", path),
             max_positions=integer(values, "max_position_embeddings", path),
             norm="pre",
-            activation=_ACTIVATIONS[activation],  # type: ignore[arg-type]
+            activation=ACTIVATIONS[activation],  # type: ignore[arg-type]
             positions="fairseq",
             position_offset=pad_id + 1,
             scale_embedding=bool(values.get("scale_embedding", True)),

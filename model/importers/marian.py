@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from model.importers.common import (
+    ACTIVATIONS,
     IGNORED,
     NEUTRAL,
     Fields,
@@ -50,21 +51,20 @@ from model.importers.common import (
     both,
     build_parser,
     card,
+    imported_from,
     integer,
     map_weights,
     read_json,
     read_weights,
-    readme_license,
     run,
     token_text,
     write_checkpoint,
 )
 from model.transformer import ModelConfig, Transformer
-from service.bundle.manifest import BundleError, SentencePieceFiles, SpecialIds, sha256_file
+from service.bundle.manifest import BundleError, SentencePieceFiles, SpecialIds
 from service.bundle.tokenizer import SentencePieceTokenizer
 
 MODEL_TYPE = "marian"
-_ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
 
 _MAPPED = {
     "vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
@@ -130,19 +130,13 @@ def import_checkpoint(
     model.load_state_dict(map_weights(model, weights, weights_file))
 
     languages = _languages(tokenizer, source_language, target_language)
-    license_id = license_id or readme_license(source / "README.md")
-    imported_from = {
-        "directory": str(source.resolve()),
-        "origin": origin or config_json.get("_name_or_path"),
-        "license": license_id,
-        "weights": weights_file.name,
-        "weights_sha256": sha256_file(weights_file),
-        "transformers_version": config_json.get("transformers_version"),
-    }
+    origin_record = imported_from(
+        source, config_json, weights_file, license_id=license_id, origin=origin
+    )
     meta: dict[str, Any] = {
         **languages,
         "tokenizer": tokenizer.files.model_dump(mode="json"),
-        "imported_from": imported_from,
+        "imported_from": origin_record,
     }
     card = _card(out.name, model, meta, tokenizer.files)
     files = [(source / name, name) for name in tokenizer.files.files]
@@ -154,14 +148,7 @@ def _model_config(
     values: dict[str, Any], generation: dict[str, Any], source: Path, unk_id: int
 ) -> ModelConfig:
     path = source / "config.json"
-    _FIELDS.check(values, path)
-    _FIELDS.check(generation, source / "generation_config.json")
-    for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
-        if key in generation and generation[key] != values.get(key):
-            raise UnsupportedCheckpoint(
-                f"{source / 'generation_config.json'}: {key} {generation[key]!r} differs from "
-                f"config.json's {values.get(key)!r}"
-            )
+    _FIELDS.check_both(values, generation, source)
     if values.get("model_type") != "marian":
         raise UnsupportedCheckpoint(f"{path}: model_type {values.get('model_type')!r}, not marian")
     architectures = values.get("architectures") or ["MarianMTModel"]
@@ -169,10 +156,10 @@ def _model_config(
         raise UnsupportedCheckpoint(f"{path}: architectures {architectures}, not MarianMTModel")
 
     activation = values.get("activation_function", "gelu")  # MarianConfig's default
-    if activation not in _ACTIVATIONS:
+    if activation not in ACTIVATIONS:
         raise UnsupportedCheckpoint(
             f"{path}: activation_function {activation!r} is not supported "
-            f"(supported: {', '.join(_ACTIVATIONS)})"
+            f"(supported: {', '.join(ACTIVATIONS)})"
         )
     vocab_size = integer(values, "vocab_size", path)
     decoder_vocab = values.get("decoder_vocab_size") or vocab_size
@@ -205,7 +192,7 @@ def _model_config(
             n_decoder_layers=integer(values, "decoder_layers", path),
             max_positions=integer(values, "max_position_embeddings", path),
             norm="post",
-            activation=_ACTIVATIONS[activation],  # type: ignore[arg-type]
+            activation=ACTIVATIONS[activation],  # type: ignore[arg-type]
             positions="halves",
             scale_embedding=bool(values.get("scale_embedding", False)),
             target_vocab_size=None if shared else decoder_vocab,
