@@ -30,6 +30,15 @@ TINY_TEST_CONFIG = dict(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _thai_splitter_loaded() -> None:
+    """PyThaiNLP's CRFCut (service/text/segment.py) loads on the first Thai text, ~0.35 s:
+    once, here, and not inside an example that hypothesis times against its deadline."""
+    from service.text.segment import split
+
+    split("สวัสดีครับ ขอบคุณครับ")
+
+
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     if not (MULTI30K / "train.en.gz").is_file():
