@@ -71,21 +71,19 @@ def generate(
         output_scores=beam_size > 1,
         return_dict_in_generate=True,
     )
-    config = ref.model.config
-    results = []
-    for i, row in enumerate(out.sequences.tolist()):
-        ids = row[1:]  # without the decoder's start token
-        for end, token in enumerate(ids):
-            if token in (config.eos_token_id, config.pad_token_id):
-                ids = ids[:end]
-                break
-        score = float(out.sequences_scores[i]) if beam_size > 1 else None
-        results.append((ids, score))
-    return results
+    return _results(out, ref.model.config, start=1, beams=beam_size)  # without the start token
 
 
 def decode(ref: Reference, ids: Sequence[int]) -> str:
     return str(ref.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+# (family, source, the targets one batch mixes): M2M100's codes are ISO 639-1, NLLB's
+# FLORES-200 (the random models of tests/conftest.py).
+MULTILINGUAL_CASES = [
+    ("m2m100", "en", ("de", "ru", "zh")),
+    ("nllb", "eng_Latn", ("deu_Latn", "fra_Latn", "zho_Hans")),
+]
 
 
 @dataclass(frozen=True)
@@ -142,14 +140,43 @@ def generate_multilingual(
         output_scores=beam_size > 1,
         return_dict_in_generate=True,
     )
-    config = ref.model.config
+    # without the decoder's start token and the forced target token
+    return _results(out, ref.model.config, start=2, beams=beam_size)
+
+
+def generate_mixed(
+    ref: MultilingualReference,
+    texts: Sequence[str],
+    *,
+    source: str,
+    targets: Sequence[str],
+    beam_size: int,
+    max_decoding_length: int,
+    length_penalty: float = 1.0,
+) -> tuple[list[str], list[tuple[list[int], float | None]]]:
+    """Text i into targets[i % len(targets)] (the tests' batches of mixed targets): those
+    targets, and `generate_multilingual`'s result for each text alone."""
+    wanted = [targets[i % len(targets)] for i in range(len(texts))]
+    expected = [
+        generate_multilingual(
+            ref, [text], source=source, target=target, beam_size=beam_size,
+            max_decoding_length=max_decoding_length, length_penalty=length_penalty,
+        )[0]
+        for text, target in zip(texts, wanted, strict=True)
+    ]  # fmt: skip
+    return wanted, expected
+
+
+def _results(
+    out: Any, config: Any, *, start: int, beams: int
+) -> list[tuple[list[int], float | None]]:
+    """generate's rows as (ids from `start` up to </s> or padding, the beam score or None)."""
     results = []
     for i, row in enumerate(out.sequences.tolist()):
-        ids = row[2:]  # without the decoder's start token and the forced target token
+        ids = row[start:]
         for end, token in enumerate(ids):
             if token in (config.eos_token_id, config.pad_token_id):
                 ids = ids[:end]
                 break
-        score = float(out.sequences_scores[i]) if beam_size > 1 else None
-        results.append((ids, score))
+        results.append((ids, float(out.sequences_scores[i]) if beams > 1 else None))
     return results

@@ -16,18 +16,17 @@ import torch
 from model.search import generate
 from model.transformer import load_model
 from tests.conftest import MULTILINGUAL_SAMPLE
-from tests.transformers_reference import generate_multilingual, multilingual_reference
+from tests.transformers_reference import (
+    MULTILINGUAL_CASES,
+    generate_mixed,
+    multilingual_reference,
+)
 
 torch.set_num_threads(1)
 MAX_LENGTH = 30
-# (family, source, the targets of one batch): M2M100's codes are ISO 639-1, NLLB's FLORES-200.
-FAMILIES = [
-    ("m2m100", "en", ("de", "ru", "zh")),
-    ("nllb", "eng_Latn", ("deu_Latn", "fra_Latn", "zho_Hans")),
-]
 
 
-@pytest.mark.parametrize(("family", "source", "targets"), FAMILIES)
+@pytest.mark.parametrize(("family", "source", "targets"), MULTILINGUAL_CASES)
 @pytest.mark.parametrize(("beam_size", "length_penalty"), [(1, 1.0), (4, 1.0), (4, 0.6)])
 def test_search_gives_the_tokens_and_scores_of_generate_with_the_target_forced(
     family: str,
@@ -41,14 +40,10 @@ def test_search_gives_the_tokens_and_scores_of_generate_with_the_target_forced(
     ref = multilingual_reference(request.getfixturevalue(f"{family}_dir"))
     model = load_model(request.getfixturevalue(f"{family}_checkpoint")).eval()
     texts = MULTILINGUAL_SAMPLE
-    wanted = [targets[i % len(targets)] for i in range(len(texts))]
-    expected = [
-        generate_multilingual(
-            ref, [text], source=source, target=target, beam_size=beam_size,
-            max_decoding_length=MAX_LENGTH, length_penalty=length_penalty,
-        )[0]
-        for text, target in zip(texts, wanted, strict=True)
-    ]  # fmt: skip
+    wanted, expected = generate_mixed(
+        ref, texts, source=source, targets=targets, beam_size=beam_size,
+        max_decoding_length=MAX_LENGTH, length_penalty=length_penalty,
+    )  # fmt: skip
     nbest = generate(
         model,
         ref.encode(texts, source),

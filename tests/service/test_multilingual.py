@@ -22,21 +22,22 @@ from service.inference.engine import Engine
 from service.inference.models import load_models, model_bundle
 from tests.conftest import MULTILINGUAL_SAMPLE
 from tests.service.helpers import FakeModel, fast_settings, running
-from tests.transformers_reference import generate_multilingual, multilingual_reference
+from tests.transformers_reference import (
+    MULTILINGUAL_CASES,
+    generate_mixed,
+    generate_multilingual,
+    multilingual_reference,
+)
 
 torch.set_num_threads(1)
 MAX_LENGTH = 30
-FAMILIES = [
-    ("m2m100", "en", ("de", "ru", "zh")),
-    ("nllb", "eng_Latn", ("deu_Latn", "fra_Latn", "zho_Hans")),
-]
 
 
 def _engine(bundle: Path) -> Engine:
     return Engine.load(bundle, device="cpu", intra_op_threads=1)
 
 
-@pytest.mark.parametrize(("family", "source", "targets"), FAMILIES)
+@pytest.mark.parametrize(("family", "source", "targets"), MULTILINGUAL_CASES)
 def test_ids_and_text_equal_the_reference_tokenizer(
     family: str,
     source: str,
@@ -61,7 +62,7 @@ def test_ids_and_text_equal_the_reference_tokenizer(
     assert engine.decoder_prefix(targets[1]) == [ref.language_id(targets[1])]
 
 
-@pytest.mark.parametrize(("family", "source", "targets"), FAMILIES)
+@pytest.mark.parametrize(("family", "source", "targets"), MULTILINGUAL_CASES)
 @pytest.mark.parametrize(("beam_size", "length_penalty"), [(1, 1.0), (4, 1.0), (4, 0.6)])
 def test_engine_gives_generate_s_tokens_and_scores_with_mixed_targets_in_one_batch(
     family: str,
@@ -74,14 +75,10 @@ def test_engine_gives_generate_s_tokens_and_scores_with_mixed_targets_in_one_bat
     engine = _engine(request.getfixturevalue(f"{family}_bundle"))
     ref = multilingual_reference(request.getfixturevalue(f"{family}_dir"))
     texts = MULTILINGUAL_SAMPLE
-    wanted = [targets[i % len(targets)] for i in range(len(texts))]
-    expected = [
-        generate_multilingual(
-            ref, [text], source=source, target=target, beam_size=beam_size,
-            max_decoding_length=MAX_LENGTH, length_penalty=length_penalty,
-        )[0]
-        for text, target in zip(texts, wanted, strict=True)
-    ]  # fmt: skip
+    wanted, expected = generate_mixed(
+        ref, texts, source=source, targets=targets, beam_size=beam_size,
+        max_decoding_length=MAX_LENGTH, length_penalty=length_penalty,
+    )  # fmt: skip
     options = DecodingOptions(
         beam_size=beam_size, max_decoding_length=MAX_LENGTH, length_penalty=length_penalty
     )
