@@ -1,21 +1,27 @@
-"""Where the CPU engine's time goes: inside ONNX Runtime's decoder-step run, in the search and
+"""Where the engine's time goes: inside ONNX Runtime's decoder-step run, in the search and
 cache bookkeeping around it (Python and numpy), and in the encoder, per configuration.
 
     python -m benchmarks.step_profile --bundle BUNDLE [--src FILE] [--n 200] [--threads 1 2] \\
-        [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--ort-profile] [--json FILE]
+        [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--ort-profile] [--json FILE] \\
+        [--device cpu|cuda] [--cuda-graphs]
 
 Method: the first N lines of --src, tokenized once, decoded by `Engine.generate` batch after
 batch (sorted by length, as the service's batches are), after a warm-up batch; the median of
---repeat passes counts. Time in the decoder step is the wall clock of every
-`InferenceSession.run_with_iobinding` call (one per step), time in the encoder of every
-`InferenceSession.run` call (one per length group of a batch); the rest of a pass is the host's:
+--repeat passes counts. Time in the decoder step is the wall clock of every run of its session
+(one per step), time in the encoder of every run of the encoder's (one per length group of a
+batch); the rest of a pass is the host's:
 the search, the cache bookkeeping (step_state.py), copying the top-k out. "ms/step" divides by
-the decoder steps.
+the decoder steps. On CUDA (--device cuda, a bundle exported with the gather cache) the step's
+run returns once its outputs are copied back, so it holds the device's time and the host's
+kernel launches; with --cuda-graphs a captured step is replayed, which leaves the device's
+time and one launch: the difference between the two is the host's launch cost.
 
 --ort-profile also runs each configuration once with ONNX Runtime's profiler and prints the
 decoder step's kernel time by operator type. The profiler adds its own cost to every node (a
 step takes several times longer under it), so read those rows as shares and node counts, not as
-absolute times.
+absolute times. Each operator type also counts its nodes that ran on the CPU provider (on CUDA,
+the nodes ONNX Runtime left on the host, each with a copy across), and the
+Memcpy nodes it inserted are listed with the rest.
 The last stdout line is a JSON object with every measurement (--json also writes it).
 """
 
@@ -38,36 +44,51 @@ from benchmarks.engine_bench import batch_indices, encode_sources, read_lines
 from service.bundle.decoding import DecodingOptions
 from service.inference import engine as engine_module
 from service.inference.engine import Engine
+from service.settings import Device
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "val.en.gz"
 
 
 class _Clock:
-    """Wall-clock time and calls of one method of InferenceSession, while `timing` is on."""
+    """Wall-clock time and calls of one InferenceSession's runs (`run` and
+    `run_with_iobinding`), while `timing` is on. The encoder runs through `run` on the CPU and
+    through `run_with_iobinding` on CUDA: the session, not the method, tells the graphs apart."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    METHODS = ("run", "run_with_iobinding")
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
         self.seconds = 0.0
         self.calls = 0
 
+    @staticmethod
     @contextmanager
-    def timing(self) -> Iterator[None]:
-        original: Callable[..., Any] = getattr(ort.InferenceSession, self.name)
+    def timing(*clocks: _Clock) -> Iterator[None]:
+        originals: dict[str, Callable[..., Any]] = {
+            name: getattr(ort.InferenceSession, name) for name in _Clock.METHODS
+        }
 
-        def timed(session: ort.InferenceSession, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(session, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
+        def timed(name: str) -> Callable[..., Any]:
+            def run(session: ort.InferenceSession, *args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                try:
+                    return originals[name](session, *args, **kwargs)
+                finally:
+                    for clock in clocks:
+                        if clock.session is session:
+                            clock.seconds += time.perf_counter() - start
+                            clock.calls += 1
 
-        setattr(ort.InferenceSession, self.name, timed)
+            return run
+
+        for name in _Clock.METHODS:
+            setattr(ort.InferenceSession, name, timed(name))
         try:
             yield
         finally:
-            setattr(ort.InferenceSession, self.name, original)
+            for name, original in originals.items():
+                setattr(ort.InferenceSession, name, original)
 
 
 def _batches(sources: Sequence[list[int]], batch_size: int) -> list[list[list[int]]]:
@@ -78,9 +99,9 @@ def _batches(sources: Sequence[list[int]], batch_size: int) -> list[list[list[in
 def _pass(
     engine: Engine, batches: Sequence[Sequence[list[int]]], options: DecodingOptions
 ) -> dict[str, float]:
-    step, encoder = _Clock("run_with_iobinding"), _Clock("run")
+    step, encoder = _Clock(engine._decoder_step), _Clock(engine._encoder)
     tokens = 0
-    with step.timing(), encoder.timing():
+    with _Clock.timing(step, encoder):
         start = time.perf_counter()
         for batch in batches:
             tokens += sum(len(nbest[0].ids) for nbest in engine.generate(batch, options))
@@ -103,12 +124,24 @@ def measure(
     batch_size: int,
     beam_size: int,
     repeat: int,
+    device: Device = "cpu",
+    cuda_graphs: bool = False,
 ) -> dict[str, Any]:
     """The median pass (by its time) of `repeat`, with its breakdown."""
-    engine = Engine.load(bundle, device="cpu", intra_op_threads=threads, max_batch_size=batch_size)
+    engine = Engine.load(
+        bundle,
+        device=device,
+        intra_op_threads=threads,
+        max_batch_size=batch_size,
+        cuda_graphs=cuda_graphs,
+    )
     batches = _batches(sources, batch_size)
     options = DecodingOptions(beam_size=beam_size)
-    engine.generate(batches[len(batches) // 2], options)  # warm-up
+    # With CUDA graphs each step shape runs plainly once, is captured the next time and replayed
+    # after that: two warm-up passes leave every shape of the timed passes captured.
+    warm_up = [*batches, *batches] if cuda_graphs else [batches[len(batches) // 2]]
+    for batch in warm_up:
+        engine.generate(batch, options)
     passes = sorted(
         (_pass(engine, batches, options) for _ in range(repeat)), key=lambda p: p["seconds"]
     )
@@ -118,6 +151,8 @@ def measure(
         "threads": threads,
         "batch_size": batch_size,
         "beam_size": beam_size,
+        "device": engine.device,
+        "cuda_graphs": engine.cuda_graphs,
         **median,
         "tokens_per_second": median["tokens"] / median["seconds"],
         "ms_per_step": 1000 * median["seconds"] / steps,
@@ -129,9 +164,16 @@ def measure(
 
 
 def operator_profile(
-    bundle: Path, sources: Sequence[list[int]], *, threads: int, batch_size: int, beam_size: int
+    bundle: Path,
+    sources: Sequence[list[int]],
+    *,
+    threads: int,
+    batch_size: int,
+    beam_size: int,
+    device: Device = "cpu",
 ) -> dict[str, dict[str, float]]:
-    """Kernel microseconds and nodes per decoder step, by operator type, under ORT's profiler."""
+    """Kernel microseconds, nodes and nodes on the CPU provider per decoder step, by operator
+    type, under ORT's profiler."""
     prefix = Path(tempfile.mkdtemp(prefix="step_profile-")) / "ort"
     plain = engine_module._session_options
 
@@ -145,7 +187,7 @@ def operator_profile(
     engine_module._session_options = profiled
     try:
         engine = Engine.load(
-            bundle, device="cpu", intra_op_threads=threads, max_batch_size=batch_size
+            bundle, device=device, intra_op_threads=threads, max_batch_size=batch_size
         )
     finally:
         engine_module._session_options = plain
@@ -158,11 +200,18 @@ def operator_profile(
     kernels = [e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     time_by: dict[str, float] = collections.defaultdict(float)
     nodes_by: collections.Counter[str] = collections.Counter()
+    on_cpu: collections.Counter[str] = collections.Counter()
     for event in kernels:
-        time_by[event["args"]["op_name"]] += event["dur"]
-        nodes_by[event["args"]["op_name"]] += 1
+        op = event["args"]["op_name"]
+        time_by[op] += event["dur"]
+        nodes_by[op] += 1
+        on_cpu[op] += event["args"].get("provider") == engine_module.CPU_PROVIDER
     return {
-        op: {"us_per_step": time_by[op] / runs, "nodes_per_step": nodes_by[op] / runs}
+        op: {
+            "us_per_step": time_by[op] / runs,
+            "nodes_per_step": nodes_by[op] / runs,
+            "cpu_nodes_per_step": on_cpu[op] / runs,
+        }
         for op in sorted(time_by, key=lambda op: -time_by[op])
     }
 
@@ -178,9 +227,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--ort-profile", action="store_true", help="also ORT's per-operator profile")
     p.add_argument("--json", type=Path, help="also write the JSON summary here")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--cuda-graphs", action="store_true", help="replay captured steps (CUDA)")
     args = p.parse_args(argv)
     sources, _ = encode_sources(args.bundle, read_lines(args.src)[: args.n])
-    print(f"{len(sources)} sentences from {args.src}, CPU, median of {args.repeat} passes")
+    graphs = ", CUDA graphs" if args.cuda_graphs else ""
+    print(
+        f"{len(sources)} sentences from {args.src}, {args.device}{graphs}, "
+        f"median of {args.repeat} passes"
+    )
     print("| threads | batch | beam | tokens/s | ms/step | in the step's run | host | encoder |")
     print("|---|---|---|---|---|---|---|---|")
     results = []
@@ -194,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
                     batch_size=batch_size,
                     beam_size=beam_size,
                     repeat=args.repeat,
+                    device=args.device,
+                    cuda_graphs=args.cuda_graphs,
                 )
                 if args.ort_profile:
                     r["operators"] = operator_profile(
@@ -202,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                         threads=threads,
                         batch_size=batch_size,
                         beam_size=beam_size,
+                        device=args.device,
                     )
                 results.append(r)
                 share = 100 / r["ms_per_step"]
@@ -218,10 +276,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"\nthreads {r['threads']}, batch {r['batch_size']}, beam {r['beam_size']}: "
                 "decoder-step kernels under ORT's profiler, per step"
             )
-            total = sum(o["us_per_step"] for o in r["operators"].values())
-            for op, o in list(r["operators"].items())[:12]:
+            operators = r["operators"]
+            total = sum(o["us_per_step"] for o in operators.values())
+            nodes = sum(o["nodes_per_step"] for o in operators.values())
+            cpu = sum(o["cpu_nodes_per_step"] for o in operators.values())
+            print(f"  {nodes:.0f} nodes per step, {cpu:.0f} of them on the CPU provider")
+            for op, o in list(operators.items())[:12]:
                 print(
                     f"  {op:26s} {o['nodes_per_step']:5.1f} nodes "
+                    f"({o['cpu_nodes_per_step']:.1f} on the CPU) "
                     f"{100 * o['us_per_step'] / total:5.1f} % of kernel time"
                 )
     summary = {"src": str(args.src), "sentences": len(sources), "results": results}

@@ -261,7 +261,7 @@ def build_decoder_step(
         (logits,) = g.op("Add", [logits, g.weight("output_bias", model.output_bias)])
     if dtype != "fp32":
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
-    _log_softmax_top_k(g, model, logits)
+    _log_softmax_top_k(g, model, logits, cache)
     return _model(g, model, onnx_float, opset, cache)
 
 
@@ -342,7 +342,7 @@ def _activation(g: _Graph, name: str, x: str) -> str:
     return y
 
 
-def _log_softmax_top_k(g: _Graph, model: Transformer, logits: str) -> None:
+def _log_softmax_top_k(g: _Graph, model: Transformer, logits: str, cache: DecoderCache) -> None:
     """log_probs (R, V) float32 from the logits, and the top k of each row without the
     suppressed ids (ModelConfig.suppressed_ids; ONNX TopK puts equal values lower id first, as
     the search's tie rule wants).
@@ -354,7 +354,14 @@ def _log_softmax_top_k(g: _Graph, model: Transformer, logits: str) -> None:
     suppressed ids) hold its top k unsuppressed ones, so those k + s are taken, the suppressed
     among them set to -inf, and the top k of what is left kept. That spares a pass over the
     (R, V) log-probs at every step (at 128 rows x 32,000 tokens on 2 cores, 3.3 of the 14 ms
-    that the log-softmax, mask and top-k took)."""
+    that the log-softmax, mask and top-k took).
+
+    The gather cache's graph (the one CUDA runs) masks the whole row instead and takes its top k
+    at once: k + s would be int64 arithmetic on the top_k input, which ONNX Runtime places on
+    the CUDA provider and copies back to the host for TopK's k, two Memcpy nodes at every step
+    that also keep the session from capturing CUDA graphs (seen on an H100 with a
+    transformer-base Marian bundle); on a GPU the (R, V) add costs microseconds. Both give the
+    same top k: the unsuppressed ones, ties lower id first."""
     config = model.config
     if config.suppressed_ids:
         suppressed = np.zeros(config.decoder_vocab_size, np.float32)
@@ -365,6 +372,10 @@ def _log_softmax_top_k(g: _Graph, model: Transformer, logits: str) -> None:
     g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
     if not config.suppressed_ids or config.renormalize_suppressed:
         g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
+        return
+    if cache == "gather":
+        (masked,) = g.op("Add", [LOG_PROBS, minus_inf])
+        g.op("TopK", [masked, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1)
         return
     more = g.constant("top_k.suppressed", np.array([len(config.suppressed_ids)], np.int64))
     vocab = g.constant("top_k.vocab", np.array([config.decoder_vocab_size], np.int64))

@@ -509,7 +509,12 @@ def _providers(device: Device, device_id: int, cuda_graphs: bool) -> list[Any]:
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device != "cpu" and CUDA_PROVIDER in ort.get_available_providers():
-        cuda_options = {"device_id": device_id, "arena_extend_strategy": "kSameAsRequested"}
+        cuda_options: dict[str, Any] = {"arena_extend_strategy": "kSameAsRequested"}
+        if device_id:
+            # ONNX Runtime >= 1.26 looks for a plugin EP device first and warns, at every
+            # session, that none is registered for a device_id it is given: device 0 is its
+            # default, so it is left out (seen on an H100 with 1.31.1).
+            cuda_options["device_id"] = device_id
         if cuda_graphs:
             cuda_options["enable_cuda_graph"] = "1"
         return [(CUDA_PROVIDER, cuda_options), CPU_PROVIDER]

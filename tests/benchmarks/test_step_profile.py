@@ -36,3 +36,5 @@ def test_the_breakdown_counts_every_step_and_adds_up(eos_bundle: Path, multi30k:
         operators = r["operators"]
         assert "MultiHeadAttention" in operators and "TopK" in operators
         assert operators["TopK"]["nodes_per_step"] == 1.0  # one TopK per step run
+        assert r["device"] == "cpu" and not r["cuda_graphs"]
+        assert all(o["cpu_nodes_per_step"] == o["nodes_per_step"] for o in operators.values())

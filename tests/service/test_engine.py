@@ -25,7 +25,13 @@ from model.transformer import load_model
 from service import translate
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
-from service.inference.engine import CPU_PROVIDER, Engine, InputTooLongError, encoder_chunks
+from service.inference.engine import (
+    CPU_PROVIDER,
+    Engine,
+    InputTooLongError,
+    _providers,
+    encoder_chunks,
+)
 from service.settings import Settings
 from tests.service.helpers import model_translate
 
@@ -145,6 +151,20 @@ def test_a_cpu_only_decoder_step_is_kept_off_cuda(
         engine = Engine.load(fp32_bundle, intra_op_threads=1)
     assert engine.provider == CPU_PROVIDER
     assert any("runs on the CPU only" in r.getMessage() for r in caplog.records)
+
+
+def test_cuda_provider_options_name_a_device_only_past_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ONNX Runtime >= 1.26 warns at every session that no plugin EP device is registered for
+    a device_id it is given (seen on an H100): device 0, its default, is not named."""
+    available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    [(_, first), cpu] = _providers("auto", 0, cuda_graphs=False)
+    assert "device_id" not in first and cpu == CPU_PROVIDER
+    [(_, second), _] = _providers("cuda", 1, cuda_graphs=True)
+    assert second["device_id"] == 1 and second["enable_cuda_graph"] == "1"
+    assert _providers("cpu", 1, cuda_graphs=True) == [CPU_PROVIDER]
 
 
 def test_auto_picks_the_cpu_without_a_warning(
