@@ -35,15 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import engine_bench
-from benchmarks.marian_checkpoint import write_checkpoint
+from benchmarks.marian_checkpoint import BASE_VOCAB_SIZE, write_base
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.importers import marian
 from service.inference.models import stale_reason
 
 DATA = engine_bench.REPO.parent / "shared" / "data" / "multi30k"
-BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)
-VOCAB_SIZE = 32000
 SYSTEMS = ["engine-fp32", "engine-int8", "ct2-fp32", "ct2-int8", "transformers", "torch-uncached"]
 
 
@@ -52,14 +50,7 @@ def prepare(work: Path) -> tuple[Path, Path, Path, Path]:
     hf, checkpoint = work / "hf-opus-mt-base", work / "opus-mt-base"
     bundles = work / "opus-mt-base-fp32", work / "opus-mt-base-int8"
     if not (hf / "config.json").is_file():
-        write_checkpoint(
-            hf,
-            read_lines(DATA / "train.en.gz"),
-            read_lines(DATA / "train.de.gz"),
-            spm_vocab_size=6000,
-            vocab_size=VOCAB_SIZE,
-            **BASE,  # type: ignore[arg-type]
-        )
+        write_base(hf, read_lines(DATA / "train.en.gz"), read_lines(DATA / "train.de.gz"))
     if not (checkpoint / "config.json").is_file():
         marian.import_checkpoint(hf, checkpoint)
     for bundle, dtype in zip(bundles, ("fp32", "int8"), strict=True):
@@ -141,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeat must be at least 1")
     summary = run_bench(args, prepare, SYSTEMS)
     ratios = goals(summary)
-    print(f"\nmodel: transformer-base Marian, {VOCAB_SIZE} tokens, {args.length} tokens a sentence")
+    print(
+        f"\nmodel: transformer-base Marian, {BASE_VOCAB_SIZE} tokens, "
+        f"{args.length} tokens a sentence"
+    )
     for name, ratio in ratios.items():
         goal = 8.0 if "uncached" in name else 1.0
         print(f"{name}: {ratio:.2f}x ({'meets' if ratio >= goal else 'misses'} >= {goal:g}x)")

@@ -100,6 +100,26 @@ def randomize(model: PreTrainedModel, generator: torch.Generator, *, eos: int, z
             bias.copy_(normal(bias.shape, 0.1))
 
 
+# An OPUS-MT model's shape (transformer-base): 6 + 6 layers, d_model 512, 8 heads, d_ff 2048, a
+# joint vocabulary of 32,000 tokens, 512 positions; 74M parameters with random weights.
+BASE = dict(d_model=512, heads=8, d_ff=2048, layers=6, max_positions=512)
+BASE_VOCAB_SIZE = 32000
+BASE_SPM_VOCAB_SIZE = 6000  # SentencePiece pieces; the vocabulary is padded with filler tokens
+
+
+def write_base(out: Path, source_lines: Sequence[str], target_lines: Sequence[str]) -> Path:
+    """A transformer-base Marian checkpoint with random weights (benchmarks/marian_bench.py,
+    benchmarks/gpu/run.sh)."""
+    return write_checkpoint(
+        out,
+        source_lines,
+        target_lines,
+        spm_vocab_size=BASE_SPM_VOCAB_SIZE,
+        vocab_size=BASE_VOCAB_SIZE,
+        **BASE,  # type: ignore[arg-type]
+    )
+
+
 def write_checkpoint(
     out: Path,
     source_lines: Sequence[str],

@@ -1,0 +1,1 @@
+"""Running the checks of a GPU host on an offline, lent GPU machine (stage.sh, run.sh)."""

