@@ -61,7 +61,10 @@ class Settings(BaseSettings):
     device: Device = Field("auto", description="ONNX Runtime device")
     device_id: int = Field(0, ge=0, description="CUDA device index")
     intra_op_threads: int | None = Field(
-        None, ge=1, description="ONNX Runtime intra-op threads (none: its default)"
+        None,
+        ge=1,
+        description="ONNX Runtime intra-op threads (none: one fewer than the physical cores the "
+        "process may use, under its cgroup's CPU quota, at least 1)",
     )
     intra_op_spinning: bool = Field(
         False,
@@ -70,8 +73,9 @@ class Settings(BaseSettings):
     )
     cuda_graphs: bool = Field(
         False,
-        description="capture each decoder-step shape and position as a CUDA graph and replay it "
-        "(CUDA only; not yet measured, see the README)",
+        description="capture each decoder-step shape as a CUDA graph and replay it (CUDA only: "
+        "on an H100 a lone request's latency halves; GPU memory grows with each shape "
+        "captured, see docs/operations.md)",
     )
 
     # --- HTTP ----------------------------------------------------------------------------------

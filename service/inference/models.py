@@ -24,6 +24,7 @@ from service.bundle.manifest import (
     replace_directory,
     sha256_file,
 )
+from service.inference.cpus import default_intra_op_threads
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,12 +46,16 @@ def load_models(settings: Settings) -> list[Engine]:
         *settings.bundle,
         *(model_bundle(directory, settings.model_cache) for directory in settings.model),
     ] or shipped_bundles(settings)
+    threads = settings.intra_op_threads
+    if threads is None:
+        threads = default_intra_op_threads()
+        log.info("intra-op threads: %d (MT_INTRA_OP_THREADS sets another number)", threads)
     return [
         Engine.load(
             directory,
             device=settings.device,
             device_id=settings.device_id,
-            intra_op_threads=settings.intra_op_threads,
+            intra_op_threads=threads,
             intra_op_spinning=settings.intra_op_spinning,
             cuda_graphs=settings.cuda_graphs,
             max_batch_size=settings.max_batch_size,

@@ -1,0 +1,72 @@
+"""The default intra-op threads: one fewer than the physical cores the process may use, under
+its cgroup's CPU quota, at least one; on sysfs and cgroup trees built here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.inference.cpus import cpu_quota, default_intra_op_threads, physical_cores
+
+
+def _sysfs(root: Path, cores: list[tuple[int, int]]) -> Path:
+    """CPU i on (package, core) cores[i]."""
+    for cpu, (package, core) in enumerate(cores):
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def _cgroup_v2(root: Path, line: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cpu.max").write_text(line + "\n")
+    return root
+
+
+def test_two_cores_leave_one_for_the_event_loop_and_the_search(tmp_path: Path) -> None:
+    sys_cpu = _sysfs(tmp_path / "cpu", [(0, 0), (0, 1)])
+    assert default_intra_op_threads([0, 1], sys_cpu, tmp_path / "no-cgroup") == 1
+
+
+def test_hyperthreads_count_once(tmp_path: Path) -> None:
+    # 16 CPUs on 8 cores of one package, siblings numbered i and i + 8 as Linux does.
+    sys_cpu = _sysfs(tmp_path / "cpu", [(0, cpu % 8) for cpu in range(16)])
+    assert physical_cores(range(16), sys_cpu) == 8
+    assert default_intra_op_threads(range(16), sys_cpu, tmp_path / "no-cgroup") == 7
+    # Pinned to CPUs 0-4 and 12, the sibling of 4: five cores.
+    assert physical_cores([0, 1, 2, 3, 4, 12], sys_cpu) == 5
+
+
+def test_a_cpu_quota_bounds_the_threads(tmp_path: Path) -> None:
+    sys_cpu = _sysfs(tmp_path / "cpu", [(cpu // 32, cpu % 32) for cpu in range(64)])
+    limited = _cgroup_v2(tmp_path / "cg", "400000 100000")  # 4 CPUs on a 64-core host
+    assert cpu_quota(limited) == 4.0
+    assert default_intra_op_threads(range(64), sys_cpu, limited) == 3
+    half = _cgroup_v2(tmp_path / "half", "150000 100000")  # 1.5 CPUs: 2 started, 1 thread
+    assert default_intra_op_threads(range(64), sys_cpu, half) == 1
+    unlimited = _cgroup_v2(tmp_path / "max", "max 100000")
+    assert cpu_quota(unlimited) is None
+    assert default_intra_op_threads(range(64), sys_cpu, unlimited) == 63
+
+
+@pytest.mark.parametrize(("quota", "expected"), [("250000", 2.5), ("-1", None)])
+def test_cgroup_v1_quota(tmp_path: Path, quota: str, expected: float | None) -> None:
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(tmp_path) == expected
+
+
+def test_without_sysfs_every_cpu_is_a_core_and_one_cpu_gets_one_thread(tmp_path: Path) -> None:
+    missing = tmp_path / "none"
+    assert physical_cores([0, 1, 2, 3], missing) == 4
+    assert default_intra_op_threads([0, 1, 2, 3], missing, missing) == 3
+    assert default_intra_op_threads([0], missing, missing) == 1
+
+
+def test_this_machine_gets_at_least_one_thread() -> None:
+    assert default_intra_op_threads() >= 1
