@@ -26,7 +26,8 @@ MAGIC = struct.pack("<I", 0xBA55ED50)
 HEADER = struct.Struct("<IHHQ")  # magic, version, header size, payload size
 ENTRY = struct.Struct("<HHIQ")  # kind, version, header size, padded payload size
 ARCH_OFFSET = 28  # in an entry's header: the architecture, 90 for sm_90
-CUBIN = 2
+PTX, CUBIN = 1, 2
+KINDS = (PTX, CUBIN)
 
 
 @dataclass
@@ -44,31 +45,51 @@ class Stripped:
 
 
 def strip(data: bytearray | mmap.mmap, keep: frozenset[int]) -> Stripped:
-    """Zero, in `data`, the payloads of cubins whose architecture is not in `keep`."""
+    """Zero, in `data`, the payloads of cubins whose architecture is not in `keep`. A fat
+    binary is taken only when its entries tile it exactly (each a known kind, its header long
+    enough to hold the architecture, its payload inside the fat binary); anything else is the
+    magic's bytes by chance and left as it is."""
     done = Stripped()
     at = data.find(MAGIC)
     while at >= 0:
-        _, version, header_size, size = HEADER.unpack_from(data, at)
-        end = at + header_size + size
-        if version != 1 or header_size != HEADER.size or end > len(data):
-            at = data.find(MAGIC, at + len(MAGIC))  # the magic's bytes by chance: not a fatbin
+        entries = _entries(data, at)
+        if entries is None:
+            at = data.find(MAGIC, at + len(MAGIC))
             continue
         done.fatbins += 1
-        entry = at + header_size
-        while entry + ENTRY.size <= end:
-            kind, _, entry_header, padded = ENTRY.unpack_from(data, entry)
-            if entry_header == 0:
-                break
-            payload = entry + entry_header
-            (arch,) = struct.unpack_from("<I", data, entry + ARCH_OFFSET)
+        for kind, arch, payload, padded in entries:
             if kind == CUBIN and arch not in keep:
                 data[payload : payload + padded] = bytes(padded)
                 done.zeroed += padded
             else:
                 done.kept += padded
-            entry = payload + padded
-        at = data.find(MAGIC, end)
+        _, _, header_size, size = HEADER.unpack_from(data, at)
+        at = data.find(MAGIC, at + header_size + size)
     return done
+
+
+def _entries(data: bytearray | mmap.mmap, at: int) -> list[tuple[int, int, int, int]] | None:
+    """(kind, architecture, payload offset, payload size) of each entry of the fat binary at
+    `at`, or None where the bytes there are no fat binary."""
+    if at + HEADER.size > len(data):
+        return None
+    _, version, header_size, size = HEADER.unpack_from(data, at)
+    end = at + header_size + size
+    if version != 1 or header_size != HEADER.size or end > len(data):
+        return None
+    entries = []
+    entry = at + header_size
+    while entry < end:
+        if entry + ENTRY.size > end:
+            return None
+        kind, _, entry_header, padded = ENTRY.unpack_from(data, entry)
+        payload = entry + entry_header
+        if kind not in KINDS or entry_header < ARCH_OFFSET + 4 or payload + padded > end:
+            return None
+        (arch,) = struct.unpack_from("<I", data, entry + ARCH_OFFSET)
+        entries.append((kind, arch, payload, padded))
+        entry = payload + padded
+    return entries
 
 
 def main(argv: list[str] | None = None) -> None:

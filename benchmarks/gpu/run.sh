@@ -41,11 +41,14 @@ stage() {  # stage NAME SECONDS CMD...: skipped when STAGES is set and does not 
 }
 cat /tmp/gpuwhl/ort.part.* > /tmp/ort.tar.xz
 echo "$(cat .gpu/w/ort.sha256)  /tmp/ort.tar.xz" | sha256sum -c - >> "$LOG" 2>&1 || { say "sha256 mismatch"; exit 1; }
-mkdir -p /tmp/ortsite && python3 -c "import tarfile; tarfile.open('/tmp/ort.tar.xz').extractall('/tmp/ortsite', filter='data')"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/w/whl/*.whl >> "$LOG" 2>&1
+mkdir -p /tmp/ortsite && python3 -c "import tarfile; tarfile.open('/tmp/ort.tar.xz').extractall('/tmp/ortsite', filter='data')" \
+  || { say "onnxruntime-gpu did not unpack"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/w/whl/*.whl >> "$LOG" 2>&1 \
+  || { say "the serving wheels did not install"; exit 1; }
 libs=$(find / -xdev \( -name 'libcudnn.so.9' -o -name 'libcublasLt.so.13' -o -name 'libcufft.so.12' \
-  -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -n1 dirname | sort -u | tr '\n' ':')
-export PYTHONPATH=/tmp/ortsite:/tmp/site:$PWD LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
+  -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
+export PYTHONPATH=/tmp/ortsite:/tmp/site:$PWD PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MULTI30K_DIR=/tmp/data
 mkdir -p ../shared/data && ln -sfn /tmp/data ../shared/data/multi30k
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv

@@ -17,14 +17,15 @@ rm -rf .gpu && mkdir -p .gpu/w/whl
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$@" 2>&1 | grep -v '^WARNING' || true; }
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$@" 2>&1 | { grep -v '^WARNING' || true; }; }
 dl "$tmp" "onnxruntime-gpu==$ORT"
 mkdir "$tmp/ort" && (cd "$tmp/ort" && unzip -q "$tmp"/onnxruntime_gpu-*.whl)
 rm "$tmp"/ort/onnxruntime/capi/libonnxruntime_providers_tensorrt.so
 "$PY" -m benchmarks.gpu.fatbin "$tmp/ort/onnxruntime/capi/libonnxruntime_providers_cuda.so" --keep $KEEP
 tar -C "$tmp/ort" -cf - . | xz -9 -T0 > "$tmp/ort.tar.xz"
 (cd "$tmp" && sha256sum ort.tar.xz) | cut -d' ' -f1 > .gpu/w/ort.sha256
-tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+# What travels with every call: the tracked files and the untracked ones git does not ignore.
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
 # What a call may carry beside the tree, less 2 MB for the data and the tree's own growth.
 PART=${PART:-$(( (64 << 20) - tree - 2000000 ))}
 split -b "$PART" -d "$tmp/ort.tar.xz" "$tmp/ort.part."

@@ -2,13 +2,13 @@
 
 ONNX Runtime's own default is one thread per physical core of the machine. Two things make that
 wrong for this service. The decoder step is not all the work: the event loop, tokenizing and the
-search between two steps need a core too, and on 2 cores one intra-op thread answered 1.23x the
-requests of two at 1 and 8 clients, the same at 64, with a p50 of 20.0 against 24.7 ms
-(benchmarks/RESULTS.md, issue 35). And ONNX Runtime counts the machine's cores, not the ones a
-container may use: under a CPU limit of 4 on a 64-core host it starts 32 threads that the
-limit then throttles. So the default is one fewer than the physical cores the process may use,
-counting its CPU affinity and its cgroup's CPU quota (v2 `cpu.max`, v1 `cpu.cfs_quota_us`),
-and at least one.
+search between two steps need a core too, and on 2 cores one intra-op thread answered 1.23x and
+1.21x the requests of two at 1 and 8 clients, the same at 64, with a p50 of 20.0 against
+24.7 ms at 1 client (benchmarks/RESULTS.md, issue 35). And ONNX Runtime counts the machine's
+cores, not the ones a container may use: under a CPU limit of 4 on a 64-core host it starts 32
+threads that the limit then throttles. So the default is one fewer than the physical cores the
+process may use, counting its CPU affinity and the CPU quota of its cgroup and those above it
+(v2 `cpu.max`, v1 `cpu.cfs_quota_us`), and at least one.
 """
 
 from __future__ import annotations
@@ -20,16 +20,20 @@ from pathlib import Path
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 CGROUP = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 def default_intra_op_threads(
-    cpus: Iterable[int] | None = None, sys_cpu: Path = SYS_CPU, cgroup: Path = CGROUP
+    cpus: Iterable[int] | None = None,
+    sys_cpu: Path = SYS_CPU,
+    cgroup: Path = CGROUP,
+    proc_cgroup: Path = PROC_CGROUP,
 ) -> int:
     """One fewer than the physical cores among `cpus` (default: this process's affinity),
-    at most the cgroup's CPU quota, and at least one."""
+    at most its cgroups' CPU quota, and at least one."""
     allowed = sorted(_affinity() if cpus is None else cpus)
     cores = physical_cores(allowed, sys_cpu)
-    quota = cpu_quota(cgroup)
+    quota = cpu_quota(cgroup, proc_cgroup)
     usable = cores if quota is None else min(cores, math.ceil(quota))
     return max(1, usable - 1)
 
@@ -50,26 +54,67 @@ def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int:
     return len(cores)
 
 
-def cpu_quota(cgroup: Path = CGROUP) -> float | None:
-    """The CPUs' worth of time the process's cgroup may use (quota / period), None unlimited."""
-    for quota_file, period_file in (
-        (cgroup / "cpu.max", None),  # v2: "QUOTA PERIOD" or "max PERIOD"
-        (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us"),  # v1
-    ):
-        try:
-            fields = quota_file.read_text().split()
-            if period_file is not None:
-                fields.append(period_file.read_text().strip())
-        except OSError:
+def cpu_quota(cgroup: Path = CGROUP, proc_cgroup: Path = PROC_CGROUP) -> float | None:
+    """The CPUs' worth of time the process may use (quota / period), the smallest along its
+    cgroup and the cgroups above it (a limit on a parent holds for its children); None where
+    none is set. Its cgroup is the one /proc/self/cgroup names under the mount at `cgroup` (v2:
+    the `0::` line, `cpu.max`; v1: the line of the `cpu` controller, `cpu/cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`); in a container, whose cgroup namespace makes its own cgroup "/", that
+    is the mount's root."""
+    v2, v1 = _cgroup_paths(proc_cgroup)
+    quotas = [
+        quota
+        for directory in _up_to(cgroup, v2)
+        if (quota := _quota(directory / "cpu.max", None)) is not None
+    ] + [
+        quota
+        for directory in _up_to(cgroup / "cpu", v1)
+        if (quota := _quota(directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"))
+        is not None
+    ]
+    return min(quotas, default=None)
+
+
+def _cgroup_paths(proc_cgroup: Path) -> tuple[str, str]:
+    """The process's cgroup v2 path and its v1 `cpu` controller's path ("/" where unknown)."""
+    v2 = v1 = "/"
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return v2, v1
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
             continue
-        if len(fields) != 2 or fields[0] in ("max", "-1"):
-            return None
-        try:
-            quota, period = float(fields[0]), float(fields[1])
-        except ValueError:
-            return None
-        return quota / period if quota > 0 and period > 0 else None
-    return None
+        hierarchy, controllers, path = fields
+        if hierarchy == "0" and not controllers:
+            v2 = path or "/"
+        elif "cpu" in controllers.split(","):
+            v1 = path or "/"
+    return v2, v1
+
+
+def _up_to(root: Path, path: str) -> list[Path]:
+    """`root`/`path` and each directory above it, up to `root` itself."""
+    directory = root / path.strip("/")
+    return [directory, *directory.parents[: len(directory.relative_to(root).parts)]]
+
+
+def _quota(quota_file: Path, period_file: Path | None) -> float | None:
+    """v2 `cpu.max` ("QUOTA PERIOD", "max PERIOD"), or v1's quota and period files."""
+    try:
+        fields = quota_file.read_text().split()
+        if period_file is not None:
+            fields.append(period_file.read_text().strip())
+    except OSError:
+        return None
+    if len(fields) != 2 or fields[0] in ("max", "-1"):
+        return None
+    try:
+        quota, period = float(fields[0]), float(fields[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def _affinity() -> set[int]:

@@ -47,3 +47,20 @@ def test_keeping_every_architecture_changes_nothing() -> None:
     data = bytearray(blob)
     done = strip(data, frozenset({75, 90}))
     assert bytes(data) == blob and done.zeroed == 0 and done.kept == 16
+
+
+def test_bytes_that_only_look_like_a_fatbin_are_left_alone() -> None:
+    """An entry that claims more payload than its fat binary holds, an unknown kind, a header
+    too short for the architecture, the magic at the very end: none is parsed, nothing written."""
+    cubin = _entry(CUBIN, 80, b"\x80" * 16)
+    overlong = bytearray(cubin)
+    ENTRY.pack_into(overlong, 0, CUBIN, 0x0101, 64, 1000)  # 1000 payload bytes, 16 there
+    unknown = bytearray(cubin)
+    ENTRY.pack_into(unknown, 0, 9, 0x0101, 64, 16)
+    short = bytearray(cubin)
+    ENTRY.pack_into(short, 0, CUBIN, 0x0101, 16, 16)  # ends before the architecture
+    for entry in (overlong, unknown, short):
+        blob = _fatbin(bytes(entry)) + b"z" * 8 + MAGIC + b"\x01\x00"
+        data = bytearray(blob)
+        done = strip(data, frozenset({90}))
+        assert bytes(data) == blob and done.fatbins == 0 and done.zeroed == 0
