@@ -31,7 +31,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -39,7 +39,7 @@ from typing import Any, cast
 import httpx
 
 from benchmarks.engine_bench import read_lines
-from benchmarks.servers import service
+from benchmarks.servers import percentile_ms, service
 from service.http.app import create_app
 from service.inference.engine import Engine
 from service.scheduling.batcher import Batcher
@@ -87,29 +87,20 @@ class _Parts:
         return timed
 
 
-def _summary(latencies: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(latencies)
+def _summary(latencies: list[float]) -> dict[str, float]:
     return {
-        "requests": len(ordered),
-        "p50_ms": 1000 * statistics.median(ordered),
-        "p90_ms": 1000 * ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)],
-        "mean_ms": 1000 * statistics.fmean(ordered),
+        "requests": len(latencies),
+        "p50_ms": percentile_ms(latencies, 50),
+        "p90_ms": percentile_ms(latencies, 90),
+        "mean_ms": 1000 * statistics.fmean(latencies),
     }
 
 
-def _timed_each(texts: Sequence[str], send: Callable[[str], Any]) -> list[float]:
-    send(texts[0])  # warm-up: the first request pays for lazy imports and first allocations
-    latencies = []
-    for text in texts:
-        start = time.perf_counter()
-        send(text)
-        latencies.append(time.perf_counter() - start)
-    return latencies
-
-
-async def _timed_each_async(
-    texts: Sequence[str], send: Callable[[str], Any], *, warm_up: bool = True
+async def _timed_each(
+    texts: Sequence[str], send: Callable[[str], Awaitable[Any]], *, warm_up: bool = True
 ) -> list[float]:
+    """Each text's round trip through `send`, one after another, after a first one untimed
+    (it pays for lazy imports and first allocations)."""
     if warm_up:
         await send(texts[0])
     latencies = []
@@ -118,6 +109,18 @@ async def _timed_each_async(
         await send(text)
         latencies.append(time.perf_counter() - start)
     return latencies
+
+
+async def _post_each(
+    client: httpx.AsyncClient, texts: Sequence[str], source: str, target: str
+) -> list[float]:
+    """POST /translate of each text, as _timed_each times them: the app and http layers."""
+
+    async def post(text: str) -> None:
+        body = {"text": text, "source": source, "target": target}
+        (await client.post("/translate", json=body)).raise_for_status()
+
+    return await _timed_each(texts, post)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -143,8 +146,11 @@ async def measure_in_process(
         options = runtime.decoding_options(pair, {})
         if "engine" in layers:
             engine = cast(Engine, model)
-            latencies = _timed_each(texts, lambda t: engine.generate(engine.encode([t]), options))
-            results["engine"] = _summary(latencies)
+
+            async def generate(text: str) -> Any:
+                return engine.generate(engine.encode([text]), options)
+
+            results["engine"] = _summary(await _timed_each(texts, generate))
         if "runtime" in layers:
             parts = _Parts()
 
@@ -153,7 +159,7 @@ async def measure_in_process(
 
             await translate(texts[0])  # warmed up outside the clocks: they count n requests
             with parts.clocked(runtime.batchers[model.name]):
-                latencies = await _timed_each_async(texts, translate, warm_up=False)
+                latencies = await _timed_each(texts, translate, warm_up=False)
             total = sum(latencies)
             results["runtime"] = {
                 **_summary(latencies),
@@ -163,30 +169,20 @@ async def measure_in_process(
         if "app" in layers:
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-
-                async def post(text: str) -> Any:
-                    body = {"text": text, "source": source, "target": target}
-                    response = await client.post("/translate", json=body)
-                    response.raise_for_status()
-
-                results["app"] = _summary(await _timed_each_async(texts, post))
+                results["app"] = _summary(await _post_each(client, texts, source, target))
     return results
 
 
-def measure_http(args: argparse.Namespace, texts: Sequence[str]) -> dict[str, float]:
+async def measure_http(args: argparse.Namespace, texts: Sequence[str]) -> dict[str, float]:
+    """The http layer, with the client of the app layer, so that the two differ by the server."""
     flags = ["--default-beam-size", str(args.beam_size)]
     if args.intra_op_threads is not None:
         flags += ["--intra-op-threads", str(args.intra_op_threads)]
-    with service(args.bundle, flags) as running, httpx.Client(timeout=60) as client:
+    with service(args.bundle, flags) as running:
         url = f"http://127.0.0.1:{running.port}"
-        [pair] = client.get(f"{url}/languages").json()
-        source, target = pair["source"], pair["target"]
-
-        def post(text: str) -> None:
-            body = {"text": text, "source": source, "target": target}
-            client.post(f"{url}/translate", json=body).raise_for_status()
-
-        return _summary(_timed_each(texts, post))
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            [pair] = (await client.get("/languages")).json()
+            return _summary(await _post_each(client, texts, pair["source"], pair["target"]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     if {"engine", "runtime", "app"} & set(args.layers):
         results.update(asyncio.run(measure_in_process(args, texts, args.layers)))
     if "http" in args.layers:
-        results["http"] = measure_http(args, texts)
+        results["http"] = asyncio.run(measure_http(args, texts))
     print(
         f"{len(texts)} requests of one sentence from {args.src}, one at a time, beam "
         f"{args.beam_size}, intra-op threads {args.intra_op_threads or 'the service default'}"

@@ -31,8 +31,7 @@ def default_intra_op_threads(
 ) -> int:
     """One fewer than the physical cores among `cpus` (default: this process's affinity),
     at most its cgroups' CPU quota, and at least one."""
-    allowed = sorted(_affinity() if cpus is None else cpus)
-    cores = physical_cores(allowed, sys_cpu)
+    cores = physical_cores(_affinity() if cpus is None else cpus, sys_cpu)
     quota = cpu_quota(cgroup, proc_cgroup)
     usable = cores if quota is None else min(cores, math.ceil(quota))
     return max(1, usable - 1)
