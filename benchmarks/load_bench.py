@@ -7,9 +7,10 @@ clients, and compare dynamic batching with batching off (max batch size 1).
 
 For each server configuration and each concurrency level: requests/s, p50/p95/p99 latency of
 the answered (200) requests, errors by status, and the mean batch size the server formed (from
-its /metrics). Each level runs until `--duration` seconds or `--max-requests` requests,
-whichever comes first, after a short warm-up. The last table gives throughput with batching
-divided by throughput without.
+its /metrics: segments per engine call; with MT_SCHEDULER=step in the environment, which the
+server inherits, rows per decoder step). Each level runs until `--duration` seconds or
+`--max-requests` requests, whichever comes first, after a short warm-up. The last table gives
+throughput with batching divided by throughput without.
 """
 
 from __future__ import annotations
@@ -170,13 +171,14 @@ async def _run_level(
 
 
 def _batch_totals(metrics_text: str) -> tuple[float, float]:
-    """(batches, segments) the server decoded so far, over all models."""
+    """(batches, segments) the server decoded so far, over all models: engine calls and their
+    segments (whole batches), or decoder steps and their rows (step-level batching)."""
     batches = segments = 0.0
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.name == "mt_batch_size_segments_count":
+            if sample.name in ("mt_batch_size_segments_count", "mt_step_rows_count"):
                 batches += sample.value
-            elif sample.name == "mt_batch_size_segments_sum":
+            elif sample.name in ("mt_batch_size_segments_sum", "mt_step_rows_sum"):
                 segments += sample.value
     return batches, segments
 

@@ -1,4 +1,4 @@
-"""The decoder-step graph, built node by node from a model's weights (bundle format 5).
+"""The decoder-step graph, built node by node from a model's weights (bundle format 6).
 
 The encoder is traced from the torch model (export/onnx_export.py): it runs once per batch and
 its graph shape matters little. The decoder step runs once per generated token, so its graph is
@@ -36,6 +36,7 @@ from torch import nn
 from model.transformer import Aligner, DecoderLayer, Transformer
 from service.bundle.manifest import (
     ALIGNMENT,
+    ATTENDED_AXIS,
     BEAM_AXIS,
     BEAM_ROWS,
     CACHE_INDIRECTION,
@@ -46,6 +47,7 @@ from service.bundle.manifest import (
     PAST_SEQUENCE_LENGTH,
     POSITION,
     ROW_AXIS,
+    SELF_ATTENTION_MASK,
     SENTENCE_AXIS,
     SOURCE_AXIS,
     TOP_IDS,
@@ -402,7 +404,7 @@ def _attend_through_indirection(
             k,
             v,
             bias,
-            "",  # key_padding_mask: the target has no padding
+            SELF_ATTENTION_MASK,  # (R, T + 1): the positions of the row's own tokens
             "",  # attention_bias
             past_key(i),
             past_value(i),
@@ -479,6 +481,7 @@ def _model(
         BEAM_ROWS: (TensorProto.INT64, [ROW_AXIS]),
         ENCODER_ATTENTION_MASK: (TensorProto.INT32, [SENTENCE_AXIS, SOURCE_AXIS]),
         CACHE_INDIRECTION: (TensorProto.INT32, [SENTENCE_AXIS, BEAM_AXIS, CAPACITY_AXIS]),
+        SELF_ATTENTION_MASK: (TensorProto.INT32, [ROW_AXIS, ATTENDED_AXIS]),
         TOP_K: (TensorProto.INT64, [1]),
         LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.decoder_vocab_size]),
         TOP_LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, TOP_K_AXIS]),

@@ -16,6 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
+# One decoder step (seconds): from a fraction of a ms (one row) to tens of ms (hundreds).
+_STEP_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
+_STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
@@ -95,6 +98,44 @@ class Metrics:
             "Segments taken out of their batch between decoder steps: past the request "
             "deadline (deadline) or client gone (cancelled)",
             ["model", "reason"],
+            registry=r,
+        )
+        # Step-level batching (scheduler "step"): the running batches.
+        self.running_segments = Gauge(
+            "mt_running_segments", "Segments being decoded in the running batches", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.slots = Gauge(
+            "mt_slots",
+            "Sentence slots of the running batches (one batch per beam size), in use or free",
+            ["model", "state"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge(
+            "mt_cache_bytes",
+            "Memory of the running batches' slots: key/value caches and cross keys/values",
+            ["model"],
+            registry=r,
+        )
+        self.step_rows = Histogram(
+            "mt_step_rows",
+            "Decoder rows per step (sentences x beams)",
+            ["model"],
+            buckets=_STEP_ROWS,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "mt_step_seconds",
+            "Time of one decoder step of a running batch (step-level batching)",
+            ["model"],
+            buckets=_STEP_SECONDS,
+            registry=r,
+        )
+        self.first_step_seconds = Histogram(
+            "mt_time_to_first_step_seconds",
+            "Time from a segment's arrival to the end of its first decoder step",
+            ["model"],
+            buckets=_SECONDS,
             registry=r,
         )
         self.open_connections = Gauge(

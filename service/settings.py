@@ -193,9 +193,19 @@ class Settings(BaseSettings):
     )
 
     # --- Batching ------------------------------------------------------------------------------
-    max_batch_size: int = Field(32, ge=1, description="segments per engine call")
+    scheduler: Literal["batch", "step"] = Field(
+        "batch",
+        description="batch: each batch runs to its end; step: segments join and leave the "
+        "running batch between decoder steps (CPU bundles; others run whole batches)",
+    )
+    max_batch_size: int = Field(
+        32, ge=1, description="segments per engine call (step: per running batch, a beam size)"
+    )
     max_batch_tokens: int = Field(
-        4096, ge=1, description="padded source tokens per engine call (batch size x longest)"
+        4096,
+        ge=1,
+        description="padded source tokens per engine call, batch size x longest (step: of the "
+        "running batch)",
     )
     max_wait_ms: float = Field(
         0.0,

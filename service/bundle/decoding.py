@@ -306,6 +306,13 @@ class GreedyBook:
         """One hypothesis per sentence, once every sentence has finished."""
         return [r for r in self._results if r is not None]
 
+    def result(self, sentence: int) -> Hypothesis:
+        """A finished sentence's hypothesis."""
+        result = self._results[sentence]
+        if result is None:
+            raise ValueError(f"sentence {sentence} has not finished")
+        return result
+
     def _finish(self, sentence: int, length: int, reason: FinishReason) -> None:
         score = self.policy.normalized(self._totals[sentence], length)
         self._results[sentence] = Hypothesis(self._outputs[sentence], score, reason)
@@ -446,5 +453,9 @@ class BeamBook:
 
     def results(self) -> list[list[Hypothesis]]:
         """The n-best lists, best first, once every sentence has finished."""
+        return [self.result(sentence) for sentence in range(len(self._finished))]
+
+    def result(self, sentence: int) -> list[Hypothesis]:
+        """A finished sentence's n-best list, best first."""
         n = self.policy.options.num_hypotheses
-        return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n] for hyps in self._finished]
+        return sorted(self._finished[sentence], key=lambda h: h.score, reverse=True)[:n]

@@ -6,7 +6,7 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 5):
+Layout of a bundle directory (format version 6):
 
     manifest.json      this schema, written last by the exporter
     MODEL_CARD.md      the checkpoint's model card, when it has one (the manifest's `card`)
@@ -20,8 +20,8 @@ Layout of a bundle directory (format version 5):
                        input and the present output (ONNX Runtime IO binding), so each step
                        writes its key/value in place:
                        input_ids (N, G) int64: row (n, g) is beam g of sentence n,
-                       position (R,) int64: the step's position T in every row (the number of
-                       positions cached so far),
+                       position (R,) int64: each row's position, the number of tokens it has
+                       read before this one (its positional encoding),
                        encoder_attention_mask (N, S) int32, 1 on tokens and 0 on padding,
                        top_k (1,) int64,
                        past_key.{i} / past_value.{i} (R, H, C, Dh),
@@ -29,11 +29,14 @@ Layout of a bundle directory (format version 5):
                        shared by its G rows (never copied per beam),
                        and, by the manifest's `decoder_cache`:
                        "indirection" (ONNX Runtime's CPU kernels): past_sequence_length (1,)
-                         int32, T again (read on the host by the attention kernel), and
-                         cache_indirection (N, G, C) int32: entry [n, g, t] names the beam of
-                         sentence n whose row holds position t of beam g (t < T). Beams that
-                         follow their back-pointers rewrite only the indirection; the cache
-                         never moves. Positions >= T are never read.
+                         int32, the cache position T every row writes at this step (read on
+                         the host by the attention kernel), cache_indirection (N, G, C) int32:
+                         entry [n, g, t] names the beam of sentence n whose row holds position
+                         t of beam g (t < T), and self_attention_mask (R, T + 1) int32: 1 on
+                         the cache positions a row attends to (its own: a row that joined a
+                         running batch at cache position s reads s .. T; position = T - s).
+                         Beams that follow their back-pointers rewrite only the indirection;
+                         the cache never moves. Positions > T are never read.
                        "gather" (portable: the CUDA choice): beam_rows (R,) int64, the row of
                          the past each row continues; the graph gathers the cache by it,
                          writes position T (TensorScatter) and attends over every position
@@ -71,7 +74,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -94,6 +97,7 @@ LOG_PROBS = "log_probs"
 POSITION = "position"  # decoder input, (R,) int64: the step's position
 PAST_SEQUENCE_LENGTH = "past_sequence_length"  # decoder input, (1,) int32: the same position
 CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see the docstring
+SELF_ATTENTION_MASK = "self_attention_mask"  # decoder input, (R, T + 1) int32: the same
 BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row continues
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
 TOP_LOG_PROBS = "top_log_probs"
@@ -109,6 +113,7 @@ ROW_AXIS = "rows"  # R = N * G: the decoder's rows, sentence-major
 SOURCE_AXIS = "source_length"
 CAPACITY_AXIS = "capacity"  # C: positions of the static cache
 TOP_K_AXIS = "top_k"
+ATTENDED_AXIS = "attended"  # T + 1: the cache positions up to this step's
 
 
 def cross_key(layer: int) -> str:
@@ -159,7 +164,11 @@ def decoder_step_io(
 ) -> tuple[list[str], list[str]]:
     """(input names, output names) of decoder_step.onnx with this cache, in graph order, with
     the alignment output or without it."""
-    follow = [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION] if cache == "indirection" else [BEAM_ROWS]
+    follow = (
+        [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION, SELF_ATTENTION_MASK]
+        if cache == "indirection"
+        else [BEAM_ROWS]
+    )
     inputs = [
         INPUT_IDS,
         POSITION,

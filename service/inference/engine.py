@@ -51,6 +51,7 @@ from service.bundle.manifest import (
     load_bundle,
 )
 from service.bundle.tokenizer import Span, TextTokenizer, load_tokenizer
+from service.inference.running import Running
 from service.inference.search import IntArray, search
 from service.inference.step_state import (
     BufferPool,
@@ -272,6 +273,18 @@ class Engine:
             )
         return engine
 
+    @property
+    def decoder_step_session(self) -> ort.InferenceSession:
+        return self._decoder_step
+
+    def stepper(self, slots: int) -> Running | None:
+        """Step-level batching over this engine (service/inference/running.py) with `slots`
+        sentences per running batch; None where it does not run: a bundle with the gather
+        cache, or CUDA (there batches are padded for CUDA graphs and run whole)."""
+        if self.manifest.decoder_cache != "indirection" or self.device != "cpu" or self.padded:
+            return None
+        return Running(self, slots)
+
     def encode(
         self, texts: Sequence[str], target: str | None = None, source: str | None = None
     ) -> list[list[int]]:
@@ -344,17 +357,7 @@ class Engine:
 
         Safe to call from several threads, but calls run one at a time (module docstring).
         """
-        vocab = self.manifest.model.vocab_size
-        for source in sources:
-            if len(source) > self.max_input_tokens:
-                raise InputTooLongError(len(source), self.max_input_tokens)
-            unknown = [t for t in source if not 0 <= t < vocab]
-            if unknown:
-                raise ValueError(
-                    f"token id {unknown[0]} is outside the vocabulary (0..{vocab - 1})"
-                )
-        # The decoder has max_positions positions: longer outputs cannot be produced.
-        options = options.within(self.max_input_tokens)
+        options = self.checked(sources, options)
         results = [[nothing()] for _ in sources]
         # Similar lengths share a batch, so little of it is padding.
         order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: len(sources[i]))
@@ -369,11 +372,55 @@ class Engine:
                     forced,
                 )
                 for row, (i, hyps) in enumerate(zip(chunk, nbest, strict=True)):
-                    results[i] = [
-                        _aligned(forced.strip(row, h), len(sources[i]), self._aligns_read)
-                        for h in hyps
-                    ]
+                    results[i] = self.hypotheses(hyps, len(sources[i]), forced, row)
         return results
+
+    def checked(
+        self, sources: Sequence[Sequence[int]], options: DecodingOptions
+    ) -> DecodingOptions:
+        """`options` within the model's positions (the decoder has max_positions: longer
+        outputs cannot be produced), once every source is known to fit: InputTooLongError for
+        one over `max_input_tokens`, ValueError for a token id outside the vocabulary."""
+        vocab = self.manifest.model.vocab_size
+        for source in sources:
+            if len(source) > self.max_input_tokens:
+                raise InputTooLongError(len(source), self.max_input_tokens)
+            unknown = [t for t in source if not 0 <= t < vocab]
+            if unknown:
+                raise ValueError(
+                    f"token id {unknown[0]} is outside the vocabulary (0..{vocab - 1})"
+                )
+        return options.within(self.max_input_tokens)
+
+    def hypotheses(
+        self, nbest: list[Hypothesis], source_length: int, prefixes: Prefixes, sentence: int
+    ) -> list[Hypothesis]:
+        """A search's n-best list as `generate` returns it: without the sentence's decoder
+        prefix, alignments one row per token over the source's own positions."""
+        return [
+            _aligned(prefixes.strip(sentence, h), source_length, self._aligns_read) for h in nbest
+        ]
+
+    def encoded(self, sources: Sequence[Sequence[int]]) -> tuple[list[Any], IntArray]:
+        """The encoder's cross keys/values of these sources on the host, each (N, H, S, Dh),
+        S their longest (compact policy: encoded in length groups), and their (N, S) mask."""
+        input_ids, attention_mask = self._inputs(sources, len(sources), max(map(len, sources)))
+        names = cross_names(self.manifest.model.decoder_layers)
+        return self._encode_chunked(names, input_ids, attention_mask), attention_mask
+
+    def _inputs(
+        self, sources: Sequence[Sequence[int]], slots: int, length: int
+    ) -> tuple[IntArray, IntArray]:
+        """The encoder's input_ids and attention_mask, (slots, length): the sources padded, and
+        past them (the padded policy's extra slots) copies of the first, so no row is all
+        padding."""
+        input_ids = np.full((slots, length), self.manifest.special_ids.pad, np.int64)
+        attention_mask = np.zeros_like(input_ids)
+        for row in range(slots):
+            source = sources[row if row < len(sources) else 0]
+            input_ids[row, : len(source)] = source
+            attention_mask[row, : len(source)] = 1
+        return input_ids, attention_mask
 
     def _generate_batch(
         self,
@@ -389,12 +436,7 @@ class Engine:
         slots = bucket(n) if padded else n
         length = max(len(s) for s in sources)
         length = source_bucket(length) if padded else length
-        input_ids = np.full((slots, length), manifest.special_ids.pad, np.int64)  # (N, S)
-        attention_mask = np.zeros_like(input_ids)  # (N, S)
-        for row in range(slots):
-            source = sources[row if row < n else 0]
-            input_ids[row, : len(source)] = source
-            attention_mask[row, : len(source)] = 1
+        input_ids, attention_mask = self._inputs(sources, slots, length)  # (N, S) each
         cross = self._encode(input_ids, attention_mask)
         limits = prefixes.limits(
             [options.limit(len(source)) for source in sources], self.max_input_tokens

@@ -38,9 +38,9 @@ tests/service/test_decoding.py checks on random tables that both searches agree.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import Protocol
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -55,19 +55,16 @@ from service.bundle.decoding import (
     StepPolicy,
 )
 
+T = TypeVar("T")
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
 
 
-class DecoderState(Protocol):
-    """The decoder with its cache, over R live rows: one per sentence at the start, beam_size
-    per sentence (sentence-major) once beam search has expanded them."""
-
-    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
-        """tokens (R,) -> the k most probable next tokens of every row (all V if V < k), best
-        first, equal log-probs lower id first: log-probs (R, k) and ids (R, k). The caller may
-        modify the results."""
-        ...
+class DecoderRows(Protocol):
+    """The rows of a decoder's cache that a search moves between its steps: one per sentence at
+    the start, beam_size per sentence (sentence-major) once beam search has expanded them. Who
+    runs the steps is the search's driver: `search` (a `DecoderState` of its own) or a running
+    batch that steps several searches' rows at once (service/inference/running.py)."""
 
     def select(self, rows: IntArray, sentences: IntArray) -> None:
         """Keep only the sentences `sentences` (finished ones leave the batch) and their rows
@@ -86,6 +83,44 @@ class DecoderState(Protocol):
         ...
 
 
+class DecoderState(DecoderRows, Protocol):
+    """Decoder rows that step themselves."""
+
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+        """tokens (R,) -> the k most probable next tokens of every row (all V if V < k), best
+        first, equal log-probs lower id first: log-probs (R, k) and ids (R, k). The caller may
+        modify the results."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """What a search asks of its next step: each live row's last token and how many candidates
+    per row (as `DecoderState.step`), and the n-best lists of the sentences that finished since
+    its last call, final (by the sentence's index), so a driver can answer them at once."""
+
+    tokens: IntArray
+    k: int
+    finished: dict[int, list[Hypothesis]]
+
+
+# A search, step by step: it yields a StepCall, is sent that step's (log-probs, ids), and returns
+# every sentence's n-best list, in order.
+Steps = Generator[StepCall, tuple[FloatArray, IntArray], list[list[Hypothesis]]]
+
+
+def drive(steps: Generator[StepCall, tuple[FloatArray, IntArray], T], state: DecoderState) -> T:
+    """Run a search (`search_steps`, `greedy_steps`, `beam_steps`) to its end on a state that
+    steps itself."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(state.step(call.tokens, call.k))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
 def search(
     state: DecoderState,
     limits: Sequence[int],
@@ -100,20 +135,17 @@ def search(
     (DecodingOptions.limit, plus its prefix: Prefixes.limits); `state` holds one row per
     sentence. A sentence past its `deadline` leaves before the next step with one "deadline"
     hypothesis. Hypotheses keep their `prefixes` (Prefixes.strip takes them off)."""
-    forced = prefixes or Prefixes.none(len(limits))
-    if options.beam_size == 1:
-        greedy = greedy_search(
+    return drive(
+        search_steps(
             state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline,
-            prefixes=forced,
-        )  # fmt: skip
-        return [[h] for h in greedy]
-    return beam_search(
-        state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline, prefixes=forced
-    )
+            prefixes=prefixes,
+        ),
+        state,
+    )  # fmt: skip
 
 
-def greedy_search(
-    state: DecoderState,
+def search_steps(
+    state: DecoderRows,
     limits: Sequence[int],
     options: DecodingOptions,
     *,
@@ -121,15 +153,50 @@ def greedy_search(
     eos_id: int,
     deadline: Deadline | None = None,
     prefixes: Prefixes | None = None,
-) -> list[Hypothesis]:
+) -> Steps:
+    """`search`, one step at a time, for a driver that runs the steps (`Steps`)."""
+    forced = prefixes or Prefixes.none(len(limits))
+    if options.beam_size == 1:
+        greedy = yield from greedy_steps(
+            state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline,
+            prefixes=forced,
+        )  # fmt: skip
+        return [[h] for h in greedy]
+    beams = yield from beam_steps(
+        state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline, prefixes=forced
+    )
+    return beams
+
+
+def greedy_steps(
+    state: DecoderRows,
+    limits: Sequence[int],
+    options: DecodingOptions,
+    *,
+    bos_id: int,
+    eos_id: int,
+    deadline: Deadline | None = None,
+    prefixes: Prefixes | None = None,
+) -> Generator[StepCall, tuple[FloatArray, IntArray], list[Hypothesis]]:
     """Pick the most probable token at each step; finished rows leave the batch.
 
-    Uses the length options only (beam_size and num_hypotheses are beam_search's).
+    Uses the length options only (beam_size and num_hypotheses are beam_steps').
     """
     forced = prefixes or Prefixes.none(len(limits))
     book = GreedyBook(StepPolicy(options, eos_id), limits)
     tokens = np.full(len(limits), bos_id, dtype=np.int64)  # (R,)
     aligned: list[list[FloatArray]] = [[] for _ in limits]  # per sentence, per step
+    done: dict[int, Hypothesis] = {}
+
+    def result(sentence: int) -> Hypothesis:
+        """A finished sentence's hypothesis with its alignment rows (none if it was stopped
+        before its first step)."""
+        if sentence not in done:
+            h, rows = book.result(sentence), aligned[sentence]
+            done[sentence] = replace(h, alignment=np.stack(rows)) if rows else h
+        return done[sentence]
+
+    before = list(book.alive)
     for step in range(book.steps):
         late = _late(book.alive, deadline)
         if late:
@@ -140,8 +207,11 @@ def greedy_search(
             state.select(rows, rows)
             tokens = tokens[rows]
         bans = book.policy.bans(step, len(tokens), book.history)
+        gone = _gone(before, book.alive)
+        before = list(book.alive)
         # One more candidate per banned token: it may be among the best.
-        top_log_probs, top_ids = _without(*state.step(tokens, 1 + _extra(bans)), bans)  # (R, 1)
+        stepped = yield StepCall(tokens, 1 + _extra(bans), {s: [result(s)] for s in gone})
+        top_log_probs, top_ids = _without(*stepped, bans)  # (R, 1)
         _force(top_log_probs, top_ids, forced.forced(step, book.alive), 1)
         best = top_ids[:, 0]  # (R,)
         alignment = state.alignment()
@@ -156,17 +226,11 @@ def greedy_search(
             state.select(rows, rows)
             best = best[rows]
         tokens = best.astype(np.int64)
-    results = book.results()
-    if not any(aligned):
-        return results
-    return [  # a sentence without rows was stopped before its first step
-        replace(h, alignment=np.stack(rows)) if rows else h
-        for h, rows in zip(results, aligned, strict=True)
-    ]
+    return [result(sentence) for sentence in range(len(limits))]
 
 
-def beam_search(
-    state: DecoderState,
+def beam_steps(
+    state: DecoderRows,
     limits: Sequence[int],
     options: DecodingOptions,
     *,
@@ -174,7 +238,7 @@ def beam_search(
     eos_id: int,
     deadline: Deadline | None = None,
     prefixes: Prefixes | None = None,
-) -> list[list[Hypothesis]]:
+) -> Generator[StepCall, tuple[FloatArray, IntArray], list[list[Hypothesis]]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
     sentence (sentence-major) after the first step."""
     forced = prefixes or Prefixes.none(len(limits))
@@ -198,6 +262,7 @@ def beam_search(
         rows: FloatArray = np.concatenate([aligned[row], step_alignment[row, None]])
         return rows
 
+    before = list(book.alive)
     for step in range(book.steps):
         late = _late(book.alive, deadline)
         if late:
@@ -210,9 +275,12 @@ def beam_search(
             scores, history, tokens = scores[kept], history[live], tokens[live]
             aligned = None if aligned is None else aligned[live]
         bans = book.policy.bans(step, len(tokens), tokens_of)
+        gone = _gone(before, book.alive)
+        before = list(book.alive)
         # A beam's candidates in the sentence's top 2K are among the beam's own top 2K (one
         # more per banned token, as it may be one of them).
-        top_log_probs, top_ids = _without(*state.step(tokens, 2 * k + _extra(bans)), bans)
+        stepped = yield StepCall(tokens, 2 * k + _extra(bans), {s: book.result(s) for s in gone})
+        top_log_probs, top_ids = _without(*stepped, bans)
         _force(top_log_probs, top_ids, forced.forced(step, book.alive), scores.shape[1])
         step_alignment = state.alignment()
         if step_alignment is not None and aligned is None:
@@ -246,6 +314,14 @@ def beam_search(
         history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
         scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
     return book.results()
+
+
+def _gone(before: list[int], alive: list[int]) -> list[int]:
+    """The sentences of `before` no longer `alive` (both in the book's order)."""
+    if len(before) == len(alive):
+        return []
+    left = set(alive)
+    return [sentence for sentence in before if sentence not in left]
 
 
 def _late(alive: list[int], deadline: Deadline | None) -> list[int]:

@@ -1,4 +1,4 @@
-"""One batch's decoder state over decoder_step.onnx (bundle format 5): the static key/value
+"""One batch's decoder state over decoder_step.onnx (bundle format 6): the static key/value
 cache, how beams follow their back-pointers through it, and the graph's inputs and outputs,
 bound once per batch.
 
@@ -48,6 +48,7 @@ from service.bundle.manifest import (
     LOG_PROBS,
     PAST_SEQUENCE_LENGTH,
     POSITION,
+    SELF_ATTENTION_MASK,
     TOP_IDS,
     TOP_K,
     TOP_LOG_PROBS,
@@ -194,6 +195,7 @@ class StaticCacheState:
         self._ids = np.zeros((self._slots, beam_size), np.int64)  # (N, G)
         self._position = np.zeros(rows, np.int64)  # (R,)
         self._past_length = np.zeros(1, np.int32)  # indirection: read on the host
+        self._attend = np.ones(rows * (limit + 1), np.int32)  # indirection: its mask's memory
         self._indirection = np.zeros((self._slots, beam_size, capacity), np.int32)  # (N, G, C)
         self._beam_rows = np.arange(rows, dtype=np.int64)  # gather: (R,)
         self._top_k = np.zeros(1, np.int64)
@@ -225,7 +227,13 @@ class StaticCacheState:
             self._bind_outputs(k)
         for name, array in ((INPUT_IDS, self._ids), (POSITION, self._position)):
             self._push(name, array)
-        if not self.indirection:
+        if self.indirection:
+            # Every row attends to every position cached (all its own: the batch started
+            # together), (R, T + 1) ones.
+            self._binding.bind_cpu_input(
+                SELF_ATTENTION_MASK, self._attend[: self._slots * g * (t + 1)].reshape(-1, t + 1)
+            )
+        else:
             self._push(BEAM_ROWS, self._beam_rows)
         self.session.run_with_iobinding(self._binding, self._run_options(k))
         self.position = t + 1

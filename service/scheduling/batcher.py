@@ -1,35 +1,46 @@
 """The batching room: an asyncio queue of segments in front of one engine.
 
-Requests submit their segments (token ids) with their decoding options and a deadline; one
-worker task takes the oldest segment, lets it wait at most `max_wait_s` for company, forms a
-batch of segments with the same options under a size and a token budget, runs the engine in a
-single worker thread (never on the event loop, never two calls at once) and resolves each
-waiter. Segments whose waiter is gone (client disconnected) or whose deadline passed are dropped
-before decoding and counted; while decoding, the engine reads each segment's deadline before
-every step, so such a segment leaves its batch at the next step (504 decoding_timeout past the
+Requests submit their segments (token ids) with their decoding options and a deadline. Two
+schedulers take them from there, in one worker task, running the engine in a single worker
+thread (never on the event loop, never two calls at once):
+- step-level (a `Stepper`: service/inference/running.py; `scheduler: step`): at every
+  decoder-step boundary the worker admits the queued segments that fit into the running
+  batches (new requests first, then the oldest), runs the next steps, and answers each segment
+  the step its sentence finishes. A short request never waits for a long batch to end.
+- whole batches (`generate`): the worker takes the oldest segment, lets it wait at most
+  `max_wait_s` for company, forms a batch of segments with the same options under a size and a
+  token budget, runs it to its end and resolves each waiter.
+Segments whose waiter is gone (client disconnected) or whose deadline passed are dropped before
+decoding and counted; while decoding, the engine reads each segment's deadline before every
+step, so such a segment leaves its batch at the next step (504 decoding_timeout past the
 deadline; a cancelled request's segments are moved past theirs), and the rest of the batch goes
-on. An engine failure fails that batch's waiters and nothing else.
+on. An engine failure fails the segments it was decoding and nothing else.
 
 It knows nothing of HTTP or ONNX Runtime: `generate` is any function with the engine's
-signature, which is how the tests drive it.
+signature and a `Stepper` any object with its methods, which is how the tests drive it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
+
+if TYPE_CHECKING:  # the batcher itself loads no engine
+    from service.inference.running import Finished, Segment, Usage
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,26 @@ class BatchLimits:
     max_queue: int  # queued segments; a request that would exceed it is refused whole
 
 
+class Stepper(Protocol):
+    """Step-level batching (service.inference.running.Running, or a test's): sentences join a
+    running batch between decoder steps and leave it as they finish."""
+
+    slots: int  # sentences per running batch (one batch per beam size)
+
+    @property
+    def sentences(self) -> int: ...
+
+    def load(self, beam_size: int) -> tuple[int, int]: ...
+
+    def usage(self) -> Usage: ...
+
+    def admit(self, segments: Sequence[Segment]) -> Finished: ...
+
+    def step(self) -> tuple[Finished, int]: ...
+
+    def clear(self) -> None: ...
+
+
 @dataclass(eq=False)
 class _Pending:
     ids: list[int]
@@ -55,10 +86,20 @@ class _Pending:
     future: asyncio.Future[list[Hypothesis]]
     enqueued: float  # time.monotonic()
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
+    request: object = None  # the same for the segments of one request (fair admission)
     decoding: bool = False  # taken into a batch
     # Why nobody wants it any more, once so: its request's deadline passed, or it went away.
     reason: Literal["deadline", "cancelled"] = "cancelled"
 
+
+# Step-level: the longest one call into the engine's thread steps without a reason to return.
+TURN_S = 0.02
+# Step-level: the further segments of a running request join when this fraction of the slots is
+# free (an encoder run and a search each cost ~1 ms whatever the sentences: 240 sentences at
+# beam 5 through 32 slots took 3.13 s refilled one at a time, 2.75 s eight at a time).
+REFILL_FRACTION = 4
+# Step-level: a running request's segment that has waited this long joins like a new request's.
+STARVING_S = 0.5
 
 # A request still being decoded when its deadline passes.
 _DECODING_TIMEOUT = (
@@ -69,9 +110,21 @@ _DECODING_TIMEOUT = (
 
 class Batcher:
     def __init__(
-        self, generate: Generate, *, model: str, limits: BatchLimits, metrics: Metrics
+        self,
+        generate: Generate,
+        *,
+        model: str,
+        limits: BatchLimits,
+        metrics: Metrics,
+        stepper: Stepper | None = None,
     ) -> None:
+        """`stepper`: schedule at decoder-step granularity through it (module docstring);
+        None: whole batches through `generate`."""
         self._generate = generate
+        self._stepper = stepper
+        self._decoding: set[_Pending] = set()  # step-level: admitted, not finished
+        self._running: dict[object, int] = {}  # how many of them, per request
+        self._wake = threading.Event()  # step-level: something arrived (read between steps)
         self._model = model
         self._limits = limits
         self._metrics = metrics
@@ -130,14 +183,16 @@ class Batcher:
             )
         loop = asyncio.get_running_loop()
         now = time.monotonic()
+        request = object()
         pending = [
-            _Pending(list(ids), list(prefix), options, loop.create_future(), now, deadline)
+            _Pending(list(ids), list(prefix), options, loop.create_future(), now, deadline, request)
             for ids in sources
         ]
         self._queue.extend(pending)
         self._queue_changed()
         self._idle.clear()
         self._arrived.set()
+        self._wake.set()
         futures = [p.future for p in pending]
         try:
             # The whole request's deadline: answered when it passes, whatever the batch its
@@ -208,9 +263,14 @@ class Batcher:
             # A bug, not an engine failure: nobody may wait forever; /ready now reports it.
             log.exception("%s: batcher worker stopped", self._model)
             self._fail_queued(ErrorType.INTERNAL, "the batcher failed")
+            if self._stepper is not None:
+                self._fail_running(self._stepper, [], ErrorType.INTERNAL, "the batcher failed")
             raise
 
     async def _loop(self) -> None:
+        if self._stepper is not None:
+            await self._step_loop(self._stepper)
+            return
         while True:
             self._drop_dead()
             if not self._queue:
@@ -226,6 +286,157 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), wait)
                 continue
             await self._run(self._take(oldest.options))
+
+    async def _step_loop(self, stepper: Stepper) -> None:
+        """Step-level scheduling: at every step boundary, admit what fits (`_admit`), run the
+        next decoder steps in the engine's thread (`_iterate`), answer each segment as soon as
+        its sentence finishes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._drop_dead()
+            if not self._queue and not stepper.sentences:
+                self._idle.set()
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            admitted = self._admit(stepper)
+            self._wake.clear()
+            try:
+                turn = await loop.run_in_executor(
+                    self._executor, _iterate, stepper, admitted, self._wake, TURN_S
+                )
+            except asyncio.CancelledError:
+                self._fail_running(
+                    stepper, admitted, ErrorType.UNAVAILABLE, "the service stopped during decoding"
+                )
+                raise
+            except Exception:
+                log.exception("%s: a decoder step failed", self._model)
+                self._fail_running(
+                    stepper, admitted, ErrorType.INTERNAL, "the translation engine failed"
+                )
+                continue
+            if turn.refused is not None:
+                log.error("%s: admission failed", self._model, exc_info=turn.refused)
+                self._fail_running(
+                    None, admitted, ErrorType.INTERNAL, "the translation engine failed"
+                )
+                admitted = []
+            self._stepped(stepper, admitted, turn)
+
+    def _admit(self, stepper: Stepper) -> list[_Pending]:
+        """Take from the queue what the running batches have room for, while a segment's beam
+        size has a slot and the running batch's padded source tokens stay within
+        max_batch_tokens: first one segment of each request that has none running, oldest
+        first (a short request does not queue behind the sentences of a long one), then the
+        segments of the oldest requests (first come, first finished, as whole batches
+        would). The further segments of a request already running join when a fraction of
+        the slots (1 / REFILL_FRACTION) is free, or once they have waited STARVING_S. The
+        first segment of a beam size that does not fit holds that beam size back for the
+        round: a long one is not passed over by shorter ones that keep arriving."""
+        if not self._queue:
+            return []
+        now = time.monotonic()
+        waiting: dict[object, deque[_Pending]] = {}
+        for item in self._queue:
+            waiting.setdefault(item.request, deque()).append(item)
+        load: dict[int, tuple[int, int]] = {}  # beam size: running sentences, longest
+        full: set[int] = set()  # beam sizes whose next segment did not fit
+        refill = max(1, stepper.slots // REFILL_FRACTION)
+
+        def rank(i: int, request: object, taken: bool) -> tuple[bool, int, object]:
+            """(waits its turn, arrival rank, request): new or starving requests first."""
+            running = taken or bool(self._running.get(request))
+            starving = now - waiting[request][0].enqueued >= STARVING_S
+            return (running and not starving, i, request)
+
+        order = [rank(i, r, False) for i, r in enumerate(waiting)]
+        heapq.heapify(order)
+        taken: list[_Pending] = []
+        while order:
+            waits, i, request = heapq.heappop(order)
+            item = waiting[request][0]
+            beam = item.options.beam_size
+            if beam in full:
+                continue
+            n, longest = load.get(beam) or stepper.load(beam)
+            longest = max(longest, len(item.ids))
+            if n >= stepper.slots or (n and (n + 1) * longest > self._limits.max_batch_tokens):
+                full.add(beam)
+                continue
+            if waits and self._running.get(request):
+                # A request already running refills its batch a few slots at a time: one
+                # encoder run and one search for several sentences, not one each.
+                running_now = stepper.load(beam)[0]
+                if running_now and stepper.slots - running_now < refill:
+                    continue  # its request waits for the next round; others may still fit
+            load[beam] = (n + 1, longest)
+            taken.append(waiting[request].popleft())
+            if waiting[request]:
+                heapq.heappush(order, rank(i, request, True))
+        if taken:
+            chosen = set(taken)
+            self._queue = deque(item for item in self._queue if item not in chosen)
+            self._queue_changed()
+            for item in taken:
+                item.decoding = True
+                self._decoding.add(item)
+                self._running[item.request] = self._running.get(item.request, 0) + 1
+                self._metrics.queue_wait_seconds.labels(self._model).observe(now - item.enqueued)
+        return taken
+
+    def _stepped(self, stepper: Stepper, admitted: list[_Pending], turn: _Turn) -> None:
+        model, metrics = self._model, self._metrics
+        for rows, seconds in turn.steps:
+            metrics.step_seconds.labels(model).observe(seconds)
+            metrics.step_rows.labels(model).observe(rows)
+        for item in admitted:
+            metrics.first_step_seconds.labels(model).observe(turn.first_step_end - item.enqueued)
+        if admitted:
+            metrics.input_tokens.labels(model).inc(sum(len(item.ids) for item in admitted))
+        for segment, nbest in turn.finished:
+            assert isinstance(segment, _Pending)
+            self._finish(segment)
+            if _stopped(nbest):
+                self._stop(segment)
+                continue
+            metrics.generated_tokens.labels(model).inc(len(nbest[0].ids) if nbest else 0)
+            if not segment.future.done():
+                segment.future.set_result(nbest)
+        usage = stepper.usage()
+        metrics.running_segments.labels(model).set(usage.sentences)
+        metrics.slots.labels(model, "used").set(usage.sentences)
+        metrics.slots.labels(model, "free").set(usage.slots - usage.sentences)
+        metrics.cache_bytes.labels(model).set(usage.cache_bytes)
+
+    def _finish(self, item: _Pending) -> None:
+        """A segment leaves the running batches (answered, stopped or failed): once."""
+        if item not in self._decoding:
+            return
+        self._decoding.discard(item)
+        left = self._running.pop(item.request, 0) - 1
+        if left > 0:
+            self._running[item.request] = left
+
+    def _stop(self, item: _Pending) -> None:
+        """A segment the engine took out of its batch between two steps."""
+        reason = item.reason if item.future.done() else "deadline"
+        self._metrics.stopped.labels(self._model, reason).inc()
+        if not item.future.done():  # past its deadline before the request's timer ran
+            item.future.set_exception(ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT))
+
+    def _fail_running(
+        self, stepper: Stepper | None, admitted: list[_Pending], type: ErrorType, message: str
+    ) -> None:
+        """An engine failure: the admitted segments fail, and with a `stepper` every segment
+        being decoded (its batches are cleared); those it had answered stay answered."""
+        failed = set(admitted)
+        if stepper is not None:
+            stepper.clear()
+            failed |= self._decoding
+        for item in failed:
+            self._finish(item)
+        _fail(failed, type, message)
 
     def _drop_dead(self) -> None:
         """Remove queued segments nobody waits for any more, or that are past their deadline."""
@@ -319,12 +530,7 @@ class Batcher:
         )
         for item, nbest in zip(batch, results, strict=True):
             if _stopped(nbest):  # the engine took it out of its batch between two steps
-                reason = item.reason if item.future.done() else "deadline"
-                self._metrics.stopped.labels(model, reason).inc()
-                if not item.future.done():  # past its deadline before the request's timer ran
-                    item.future.set_exception(
-                        ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT)
-                    )
+                self._stop(item)
             elif not item.future.done():
                 item.future.set_result(nbest)
 
@@ -335,6 +541,43 @@ class Batcher:
 
     def _queue_changed(self) -> None:
         self._metrics.queue_depth.labels(self._model).set(len(self._queue))
+
+
+@dataclass
+class _Turn:
+    """What one call into the engine's thread did (`_iterate`)."""
+
+    finished: Finished = field(default_factory=list)
+    steps: list[tuple[int, float]] = field(default_factory=list)  # rows, seconds of each step
+    first_step_end: float = 0.0  # time.monotonic()
+    refused: Exception | None = None  # the admission's failure (it admitted nothing)
+
+
+def _iterate(
+    stepper: Stepper, admitted: list[_Pending], wake: threading.Event, budget_s: float
+) -> _Turn:
+    """In the engine's thread: admit, then step until a sentence finishes, a segment arrives
+    (`wake`), nothing runs any more, or `budget_s` has passed (each call is a thread hop of
+    the event loop: one per step would cost ~0.1 ms a step). An admission that fails is
+    returned, not raised: the running sentences go on."""
+    turn = _Turn()
+    try:
+        turn.finished = stepper.admit(admitted)
+    except Exception as e:
+        turn.refused = e
+    end = time.monotonic() + budget_s
+    while True:
+        start = time.monotonic()
+        stepped, rows = stepper.step()
+        done = time.monotonic()
+        turn.first_step_end = turn.first_step_end or done
+        turn.finished += stepped
+        if not rows:
+            break
+        turn.steps.append((rows, done - start))
+        if turn.finished or wake.is_set() or done >= end:
+            break
+    return turn
 
 
 def _stopped(nbest: list[Hypothesis]) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics, RequestRate
-from service.scheduling.batcher import Batcher, BatchLimits
+from service.scheduling.batcher import Batcher, BatchLimits, Stepper
 from service.settings import Settings
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
@@ -81,6 +81,11 @@ class TranslationModel(TextModel, Protocol):
 
     def decoder_prefix(self, target: str | None = None) -> list[int]: ...
 
+    def stepper(self, slots: int) -> Stepper | None:
+        """Step-level batching over this model with `slots` sentences per running batch;
+        None where the model runs whole batches only."""
+        ...
+
 
 class Runtime:
     """Everything the routes share once the models are loaded."""
@@ -120,7 +125,13 @@ class Runtime:
         # One batcher per model: a multi-target or multilingual model batches all its pairs
         # together (the target is in the source ids, or the decoder's prefix).
         self.batchers = {
-            name: Batcher(model.generate, model=name, limits=limits, metrics=metrics)
+            name: Batcher(
+                model.generate,
+                model=name,
+                limits=limits,
+                metrics=metrics,
+                stepper=_stepper(model, settings),
+            )
             for name, model in names.items()
         }
         # Large texts are split and tokenized here, one request at a time (a burst of large
@@ -455,3 +466,13 @@ _INLINE_CHARACTERS = 2000
 # Large requests waiting for (or in) the preparation thread; one more gets 429. With at most
 # max_characters each, the line is a fraction of a second long.
 PREPARATION_LINE = 16
+
+
+def _stepper(model: TranslationModel, settings: Settings) -> Stepper | None:
+    """The model's step-level batching when the settings ask for it and it has one."""
+    if settings.scheduler != "step":
+        return None
+    stepper = model.stepper(settings.max_batch_size)
+    if stepper is None:
+        log.info("%s: whole batches (its bundle runs no step-level batching here)", model.name)
+    return stepper

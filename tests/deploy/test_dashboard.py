@@ -62,7 +62,7 @@ def test_the_service_really_serves_the_core_series(exported_metrics: Exported) -
     for name in (
         "mt_http_requests_total",
         "mt_http_request_duration_seconds_bucket",
-        "mt_batch_size_segments_bucket",
+        "mt_batch_size_segments_bucket",  # the default scheduler's (whole batches)
         "mt_generated_tokens_total",
         "mt_queue_depth_segments",
         "mt_in_flight_requests",
@@ -84,6 +84,10 @@ def test_latency_quantiles(dashboard: dict[str, Any]) -> None:
         "mt_http_requests_total",  # request rate
         "mt_queue_depth_segments",
         "mt_batch_size_segments",
+        "mt_step_rows",
+        "mt_running_segments",
+        "mt_slots",
+        "mt_time_to_first_step_seconds",
         "mt_generated_tokens_total",  # tokens/s
         'status=~"5.."',  # errors
         "mt_rejected_requests_total",

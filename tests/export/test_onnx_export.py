@@ -29,6 +29,7 @@ from service.bundle.manifest import (
     MANIFEST_FILE,
     PAST_SEQUENCE_LENGTH,
     POSITION,
+    SELF_ATTENTION_MASK,
     TOKENIZER_FILE,
     TOP_IDS,
     TOP_K,
@@ -97,6 +98,7 @@ def test_sentence_beam_source_and_capacity_axes_are_dynamic(fp32_bundle: Path) -
     assert step.tensor(CACHE_INDIRECTION).shape == ["sentences", "beams", "capacity"]
     assert step.tensor(POSITION).shape == ["rows"]
     assert step.tensor(PAST_SEQUENCE_LENGTH).shape == [1]  # read on the host
+    assert step.tensor(SELF_ATTENTION_MASK).shape == ["rows", "attended"]
     assert step.tensor(LOG_PROBS).shape == ["rows", v]
     assert step.tensor(LOG_PROBS).dtype == "float32"
     assert step.tensor(TOP_LOG_PROBS).shape == ["rows", "top_k"]
@@ -120,6 +122,7 @@ def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
         INPUT_IDS: np.array([[5, 9, 7], [11, 5, 8]], dtype=np.int64),  # (N, G)
         POSITION: np.full(sentences * beams, t, dtype=np.int64),
         PAST_SEQUENCE_LENGTH: np.array([t], dtype=np.int32),
+        SELF_ATTENTION_MASK: np.ones((sentences * beams, t + 1), dtype=np.int32),
         ENCODER_ATTENTION_MASK: np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=np.int32),
         TOP_K: np.array([5], dtype=np.int64),
         **{
@@ -149,6 +152,55 @@ def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
     np.testing.assert_array_equal(
         out[TOP_LOG_PROBS], np.take_along_axis(out[LOG_PROBS], order, axis=-1)
     )
+
+
+def test_a_row_that_joined_later_attends_to_its_own_positions_only(fp32_bundle: Path) -> None:
+    """Step-level batching's clock: a row that joined the batch at cache position s, masked
+    before s (self_attention_mask) at position T - s, computes what it computes alone with its
+    positions s .. T - 1 at 0 .. T - s - 1, whatever the positions before s hold."""
+    manifest = load_bundle(fp32_bundle).manifest
+    dims, n = manifest.model, manifest.model.decoder_layers
+    session = ort.InferenceSession(str(fp32_bundle / DECODER_STEP_FILE))
+    rng = np.random.default_rng(2)
+    capacity, t, s = 8, 6, 4
+    shape = (1, dims.heads, capacity, dims.d_head)
+    cache = {name: rng.normal(size=shape).astype(np.float32) for name in past_names(n)}
+    common = {
+        INPUT_IDS: np.array([[7]], dtype=np.int64),
+        POSITION: np.array([t - s], dtype=np.int64),
+        ENCODER_ATTENTION_MASK: np.array([[1, 1, 1]], dtype=np.int32),
+        CACHE_INDIRECTION: np.zeros((1, 1, capacity), dtype=np.int32),
+        TOP_K: np.array([4], dtype=np.int64),
+        **{
+            name: rng.normal(size=(1, dims.heads, 3, dims.d_head)).astype(np.float32)
+            for name in cross_names(n)
+        },
+    }
+    joined = {name: value.copy() for name, value in cache.items()}
+    mask = (np.arange(t + 1) >= s).astype(np.int32)[None, :]
+    late = run_step(
+        session,
+        {**common, PAST_SEQUENCE_LENGTH: np.array([t], np.int32), SELF_ATTENTION_MASK: mask},
+        joined,
+        n,
+    )
+    alone = {name: np.zeros_like(value) for name, value in cache.items()}
+    for name, value in alone.items():
+        value[:, :, : t - s] = cache[name][:, :, s:t]
+    expected = run_step(
+        session,
+        {
+            **common,
+            PAST_SEQUENCE_LENGTH: np.array([t - s], np.int32),
+            SELF_ATTENTION_MASK: np.ones((1, t - s + 1), np.int32),
+        },
+        alone,
+        n,
+    )
+    for name in late:
+        np.testing.assert_allclose(late[name][:, :4], expected[name][:, :4], atol=1e-5)
+    for name in cache:  # the same key/value written, at T and at T - s
+        np.testing.assert_allclose(joined[name][:, :, t], alone[name][:, :, t - s], atol=1e-6)
 
 
 def test_the_gather_step_reorders_by_beam_rows_and_masks_later_positions(

@@ -29,6 +29,7 @@ from service.bundle.manifest import (
     LOG_PROBS,
     PAST_SEQUENCE_LENGTH,
     POSITION,
+    SELF_ATTENTION_MASK,
     TOP_K,
     TOP_LOG_PROBS,
     cross_names,
@@ -137,6 +138,7 @@ def test_decoder_step_for_any_shape(
         INPUT_IDS: tokens.reshape(sentences, group).numpy(),
         POSITION: np.full(batch, past, dtype=np.int64),
         PAST_SEQUENCE_LENGTH: np.array([past], dtype=np.int32),
+        SELF_ATTENTION_MASK: np.ones((batch, past + 1), dtype=np.int32),
         ENCODER_ATTENTION_MASK: (src != 0).int().numpy(),
         CACHE_INDIRECTION: np.ascontiguousarray(
             np.broadcast_to(

@@ -109,6 +109,10 @@ class FakeModel:
     def decoder_prefix(self, target: str | None = None) -> list[int]:
         return []
 
+    def stepper(self, slots: int) -> None:
+        """A fake runs whole batches (`generate`)."""
+        return None
+
     @property
     def batch_sizes(self) -> list[int]:
         return [len(sources) for sources, _ in self.calls]

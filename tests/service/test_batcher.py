@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
-from service.bundle.decoding import Deadline, DecodingOptions
+from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
+from service.inference.running import Usage
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
 from tests.service.helpers import FakeModel, async_wait_for
@@ -379,3 +381,99 @@ async def test_a_request_past_its_deadline_is_answered_at_once_not_when_its_batc
     assert hypothesis.ids == ids("later")[:-1]
     labels = {"model": fake.name, "reason": "deadline"}
     await async_wait_for(lambda: sample(metrics, "mt_stopped_segments_total", **labels) == 1)
+
+
+class FakeStepper:
+    """Step-level batching over a fake engine: each admitted segment runs `steps` steps and
+    translates to its own ids; `fail_at` makes that step raise."""
+
+    slots = 4
+
+    def __init__(self, steps: int = 3, fail_at: int | None = None) -> None:
+        self.running: list[list[Any]] = []  # [segment, steps left]
+        self.steps, self.fail_at, self.stepped = steps, fail_at, 0
+
+    @property
+    def sentences(self) -> int:
+        return len(self.running)
+
+    def load(self, beam_size: int) -> tuple[int, int]:
+        return len(self.running), max((len(s.ids) for s, _ in self.running), default=0)
+
+    def usage(self) -> Usage:
+        return Usage(len(self.running), self.slots, 0)
+
+    def admit(self, segments: Sequence[Any]) -> list[Any]:
+        self.running += [[s, self.steps] for s in segments]
+        return []
+
+    def step(self) -> tuple[list[Any], int]:
+        if not self.running:
+            return [], 0
+        self.stepped += 1
+        if self.stepped == self.fail_at:
+            raise RuntimeError("the engine broke")
+        time.sleep(0.002)
+        rows = len(self.running)
+        for entry in self.running:
+            entry[1] -= 1
+        done = [e for e in self.running if not e[1]]
+        self.running = [e for e in self.running if e[1]]
+        return [(s, [Hypothesis(s.ids[:-1], 0.0, "eos")]) for s, _ in done], rows
+
+    def clear(self) -> None:
+        self.running = []
+
+
+async def test_step_level_a_long_segment_is_not_passed_over_by_short_ones() -> None:
+    """The long one does not fit the token budget beside the running short ones; the short
+    ones that keep arriving must not take every slot it waits for."""
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=8, max_wait_s=0, max_queue=1000)
+    batcher = Batcher(
+        FakeModel().generate, model="m", limits=limits, metrics=Metrics(), stepper=FakeStepper()
+    )
+    batcher.start()
+    stop = False
+    sent: list[asyncio.Task[Any]] = []
+
+    async def shorts() -> None:
+        while not stop:
+            short = batcher.submit([ids("")], GREEDY, deadline=time.monotonic() + 10)
+            sent.append(asyncio.create_task(short))
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(shorts())
+    try:
+        await asyncio.sleep(0.05)
+        [nbest] = await batcher.submit([ids("long")], GREEDY, deadline=time.monotonic() + 2)
+        assert nbest[0].ids == ids("long")[:-1]
+    finally:
+        stop = True
+        await task
+        assert await batcher.stop(5)
+        shorts_answered = await asyncio.gather(*sent, return_exceptions=True)
+        assert not [r for r in shorts_answered if isinstance(r, BaseException)]
+
+
+async def test_step_level_an_engine_failure_fails_the_running_segments_and_goes_on() -> None:
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=100, max_wait_s=0, max_queue=100)
+    stepper = FakeStepper(steps=5, fail_at=3)
+    metrics = Metrics()
+    batcher = Batcher(
+        FakeModel().generate, model="m", limits=limits, metrics=metrics, stepper=stepper
+    )
+    batcher.start()
+    try:
+        results = await asyncio.gather(
+            *(batcher.submit([ids("ab"), ids("c")], GREEDY, deadline=FAR) for _ in range(2)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, ServiceError) and r.type is ErrorType.INTERNAL for r in results), (
+            results
+        )
+        assert batcher._running == {} and not batcher._decoding  # nothing counted as running
+        [nbest] = await batcher.submit([ids("d")], GREEDY, deadline=FAR)  # the worker goes on
+        assert nbest[0].ids == ids("d")[:-1]
+        assert sample(metrics, "mt_running_segments", model="m") == 0
+    finally:
+        assert await batcher.stop(5)

@@ -19,8 +19,9 @@ from service.inference.search import (
     FloatArray,
     IntArray,
     _without,
-    beam_search,
-    greedy_search,
+    beam_steps,
+    drive,
+    greedy_steps,
     search,
 )
 
@@ -511,7 +512,8 @@ def test_numpy_search_equals_the_torch_reference(
 def test_beam_size_one_equals_greedy() -> None:
     opts = DecodingOptions(max_decoding_length=8)
     limits = [8] * 6
-    greedy = greedy_search(NumpyState(RandomModel(7, 10, 6)), limits, opts, bos_id=BOS, eos_id=EOS)
-    beam = beam_search(NumpyState(RandomModel(7, 10, 6)), limits, opts, bos_id=BOS, eos_id=EOS)
+    states = NumpyState(RandomModel(7, 10, 6)), NumpyState(RandomModel(7, 10, 6))
+    greedy = drive(greedy_steps(states[0], limits, opts, bos_id=BOS, eos_id=EOS), states[0])
+    beam = drive(beam_steps(states[1], limits, opts, bos_id=BOS, eos_id=EOS), states[1])
     assert [g.ids for g in greedy] == [b[0].ids for b in beam]
     assert [g.score for g in greedy] == pytest.approx([b[0].score for b in beam])

@@ -41,8 +41,10 @@ async def post_all(url: str, bodies: list[dict[str, object]]) -> list[httpx.Resp
 
 @pytest.fixture(scope="module")
 def server(eos_bundle: Path) -> Iterator[ServerProcess]:
-    # A 400 ms batching window: requests sent together are sure to meet in the queue.
-    with server_process(server_args(eos_bundle, "--max-wait-ms", "400")) as running:
+    # The whole-batch scheduler with a 400 ms batching window: requests sent together are sure
+    # to meet in the queue (step-level batching admits at every step: test_running.py).
+    flags = ("--scheduler", "batch", "--max-wait-ms", "400")
+    with server_process(server_args(eos_bundle, *flags)) as running:
         yield running
 
 
@@ -120,8 +122,10 @@ def test_libretranslate_clients_work_unchanged(server: ServerProcess) -> None:
 
 
 def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> None:
-    # A 1.5 s window holds the accepted requests in the queue while SIGTERM arrives.
-    args = server_args(eos_bundle, "--max-wait-ms", "1500", "--drain-timeout-s", "20")
+    # A 1.5 s window of the whole-batch scheduler holds the accepted requests in the queue
+    # while SIGTERM arrives.
+    flags = ("--scheduler", "batch", "--max-wait-ms", "1500", "--drain-timeout-s", "20")
+    args = server_args(eos_bundle, *flags)
     with server_process(args) as server:
         bodies: list[dict[str, object]] = [
             {"text": [f"A man number {i} sings.", "Two dogs play."], **EN_DE} for i in range(6)
@@ -156,7 +160,9 @@ def test_a_second_sigterm_during_the_drain_stops_at_once(eos_bundle: Path) -> No
     # A 60 s batching window keeps a short request open, so the drain would last 60 s. The
     # warm-up sentence (12 tokens) fills the 8-token budget alone, so it does not wait.
     args = server_args(
-        eos_bundle, "--max-wait-ms", "60000", "--max-batch-tokens", "8", "--drain-timeout-s", "60"
+        eos_bundle,
+        *("--scheduler", "batch", "--max-wait-ms", "60000", "--max-batch-tokens", "8"),
+        *("--drain-timeout-s", "60"),
     )
     with server_process(args) as server:
 

@@ -1,0 +1,248 @@
+"""Step-level batching (service/inference/running.py) on the shipped model: sentences that join
+and leave running batches at random step boundaries, with mixed options, decoder prefixes and
+cancellations, get what they get decoded alone; slots are reused, never reallocated when one
+joins; and through the batcher a short request is answered while a long one still runs."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.inference.engine import Engine
+from service.inference.running import Running, _Batch
+from service.metrics import Metrics
+from service.scheduling.batcher import Batcher, BatchLimits
+
+VAL = Path(__file__).resolve().parents[3] / "shared/data/multi30k/val.en.gz"
+OPTIONS = [
+    DecodingOptions(),
+    DecodingOptions(beam_size=4),
+    DecodingOptions(beam_size=5, length_penalty=0.6),
+    DecodingOptions(beam_size=2, num_hypotheses=2),
+    DecodingOptions(beam_size=4, no_repeat_ngram_size=2),
+    DecodingOptions(max_decoding_length=5),
+]
+
+
+@dataclass(eq=False)
+class Segment:
+    ids: list[int]
+    prefix: list[int]
+    options: DecodingOptions
+    deadline: float = math.inf
+
+
+@pytest.fixture(scope="module")
+def engine(shipped_bundle: Path) -> Engine:
+    return Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def sentences(engine: Engine) -> list[list[int]]:
+    with gzip.open(VAL, "rt", encoding="utf-8") as f:
+        lines = [next(f).strip() for _ in range(40)]
+    # Two of four sentences each: the running batch's source width grows and shrinks.
+    lines[5], lines[17] = " ".join(lines[5:9]), " ".join(lines[17:21])
+    return engine.encode(lines)
+
+
+def alone(engine: Engine, segment: Segment) -> list[Hypothesis]:
+    [nbest] = engine.generate([segment.ids], segment.options, prefixes=[segment.prefix])
+    return nbest
+
+
+def assert_same(got: list[Hypothesis], expected: list[Hypothesis]) -> None:
+    assert [(h.ids, h.finish_reason) for h in got] == [(h.ids, h.finish_reason) for h in expected]
+    assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-4)
+    for g, e in zip(got, expected, strict=True):
+        assert g.alignment is not None and e.alignment is not None
+        np.testing.assert_allclose(g.alignment, e.alignment, atol=1e-4)
+
+
+def drive(
+    running: Running, segments: list[Segment], rng: random.Random, cancel: set[int]
+) -> dict[int, list[Hypothesis]]:
+    """Admit the segments in order, a random few at each step boundary, as slots allow;
+    cancel those in `cancel` a random number of steps after they joined."""
+    waiting = list(segments)
+    joined: dict[int, int] = {}
+    got: dict[int, list[Hypothesis]] = {}
+    step = 0
+    while waiting or running.sentences:
+        batch: list[Segment] = []
+        room = {b: running.room(b) for b in {s.options.beam_size for s in waiting}}
+        for segment in list(waiting)[: rng.randint(0, 3)]:
+            if room[segment.options.beam_size]:
+                room[segment.options.beam_size] -= 1
+                batch.append(segment)
+                waiting.remove(segment)
+                joined[id(segment)] = step
+        for segment, nbest in running.admit(batch):
+            got[id(segment)] = nbest
+        for i, segment in enumerate(segments):
+            if i in cancel and id(segment) in joined and step - joined[id(segment)] == 2:
+                segment.deadline = -math.inf
+        finished, _ = running.step()
+        for segment, nbest in finished:
+            assert id(segment) not in got, "answered twice"
+            got[id(segment)] = nbest
+        step += 1
+    return got
+
+
+class AnyOrder(Running):
+    """Steps a random running batch (Running picks the one with the least decoder time: an
+    order that depends on the clock): whatever the order, every sentence's result is its own."""
+
+    def __init__(self, engine: Engine, slots: int, rng: random.Random) -> None:
+        super().__init__(engine, slots)
+        self.rng = rng
+
+    def step(self) -> tuple[list[tuple[Any, list[Hypothesis]]], int]:
+        live = self._live()
+        if not live:
+            return [], 0
+        batch = self.rng.choice(live)
+        return batch.step(), batch.n * batch.beam_size
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_joining_and_leaving_between_steps_changes_no_translation(
+    engine: Engine, sentences: list[list[int]], seed: int
+) -> None:
+    """Seeds 0-2 step the batches in a random order (seed 0 once found buffers replaced twice
+    between two steps, which left the step bound to the old ones); seed 3 as the service does."""
+    rng = random.Random(seed)
+    segments = [
+        Segment(ids, [rng.randrange(4, 1000)] if rng.random() < 0.2 else [], rng.choice(OPTIONS))
+        for ids in rng.sample(sentences, len(sentences))
+    ]
+    expected = [alone(engine, s) for s in segments]
+    cancel = set(rng.sample(range(len(segments)), 4))
+    running = Running(engine, 6) if seed == 3 else AnyOrder(engine, 6, random.Random(seed))
+    got = drive(running, segments, rng, cancel)
+    assert len(got) == len(segments)
+    for i, (segment, nbest) in enumerate(zip(segments, expected, strict=True)):
+        result = got[id(segment)]
+        if i in cancel and result[0].finish_reason == "deadline":
+            # It left at the step after its deadline passed, with what it had by then.
+            [stopped] = result
+            assert stopped.ids == nbest[0].ids[: len(stopped.ids)] or segment.options.beam_size > 1
+        else:  # finished before its deadline passed, or never cancelled
+            assert_same(result, nbest)
+
+
+def test_slots_are_reused_and_joining_moves_nothing(
+    engine: Engine, sentences: list[list[int]]
+) -> None:
+    running = Running(engine, slots=4)
+    options = DecodingOptions(beam_size=4)
+    first = [Segment(ids, [], options) for ids in sentences[:2]]
+    running.admit(first)
+    running.step()
+    [batch] = running._batches.values()
+    assert isinstance(batch, _Batch)
+    cache = {name: buffer for name, buffer in batch._cache.items()}
+    before = {name: buffer[: 2 * 4, :, :1].copy() for name, buffer in cache.items()}
+    running.admit([Segment(ids, [], options) for ids in sentences[2:4]])
+    assert running.room(4) == 0
+    with pytest.raises(ValueError, match="no room"):
+        running.admit([Segment(sentences[5], [], options)])
+    for name, buffer in batch._cache.items():  # the same memory, the running rows unmoved
+        assert buffer is cache[name]
+        np.testing.assert_array_equal(buffer[: 2 * 4, :, :1], before[name])
+    done = 0
+    while running.sentences:
+        finished, rows = running.step()
+        assert rows <= 4 * 4
+        done += len(finished)
+    assert done == 4
+    size = running.usage().cache_bytes
+    for ids in sentences[4:20]:  # many more through the same slots: no more memory
+        running.admit([Segment(ids, [], options)])
+        while running.sentences:
+            running.step()
+    assert running.usage().cache_bytes <= 2 * size  # at most a wider source or a longer cache
+    assert running.usage().sentences == 0
+
+
+def test_a_bad_sentence_admits_none(engine: Engine, sentences: list[list[int]]) -> None:
+    running = Running(engine, slots=4)
+    too_long = [5] * (engine.max_input_tokens + 1)
+    with pytest.raises(ValueError):
+        running.admit(
+            [Segment(sentences[0], [], DecodingOptions()), Segment(too_long, [], DecodingOptions())]
+        )
+    assert running.sentences == 0
+
+
+@pytest.mark.anyio
+async def test_a_short_request_is_answered_while_a_long_one_runs(
+    engine: Engine, sentences: list[list[int]]
+) -> None:
+    limits = BatchLimits(max_batch_size=32, max_batch_tokens=4096, max_wait_s=0, max_queue=100)
+    metrics = Metrics()
+    stepper = engine.stepper(limits.max_batch_size)
+    assert stepper is not None
+    batcher = Batcher(engine.generate, model="m", limits=limits, metrics=metrics, stepper=stepper)
+    batcher.start()
+    order: list[str] = []
+
+    async def request(name: str, sources: list[list[int]], options: DecodingOptions) -> None:
+        await batcher.submit(sources, options, deadline=math.inf)
+        order.append(name)
+
+    try:
+        long = asyncio.create_task(request("long", sentences[:30], DecodingOptions(beam_size=5)))
+        await asyncio.sleep(0.05)  # the long one is running
+        await request("short", sentences[30:31], DecodingOptions())
+        assert order == ["short"]
+        await long
+        # A cancelled request's sentences leave the running batch at the next step.
+        cancelled = asyncio.create_task(
+            request("cancelled", sentences[:30], DecodingOptions(beam_size=5))
+        )
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        for _ in range(100):
+            if not stepper.sentences:
+                break
+            await asyncio.sleep(0.01)
+        assert stepper.sentences == 0
+        stopped = metrics.registry.get_sample_value(
+            "mt_stopped_segments_total", {"model": "m", "reason": "cancelled"}
+        )
+        assert stopped is not None and stopped > 0
+    finally:
+        assert await batcher.stop(10.0)
+    assert order == ["short", "long"]
+
+
+@pytest.mark.anyio
+async def test_a_drain_finishes_the_running_sentences(
+    engine: Engine, sentences: list[list[int]]
+) -> None:
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=0, max_queue=100)
+    stepper = engine.stepper(limits.max_batch_size)
+    batcher = Batcher(engine.generate, model="m", limits=limits, metrics=Metrics(), stepper=stepper)
+    batcher.start()
+    # 12 sentences through 4 slots: most are queued when the drain starts.
+    request = asyncio.create_task(
+        batcher.submit(sentences[:12], DecodingOptions(beam_size=4), deadline=math.inf)
+    )
+    await asyncio.sleep(0.02)
+    assert await batcher.stop(30.0)
+    nbest = await request
+    assert [n[0].ids for n in nbest] == [
+        h[0].ids for h in engine.generate(sentences[:12], DecodingOptions(beam_size=4))
+    ]
