@@ -217,7 +217,11 @@ def _rewrap(source: str, translation: str) -> Rewrapped:
                 and _WRAPS_ANYWHERE.match(translation, start)
             ):
                 start = end = len(translation)
-        edits.append((start, end, wrap.group()))
+        text = wrap.group()
+        if edits and edits[-1][1] == start and edits[-1][2].endswith("\r") and text[0] == "\n":
+            # Two breaks at one place: a lone CR then a LF would read as one CRLF.
+            text = " " + text
+        edits.append((start, end, text))
         done = end
     parts: list[str] = []
     at = 0
