@@ -194,6 +194,9 @@ def test_each_line_break_gets_its_own_place_with_indentation_and_crlf_kept() -> 
     # A translation without spaces (Chinese) takes the break at the same fraction.
     (chinese,) = split("a long sentence\nwrapped once").rewrap(["一个长句子换行了一次"])
     assert chinese.text == "一个长句子\n换行了一次"
+    # Two breaks at one point, a lone CR and then a LF, stay two (not one CRLF).
+    (crlf,) = split("one\rtwo\nthree").rewrap(["xy"])
+    assert crlf.text == "xy\r \n"
 
 
 @given(st.text(alphabet="ab .\n\r-:一", max_size=60), st.text(alphabet="xy 。", max_size=30))
