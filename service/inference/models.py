@@ -122,8 +122,16 @@ def model_bundle(directory: Path, cache: Path) -> Path:
         content = _content_hash(directory)
     bundle = cache / f"{directory.resolve().name}-{content[:16]}"
     if (bundle / MANIFEST_FILE).is_file():
-        _remember(index_file, index, signature, content)
-        return bundle
+        version = _format_version(bundle)
+        if version == FORMAT_VERSION:
+            _remember(index_file, index, signature, content)
+            return bundle
+        # Left by an older release, which wrote another bundle format: made again.
+        log.warning(
+            "%s is of bundle format version %s, this service reads %s: importing %s again",
+            bundle, version, FORMAT_VERSION, directory,
+        )  # fmt: skip
+        shutil.rmtree(bundle)
     if importlib.util.find_spec("model") is None or importlib.util.find_spec("torch") is None:
         raise BundleError(
             f"--model {directory}: importing a checkpoint needs the model and export packages "
@@ -178,9 +186,9 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
         recorded = raw["provenance"]["checkpoint_sha256"]
-        version = raw["format_version"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
+    version = _format_version(bundle)
     if version != FORMAT_VERSION:
         # Left by an older release: this one reads another bundle format.
         return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
@@ -195,6 +203,15 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
         # missing) card is worth the few seconds an export of the shipped model takes.
         return f"its model card is not {card}"
     return None
+
+
+def _format_version(bundle: Path) -> object:
+    """The format version its manifest records (None when it records none, or is unreadable)."""
+    try:
+        raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return raw.get("format_version") if isinstance(raw, dict) else None
 
 
 def _card_sha256(manifest: dict[str, Any]) -> str | None:

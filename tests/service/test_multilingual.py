@@ -6,6 +6,7 @@ routes every pair a multilingual bundle serves, after a bilingual bundle for the
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,11 @@ def test_a_transformers_folder_is_imported_once_and_served(
     monkeypatch.setattr(models, "_run", no_import)
     monkeypatch.setattr(models, "_content_hash", no_hashing)
     assert model_bundle(m2m100_dir, cache) == bundle  # the files' sizes and times say it
+    # A bundle an older release left, of another format version, is made again.
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (bundle / "manifest.json").write_text(json.dumps({**manifest, "format_version": 5}))
+    with pytest.raises(AssertionError, match="imported again"):
+        model_bundle(m2m100_dir, cache)
     monkeypatch.undo()
     monkeypatch.setattr(models, "_run", no_import)
     changed = tmp_path / "m2m100"
