@@ -281,9 +281,7 @@ class Engine:
         """Step-level batching over this engine (service/inference/running.py) with `slots`
         sentences per running batch; None where it does not run: a bundle with the gather
         cache, or CUDA (there batches are padded for CUDA graphs and run whole)."""
-        if self.manifest.decoder_cache != "indirection" or self.device != "cpu" or self.padded:
-            return None
-        return Running(self, slots)
+        return Running(self, slots) if Running.runs_on(self) else None
 
     def encode(
         self, texts: Sequence[str], target: str | None = None, source: str | None = None

@@ -186,9 +186,9 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
         recorded = raw["provenance"]["checkpoint_sha256"]
+        version = raw["format_version"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
-    version = _format_version(bundle)
     if version != FORMAT_VERSION:
         # Left by an older release: this one reads another bundle format.
         return f"bundle format version {version}, this service reads {FORMAT_VERSION}"

@@ -58,7 +58,13 @@ from service.bundle.manifest import (
     present_names,
 )
 from service.inference.search import FloatArray, IntArray, StepCall, Steps, search_steps
-from service.inference.step_state import MIN_CAPACITY, BufferPool, bucket
+from service.inference.step_state import (
+    MIN_CAPACITY,
+    BufferPool,
+    beam_parents,
+    bucket,
+    follow_indirection,
+)
 
 if TYPE_CHECKING:
     from service.inference.engine import Engine
@@ -95,13 +101,20 @@ class Running:
     """The running sentences of one engine: a `_Batch` per beam size (module docstring)."""
 
     def __init__(self, engine: Engine, slots: int) -> None:
-        if engine.manifest.decoder_cache != "indirection" or engine.device != "cpu":
+        if not Running.runs_on(engine):
             raise ValueError("step-level batching runs a CPU bundle (indirection cache)")
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
         self.engine = engine
         self.slots = slots
         self._batches: dict[int, _Batch] = {}
+
+    @staticmethod
+    def runs_on(engine: Engine) -> bool:
+        """Whether the engine can run step-level batching: a bundle with the indirection cache
+        on the CPU, batches compacted (CUDA pads its batches for CUDA graphs: whole batches)."""
+        cpu = engine.device == "cpu" and not engine.padded
+        return cpu and engine.manifest.decoder_cache == "indirection"
 
     @property
     def sentences(self) -> int:
@@ -227,20 +240,16 @@ class _Search:
     # --- DecoderRows --------------------------------------------------------------------------
 
     def select(self, rows: IntArray, sentences: IntArray) -> None:
-        kept = len(sentences)
-        beams = len(rows) // kept
-        parents = rows.reshape(kept, beams) - (sentences * self.beams)[:, None]
+        parents = beam_parents(rows, sentences, self.beams, self.batch.beam_size)
         leaving = np.setdiff1d(self.slots, self.slots[sentences])
         self.slots = self.slots[sentences]
-        self.beams = beams
+        self.beams = len(rows) // len(sentences)
         self.batch.follow(self.slots, parents)
         self.batch.release(leaving)
 
     def reorder(self, rows: IntArray) -> None:
-        n = len(self.slots)
-        self.batch.follow(
-            self.slots, rows.reshape(n, self.beams) - (np.arange(n) * self.beams)[:, None]
-        )
+        parents = beam_parents(rows, np.arange(len(self.slots)), self.beams, self.batch.beam_size)
+        self.batch.follow(self.slots, parents)
 
     def alignment(self) -> FloatArray | None:
         return self._alignment
@@ -406,15 +415,11 @@ class _Batch:
             finished += self._drop_ended(search.advance(log_probs, ids), search)
         return finished
 
-    def follow(self, slots: IntArray, parents: IntArray) -> None:
-        """Beam b of each of these slots now continues beam parents[., b] of the same slot."""
-        g, t = self.beam_size, self.clock
-        if g == 1:
-            return
-        if parents.shape[1] < g:  # the first step's expansion: every beam from beam 0
-            parents = np.zeros((len(slots), g), np.int64)
-        ours = self._indirection[slots, :, :t]  # (n, G, T) copy
-        self._indirection[slots, :, :t] = np.take_along_axis(ours, parents[:, :, None], axis=1)
+    def follow(self, slots: IntArray, parents: IntArray | None) -> None:
+        """Beam b of each of these slots now continues beam parents[., b] of the same slot
+        (`beam_parents`; None: one beam continues itself)."""
+        if parents is not None:
+            follow_indirection(self._indirection, slots, parents, self.clock)
 
     def release(self, slots: IntArray) -> None:
         """Free these slots: each is filled by the last slot in use (one slot's copy)."""

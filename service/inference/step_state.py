@@ -195,7 +195,8 @@ class StaticCacheState:
         self._ids = np.zeros((self._slots, beam_size), np.int64)  # (N, G)
         self._position = np.zeros(rows, np.int64)  # (R,)
         self._past_length = np.zeros(1, np.int32)  # indirection: read on the host
-        self._attend = np.ones(rows * (limit + 1), np.int32)  # indirection: its mask's memory
+        # Indirection: the memory of the self-attention mask, (R, T + 1) ones at step T.
+        self._attend = np.ones(rows * (limit + 1) if self.indirection else 0, np.int32)
         self._indirection = np.zeros((self._slots, beam_size, capacity), np.int32)  # (N, G, C)
         self._beam_rows = np.arange(rows, dtype=np.int64)  # gather: (R,)
         self._top_k = np.zeros(1, np.int64)
@@ -245,20 +246,16 @@ class StaticCacheState:
         return self._host(TOP_LOG_PROBS)[rows], self._host(TOP_IDS)[rows]  # (R, k) copies
 
     def select(self, rows: np.ndarray, sentences: np.ndarray) -> None:
-        kept = len(sentences)
-        beams = len(rows) // kept
-        # The beam of its sentence each kept row continues (rows are grouped by sentence).
-        parents = rows.reshape(kept, beams) - (sentences * self.beams)[:, None]  # (n, beams)
+        parents = beam_parents(rows, sentences, self.beams, self.beam_size)
         self.live = self.live[sentences]
-        self.beams = beams
+        self.beams = len(rows) // len(sentences)
         self._follow(parents)
         finished = self._slots - len(self.live)
         if not self.padded and finished and finished >= COMPACT_FRACTION * self._slots:
             self._compact()
 
     def reorder(self, rows: np.ndarray) -> None:
-        n = len(self.live)
-        self._follow(rows.reshape(n, self.beams) - (np.arange(n) * self.beams)[:, None])
+        self._follow(beam_parents(rows, np.arange(len(self.live)), self.beams, self.beam_size))
 
     def alignment(self) -> np.ndarray | None:
         if not self._aligned:
@@ -299,22 +296,16 @@ class StaticCacheState:
         beams = np.arange(self.beams)
         return (self.live[:, None] * self.beam_size + beams[None, :]).reshape(-1)
 
-    def _follow(self, parents: np.ndarray) -> None:
+    def _follow(self, parents: np.ndarray | None) -> None:
         """Beam b of each live sentence now continues beam parents[., b] of that sentence."""
-        g = self.beam_size
-        if g == 1:
+        if parents is None:
             return  # one beam continues itself
-        if parents.shape[1] < g:  # the first step's expansion: every beam from beam 0
-            parents = np.zeros((len(self.live), g), np.int64)
         if self.indirection:
-            # It reads every cached position where its parent did.
-            t = self.position
-            ours = self._indirection[self.live, :, :t]  # (n, G, T) copy
-            ancestors = np.take_along_axis(ours, parents[:, :, None], axis=1)  # (n, G, T)
-            self._indirection[self.live, :, :t] = ancestors
+            follow_indirection(self._indirection, self.live, parents, self.position)
             self._push(CACHE_INDIRECTION, self._indirection)
         else:
             # Its row of the next gather is its parent's (composed with any pending move).
+            g = self.beam_size
             base = (self.live * g)[:, None]
             self._beam_rows[base + np.arange(g)] = self._beam_rows[base + parents]
 
@@ -451,6 +442,31 @@ class StaticCacheState:
             self._warm.add(shape)
             options.add_run_config_entry("gpu_graph_id", "-1")
         return options
+
+
+def beam_parents(
+    rows: np.ndarray, sentences: np.ndarray, beams: int, beam_size: int
+) -> np.ndarray | None:
+    """A search's move (`DecoderRows.select` of `sentences`, or `reorder` with all of them) as
+    the beam of its sentence each of the beam_size beams of each kept sentence continues,
+    (n, beam_size); `rows` are grouped by sentence, `beams` per sentence before the move. After
+    the first step (one row per sentence before) every beam continues beam 0. None with one
+    beam: it continues itself."""
+    if beam_size == 1:
+        return None
+    if beams < beam_size:
+        return np.zeros((len(sentences), beam_size), np.int64)
+    parents: np.ndarray = rows.reshape(len(sentences), -1) - (sentences * beams)[:, None]
+    return parents
+
+
+def follow_indirection(
+    indirection: np.ndarray, slots: np.ndarray, parents: np.ndarray, positions: int
+) -> None:
+    """In place: beam b of each of `slots` now reads each of the first `positions` cached
+    positions where beam parents[., b] of its slot did; the cache itself never moves."""
+    ours = indirection[slots, :, :positions]  # (n, G, T) copy
+    indirection[slots, :, :positions] = np.take_along_axis(ours, parents[:, :, None], axis=1)
 
 
 def _on_host(value: Value) -> np.ndarray:

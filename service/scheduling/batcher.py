@@ -123,7 +123,6 @@ class Batcher:
         self._generate = generate
         self._stepper = stepper
         self._decoding: set[_Pending] = set()  # step-level: admitted, not finished
-        self._running: dict[object, int] = {}  # how many of them, per request
         self._wake = threading.Event()  # step-level: something arrived (read between steps)
         self._model = model
         self._limits = limits
@@ -340,17 +339,18 @@ class Batcher:
         waiting: dict[object, deque[_Pending]] = {}
         for item in self._queue:
             waiting.setdefault(item.request, deque()).append(item)
-        load: dict[int, tuple[int, int]] = {}  # beam size: running sentences, longest
+        running = {item.request for item in self._decoding}  # requests with segments running
+        loads: dict[int, tuple[int, int]] = {}  # beam size: running sentences, longest
+        load: dict[int, tuple[int, int]] = {}  # the same with this round's admissions
         full: set[int] = set()  # beam sizes whose next segment did not fit
         refill = max(1, stepper.slots // REFILL_FRACTION)
 
-        def rank(i: int, request: object, taken: bool) -> tuple[bool, int, object]:
+        def rank(i: int, request: object) -> tuple[bool, int, object]:
             """(waits its turn, arrival rank, request): new or starving requests first."""
-            running = taken or bool(self._running.get(request))
             starving = now - waiting[request][0].enqueued >= STARVING_S
-            return (running and not starving, i, request)
+            return (request in running and not starving, i, request)
 
-        order = [rank(i, r, False) for i, r in enumerate(waiting)]
+        order = [rank(i, r) for i, r in enumerate(waiting)]
         heapq.heapify(order)
         taken: list[_Pending] = []
         while order:
@@ -359,21 +359,23 @@ class Batcher:
             beam = item.options.beam_size
             if beam in full:
                 continue
-            n, longest = load.get(beam) or stepper.load(beam)
+            if beam not in loads:
+                loads[beam] = stepper.load(beam)
+            n, longest = load.get(beam, loads[beam])
             longest = max(longest, len(item.ids))
             if n >= stepper.slots or (n and (n + 1) * longest > self._limits.max_batch_tokens):
                 full.add(beam)
                 continue
-            if waits and self._running.get(request):
+            running_before, _ = loads[beam]
+            if waits and running_before and stepper.slots - running_before < refill:
                 # A request already running refills its batch a few slots at a time: one
                 # encoder run and one search for several sentences, not one each.
-                running_now = stepper.load(beam)[0]
-                if running_now and stepper.slots - running_now < refill:
-                    continue  # its request waits for the next round; others may still fit
+                continue  # its request waits for the next round; others may still fit
             load[beam] = (n + 1, longest)
             taken.append(waiting[request].popleft())
+            running.add(request)
             if waiting[request]:
-                heapq.heappush(order, rank(i, request, True))
+                heapq.heappush(order, rank(i, request))
         if taken:
             chosen = set(taken)
             self._queue = deque(item for item in self._queue if item not in chosen)
@@ -381,7 +383,6 @@ class Batcher:
             for item in taken:
                 item.decoding = True
                 self._decoding.add(item)
-                self._running[item.request] = self._running.get(item.request, 0) + 1
                 self._metrics.queue_wait_seconds.labels(self._model).observe(now - item.enqueued)
         return taken
 
@@ -396,7 +397,7 @@ class Batcher:
             metrics.input_tokens.labels(model).inc(sum(len(item.ids) for item in admitted))
         for segment, nbest in turn.finished:
             assert isinstance(segment, _Pending)
-            self._finish(segment)
+            self._decoding.discard(segment)
             if _stopped(nbest):
                 self._stop(segment)
                 continue
@@ -408,15 +409,6 @@ class Batcher:
         metrics.slots.labels(model, "used").set(usage.sentences)
         metrics.slots.labels(model, "free").set(usage.slots - usage.sentences)
         metrics.cache_bytes.labels(model).set(usage.cache_bytes)
-
-    def _finish(self, item: _Pending) -> None:
-        """A segment leaves the running batches (answered, stopped or failed): once."""
-        if item not in self._decoding:
-            return
-        self._decoding.discard(item)
-        left = self._running.pop(item.request, 0) - 1
-        if left > 0:
-            self._running[item.request] = left
 
     def _stop(self, item: _Pending) -> None:
         """A segment the engine took out of its batch between two steps."""
@@ -434,8 +426,7 @@ class Batcher:
         if stepper is not None:
             stepper.clear()
             failed |= self._decoding
-        for item in failed:
-            self._finish(item)
+        self._decoding -= failed
         _fail(failed, type, message)
 
     def _drop_dead(self) -> None:

@@ -471,7 +471,7 @@ async def test_step_level_an_engine_failure_fails_the_running_segments_and_goes_
         assert all(isinstance(r, ServiceError) and r.type is ErrorType.INTERNAL for r in results), (
             results
         )
-        assert batcher._running == {} and not batcher._decoding  # nothing counted as running
+        assert not batcher._decoding  # nothing counted as running
         [nbest] = await batcher.submit([ids("d")], GREEDY, deadline=FAR)  # the worker goes on
         assert nbest[0].ids == ids("d")[:-1]
         assert sample(metrics, "mt_running_segments", model="m") == 0
