@@ -49,6 +49,9 @@ from service.bundle.manifest import (
     ROW_AXIS,
     SELF_ATTENTION_MASK,
     SENTENCE_AXIS,
+    SHORTLIST,
+    SHORTLIST_AXIS,
+    SHORTLIST_MASK,
     SOURCE_AXIS,
     TOP_IDS,
     TOP_K,
@@ -133,12 +136,14 @@ def build_decoder_step(
     *,
     cache: DecoderCache = "indirection",
     opset: int = OPSET,
+    shortlist: bool = False,
 ) -> onnx.ModelProto:
     """The decoder-step graph of `model` in `dtype` ("fp32" or "fp16"; int8 is quantized from fp32
     by export/quantize.py) with this `cache` (service/bundle/manifest.py). In fp16 the weights, the
     activations, the cache and the cross keys/values are float16; the logits are cast to float32
     before LogSoftmax and TopK, so the scores a beam sums keep their precision. The gather cache
-    needs opset 24 (TensorScatter): it is built at max(opset, 24)."""
+    needs opset 24 (TensorScatter): it is built at max(opset, 24). With `shortlist` the output
+    projection covers the `shortlist` input's ids only (`_shortlisted`)."""
     if opset < OPSET:
         raise ValueError(f"the decoder step needs opset {OPSET} or later, got {opset}")
     if cache == "gather":
@@ -152,8 +157,12 @@ def build_decoder_step(
 
     # Embedding: (N, G) ids -> (R, d_model). The output projection reads the same matrix
     # (weight tying), stored once as (d_model, V) for MatMul and gathered along its axis 1: the
-    # joint embedding, or the decoder's own with a separate target vocabulary.
-    embedding_t = g.weight("embedding_t", model.decoder_embedding.weight.t())  # (d_model, V)
+    # joint embedding, or the decoder's own with a separate target vocabulary. A shortlist
+    # gathers its rows at every step, so its graph keeps the (V, d_model) layout instead.
+    if shortlist:
+        embedding = g.weight("embedding", model.decoder_embedding.weight)  # (V, d_model)
+    else:
+        embedding_t = g.weight("embedding_t", model.decoder_embedding.weight.t())  # (d_model, V)
     rows_by_model = g.constant("shape.rows_d_model", np.array([-1, d_model], np.int64))
     rows_one_qkv = g.constant("shape.rows_1_qkv", np.array([-1, 1, 3 * d_model], np.int64))
     split_qkv = g.constant("split.qkv", np.array([d_model] * 3, np.int64))
@@ -162,8 +171,11 @@ def build_decoder_step(
     (sentences_beams,) = g.op("Shape", [INPUT_IDS])
     (grouped_shape,) = g.op("Concat", [sentences_beams, d_model_vector], axis=0)
 
-    (x,) = g.op("Gather", [embedding_t, INPUT_IDS], axis=1)  # (d_model, N, G)
-    (x,) = g.op("Transpose", [x], perm=[1, 2, 0])  # (N, G, d_model)
+    if shortlist:
+        (x,) = g.op("Gather", [embedding, INPUT_IDS])  # (N, G, d_model)
+    else:
+        (x,) = g.op("Gather", [embedding_t, INPUT_IDS], axis=1)  # (d_model, N, G)
+        (x,) = g.op("Transpose", [x], perm=[1, 2, 0])  # (N, G, d_model)
     if config.scale_embedding:
         scale = g.constant("embedding_scale", np.array(math.sqrt(d_model), float_type))
         (x,) = g.op("Mul", [x, scale])
@@ -258,6 +270,9 @@ def build_decoder_step(
         out = g.matmul(hidden, f"{prefix}.ff.2.weight", ff.w_2.weight)
         add_and_norm(out, g.weight(f"{prefix}.ff.2.bias", ff.w_2.bias), 3 * i + 2)
 
+    if shortlist:
+        _shortlisted(g, model, inner, embedding, sentences_beams, dtype)
+        return _model(g, model, onnx_float, opset, cache, shortlist)
     (logits,) = g.op("MatMul", [inner, embedding_t])  # (R, V)
     if model.output_bias is not None:
         (logits,) = g.op("Add", [logits, g.weight("output_bias", model.output_bias)])
@@ -265,6 +280,37 @@ def build_decoder_step(
         (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
     _log_softmax_top_k(g, model, logits, cache)
     return _model(g, model, onnx_float, opset, cache)
+
+
+def _shortlisted(
+    g: _Graph, model: Transformer, inner: str, embedding: str, sentences_beams: str, dtype: str
+) -> None:
+    """The outputs over a vocabulary shortlist: the projection onto the `shortlist` ids' rows
+    of the embedding (gathered at every step: V' x d_model copied, against V x d_model
+    multiplied per row without), each sentence's `shortlist_mask` added to its rows' logits,
+    the log-softmax and top k over what is left, and the top positions mapped back to ids. The
+    suppressed ids are never in a shortlist (service/inference/shortlist.py), so they need no
+    mask here; ties go to the lower id, as the shortlist is ascending."""
+    (rows,) = g.op("Gather", [embedding, SHORTLIST])  # (V', d_model)
+    projection = [inner, rows]
+    if model.output_bias is not None:
+        (bias,) = g.op("Gather", [g.weight("output_bias", model.output_bias), SHORTLIST])
+        projection.append(bias)
+    (logits,) = g.op("Gemm", projection, transB=1)  # (R, V')
+    if dtype != "fp32":
+        (logits,) = g.op("Cast", [logits], to=TensorProto.FLOAT)
+    # (R, V') -> (N, G, V'), plus each sentence's mask (N, 1, V'), and back.
+    minus_one = g.constant("shape.minus_one", np.array([-1], np.int64))
+    (grouped,) = g.op("Concat", [sentences_beams, minus_one], axis=0)
+    (by_rows,) = g.op("Shape", [logits])
+    (logits,) = g.op("Reshape", [logits, grouped])
+    one = g.constant("shortlist.axis", np.array([1], np.int64))
+    (mask,) = g.op("Unsqueeze", [SHORTLIST_MASK, one])
+    (logits,) = g.op("Add", [logits, mask])
+    (logits,) = g.op("Reshape", [logits, by_rows])
+    g.op("LogSoftmax", [logits], [LOG_PROBS], axis=-1)
+    (_, positions) = g.op("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, "top_k.positions"], axis=-1)
+    g.op("Gather", [SHORTLIST, positions], [TOP_IDS])
 
 
 def _alignment(
@@ -467,7 +513,12 @@ def _layer_norm(g: _Graph, name: str, norm: object) -> tuple[str, str, float]:
 
 
 def _model(
-    g: _Graph, model: Transformer, onnx_float: int, opset: int, decoder_cache: DecoderCache
+    g: _Graph,
+    model: Transformer,
+    onnx_float: int,
+    opset: int,
+    decoder_cache: DecoderCache,
+    shortlist: bool = False,
 ) -> onnx.ModelProto:
     config = model.config
     n = config.n_decoder_layers
@@ -483,7 +534,12 @@ def _model(
         CACHE_INDIRECTION: (TensorProto.INT32, [SENTENCE_AXIS, BEAM_AXIS, CAPACITY_AXIS]),
         SELF_ATTENTION_MASK: (TensorProto.INT32, [ROW_AXIS, ATTENDED_AXIS]),
         TOP_K: (TensorProto.INT64, [1]),
-        LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, config.decoder_vocab_size]),
+        SHORTLIST: (TensorProto.INT64, [SHORTLIST_AXIS]),
+        SHORTLIST_MASK: (TensorProto.FLOAT, [SENTENCE_AXIS, SHORTLIST_AXIS]),
+        LOG_PROBS: (
+            TensorProto.FLOAT,
+            [ROW_AXIS, SHORTLIST_AXIS if shortlist else config.decoder_vocab_size],
+        ),
         TOP_LOG_PROBS: (TensorProto.FLOAT, [ROW_AXIS, TOP_K_AXIS]),
         TOP_IDS: (TensorProto.INT64, [ROW_AXIS, TOP_K_AXIS]),
         ALIGNMENT: (TensorProto.FLOAT, [ROW_AXIS, SOURCE_AXIS]),
@@ -493,7 +549,7 @@ def _model(
             types[name] = (onnx_float, cache)
         for name in (cross_key(i), cross_value(i)):
             types[name] = (onnx_float, source)
-    inputs, outputs = decoder_step_io(n, decoder_cache, alignment=True)
+    inputs, outputs = decoder_step_io(n, decoder_cache, alignment=True, shortlist=shortlist)
     graph = helper.make_graph(
         g.nodes,
         "decoder_step",

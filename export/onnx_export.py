@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from export.decoder_step import build_decoder_step
 from export.quantize import convert_graph
+from export.shortlist import DEFAULT_FREQUENT, DEFAULT_PER_TOKEN, corpus_shortlist
 from model.tokenizer import load_tokenizer
 from model.transformer import (
     CONFIG_FILE,
@@ -54,6 +55,7 @@ from service.bundle.manifest import (
     MANIFEST_FILE,
     MEMORY,
     SENTENCE_AXIS,
+    SHORTLIST_FILE,
     SOURCE_AXIS,
     TOKENIZER_FILE,
     AlignmentSpec,
@@ -65,6 +67,7 @@ from service.bundle.manifest import (
     ModelDims,
     Provenance,
     SentencePieceFiles,
+    ShortlistSpec,
     SpecialIds,
     TensorSpec,
     Tokenization,
@@ -159,17 +162,24 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
 
 
 def export_graphs(
-    model: Transformer, directory: Path, opset: int, dtype: Dtype, cache: DecoderCache
+    model: Transformer,
+    directory: Path,
+    opset: int,
+    dtype: Dtype,
+    cache: DecoderCache,
+    shortlist: bool = False,
 ) -> None:
-    """encoder.onnx and decoder_step.onnx of `model` in `dtype` into `directory`.
+    """encoder.onnx and decoder_step.onnx of `model` in `dtype` into `directory`, the step with
+    a shortlist's inputs or without them.
 
     fp16 converts the traced encoder and builds the decoder step in fp16; int8 quantizes both
-    fp32 graphs (export/quantize.py)."""
+    fp32 graphs (export/quantize.py; a shortlist's projection, whose weights are gathered at
+    every step, stays fp32)."""
     with tempfile.TemporaryDirectory() as tmp:
         traced = directory if dtype == "fp32" else Path(tmp)
         export_encoder(model, traced / ENCODER_FILE, opset)
         float_type = "fp16" if dtype == "fp16" else "fp32"
-        step = build_decoder_step(model, float_type, cache=cache, opset=opset)
+        step = build_decoder_step(model, float_type, cache=cache, opset=opset, shortlist=shortlist)
         onnx.save(step, str((directory if dtype != "int8" else traced) / DECODER_STEP_FILE))
         if dtype != "fp32":
             convert_graph(traced / ENCODER_FILE, directory / ENCODER_FILE, dtype)
@@ -271,6 +281,26 @@ def _language(meta: dict[str, Any], key: str, path: Path) -> str:
     return value
 
 
+def _shortlist_target(meta: dict[str, Any], language: str | None, bilingual: str) -> str:
+    """The language a shortlist's corpus translates into: one of a multilingual model's (its
+    translations into the others keep every id), a bilingual model's own."""
+    if meta.get("target_tokens"):
+        raise ValueError(
+            "a shortlist is counted for one target language; this model picks its target by a "
+            "source token (target_tokens), which the shortlist does not follow"
+        )
+    languages: list[str] = list(meta.get("decoder_prefixes") or {}) or [bilingual]
+    if language is None and len(languages) == 1:
+        return languages[0]
+    if language is None or language not in languages:
+        raise ValueError(
+            f"--shortlist-target: name the language of the shortlist's target text, one of "
+            f"the model's ({', '.join(languages[:5])}{', ...' if len(languages) > 5 else ''}); "
+            f"got {language}"
+        )
+    return language
+
+
 def default_cache(dtype: Dtype) -> DecoderCache:
     """fp16 is for GPUs, whose attention kernels read the cache without an indirection."""
     return "gather" if dtype == "fp16" else "indirection"
@@ -283,9 +313,17 @@ def export_bundle(
     dtype: Dtype = "fp32",
     cache: DecoderCache | None = None,
     opset: int = DEFAULT_OPSET,
+    shortlist: tuple[Path, Path] | None = None,
+    shortlist_frequent: int = DEFAULT_FREQUENT,
+    shortlist_per_token: int = DEFAULT_PER_TOKEN,
+    shortlist_target: str | None = None,
 ) -> Manifest:
     """Write a complete bundle for `checkpoint` into `out` and return its manifest. `cache`
     None takes `default_cache(dtype)`: "indirection" runs on the CPU only, "gather" anywhere.
+    `shortlist` (source, target text): a vocabulary shortlist counted on that corpus
+    (export/shortlist.py) with its `shortlist_frequent` and `shortlist_per_token` ids; its
+    target side is in `shortlist_target` (a multilingual model's language; a bilingual one's by
+    default).
 
     The manifest is removed first and written last, so an interrupted export never leaves a
     directory that loads as a bundle.
@@ -304,10 +342,34 @@ def export_bundle(
 
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)
+    (out / SHORTLIST_FILE).unlink(missing_ok=True)
     cache = default_cache(dtype) if cache is None else cache
-    export_graphs(model, out, opset, dtype, cache)
+    shortlist_spec = None
+    if shortlist is not None:
+        target = _shortlist_target(meta, shortlist_target, target_language)
+        counted = corpus_shortlist(
+            checkpoint,
+            tokenizer,
+            _special_ids(config),
+            (config.vocab_size, config.decoder_vocab_size),
+            shortlist,
+            frequent=shortlist_frequent,
+            per_token=shortlist_per_token,
+            excluded=config.suppressed_ids,
+        )
+        counted.save(out / SHORTLIST_FILE)
+        files.append(SHORTLIST_FILE)
+        shortlist_spec = ShortlistSpec(
+            file=SHORTLIST_FILE,
+            frequent=shortlist_frequent,
+            per_token=shortlist_per_token,
+            corpus=f"{shortlist[0].name} / {shortlist[1].name}",
+            target_language=target,
+        )
+    export_graphs(model, out, opset, dtype, cache, shortlist is not None)
     for name in files:
-        shutil.copyfile(checkpoint / name, out / name)
+        if name != SHORTLIST_FILE:
+            shutil.copyfile(checkpoint / name, out / name)
 
     n = config.n_decoder_layers
     manifest = Manifest(
@@ -334,13 +396,15 @@ def export_bundle(
         ),
         card=card,
         license=_recorded_license(meta),
+        shortlist=shortlist_spec,
         dtype=dtype,
         decoder_cache=cache,
         opset=opset,
         tokenizer=tokenizer,
         encoder=_graph_spec(out / ENCODER_FILE, *encoder_io(n)),
         decoder_step=_graph_spec(
-            out / DECODER_STEP_FILE, *decoder_step_io(n, cache, alignment=True)
+            out / DECODER_STEP_FILE,
+            *decoder_step_io(n, cache, alignment=True, shortlist=shortlist is not None),
         ),
         files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
         provenance=Provenance(
@@ -380,6 +444,33 @@ def main(argv: list[str] | None = None) -> int:
         "for fp32 and int8) or gather (any device; the default for fp16, for GPUs)",
     )
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    p.add_argument(
+        "--shortlist",
+        nargs=2,
+        type=Path,
+        metavar=("SRC", "TGT"),
+        help="a vocabulary shortlist counted on this line-aligned text (export/shortlist.py): "
+        "the decoder step scores only the ids each sentence may produce; outputs change",
+    )
+    p.add_argument(
+        "--shortlist-frequent",
+        type=int,
+        default=DEFAULT_FREQUENT,
+        help=f"the most frequent target ids every sentence may produce (default "
+        f"{DEFAULT_FREQUENT})",
+    )
+    p.add_argument(
+        "--shortlist-per-token",
+        type=int,
+        default=DEFAULT_PER_TOKEN,
+        help=f"target ids per source id (default {DEFAULT_PER_TOKEN})",
+    )
+    p.add_argument(
+        "--shortlist-target",
+        metavar="LANG",
+        help="the language of the shortlist's target text (a multilingual model's; its "
+        "translations into other languages keep the whole vocabulary)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -387,7 +478,15 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         manifest = export_bundle(
-            args.checkpoint, args.out, dtype=args.dtype, cache=args.cache, opset=args.opset
+            args.checkpoint,
+            args.out,
+            dtype=args.dtype,
+            cache=args.cache,
+            opset=args.opset,
+            shortlist=args.shortlist,
+            shortlist_frequent=args.shortlist_frequent,
+            shortlist_per_token=args.shortlist_per_token,
+            shortlist_target=args.shortlist_target,
         )
     except (FileNotFoundError, ValueError, BundleError) as e:
         print(f"error: {e}", file=sys.stderr)

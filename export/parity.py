@@ -59,6 +59,7 @@ from service.bundle.manifest import (
     sha256_file,
 )
 from service.bundle.tokenizer import load_tokenizer
+from service.inference.shortlist import Shortlist, batch_inputs
 from service.inference.step_state import BufferPool, StaticCacheState, cross_inputs
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,19 @@ class OrtStepper:
         beam_size: int = 1,
         max_decoding_length: int,
         top_k: int = 1,
+        input_ids: np.ndarray | None = None,
     ) -> None:
         """`encoded` holds at least the cross keys/values, one row per sentence (per row of the
-        mask), shared by the sentence's beams."""
+        mask), shared by the sentence's beams. `input_ids` (the mask's shape): the sources,
+        which a bundle with a vocabulary shortlist needs (each sentence's ids)."""
         manifest = ort_bundle.bundle.manifest
         names = cross_names(manifest.model.decoder_layers)
+        shortlist, inputs = Shortlist.load(ort_bundle.bundle), None
+        if shortlist is not None:  # each sentence's ids, from its source's
+            if input_ids is None:
+                raise ValueError("a bundle with a shortlist needs the sentences' input ids")
+            sources = zip(input_ids, attention_mask != 0, strict=True)
+            inputs = batch_inputs([shortlist.candidates(ids[kept]) for ids, kept in sources])
         self.state = StaticCacheState(
             ort_bundle.decoder_step,
             manifest,
@@ -144,6 +153,7 @@ class OrtStepper:
             capacity=max_decoding_length,
             limit=max_decoding_length,
             padded=False,
+            shortlist=inputs,
         )
         self.top_k = top_k
         # (top_log_probs, top_ids) of the last step, (R, top_k) each
@@ -182,6 +192,7 @@ def ort_generate(
             mask,
             beam_size=decoding.beam_size,
             max_decoding_length=decoding.max_decoding_length,
+            input_ids=src,
         )
 
     return decode_batches(
@@ -277,6 +288,12 @@ def check_parity(
 ) -> ParityReport:
     """Compare every graph output on a padded probe batch, then greedy and beam tokens on all
     `sources` (ids ending in </s>, each within max_positions)."""
+    if ort_bundle.bundle.manifest.shortlist is not None:
+        raise BundleError(
+            f"{ort_bundle.bundle.directory} scores a vocabulary shortlist, which changes the "
+            "model's outputs by design: check the bundle exported without --shortlist, and this "
+            "one against it with `python -m export.quantize --bundle B --reference FULL`"
+        )
     report = ParityReport(tolerance=tolerance, n_sentences=len(sources), beam_size=beam_size)
     # An error inside ONNX Runtime is one more failure to report, not a reason to skip the rest.
     try:

@@ -183,8 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m export.quantize",
         description="BLEU of a fp16/int8 bundle against its fp32 bundle, both in ONNX Runtime.",
     )
-    p.add_argument("--bundle", required=True, type=Path, help="the fp16 or int8 bundle")
-    p.add_argument("--reference", required=True, type=Path, help="the fp32 bundle")
+    p.add_argument(
+        "--bundle",
+        required=True,
+        type=Path,
+        help="the variant: an fp16 or int8 bundle, or one with a shortlist",
+    )
+    p.add_argument(
+        "--reference", required=True, type=Path, help="the fp32 bundle (without a shortlist)"
+    )
     p.add_argument("--src", required=True, help="source sentences, plain or .gz")
     p.add_argument("--ref", required=True, help="reference translations, plain or .gz")
     p.add_argument("--n", type=int, default=200, help="first N sentences (default 200)")

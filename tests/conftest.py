@@ -81,6 +81,20 @@ def shipped_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# A shortlist small enough that sentences' ids differ (100 frequent, 20 per source id).
+SHORTLIST_SIZES = {"shortlist_frequent": 100, "shortlist_per_token": 20}
+
+
+@pytest.fixture(scope="session")
+def shortlist_bundle(tmp_path_factory: pytest.TempPathFactory, multi30k: Path) -> Path:
+    """The shipped model's fp32 bundle with a vocabulary shortlist counted on Multi30k's
+    training data (export/shortlist.py)."""
+    out = tmp_path_factory.mktemp("shortlist_bundle")
+    corpus = (multi30k / "train.en.gz", multi30k / "train.de.gz")
+    export_bundle(SHIPPED_CHECKPOINT, out, shortlist=corpus, **SHORTLIST_SIZES)  # type: ignore[arg-type]
+    return out
+
+
 @pytest.fixture(scope="session")
 def shipped_de_en_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped German -> English model's fp32 bundle, exported once."""

@@ -44,7 +44,14 @@ Layout of a bundle directory (format version 6):
                          on the device, so a step can be captured as one CUDA graph per
                          shape. Positions >= T must hold finite values (the engine zeroes the
                          buffers it allocates).
-                       -> log_probs (R, V) float32: the log-softmax of every token; the
+                       and, in a bundle with a vocabulary shortlist (the manifest's `shortlist`):
+                       shortlist (V',) int64: the ids the batch's sentences may produce,
+                         ascending, and shortlist_mask (N, V') float32: 0 where sentence n may
+                         produce that id, -inf where not. The output projection covers these
+                         V' ids only, each row's log-softmax its sentence's own candidates, so
+                         a sentence's scores do not depend on the others in its batch.
+                       -> log_probs (R, V) float32: the log-softmax of every token (of the
+                          shortlist, (R, V'), in a bundle with one); the
                           manifest's suppressed_ids are -inf only in a model that renormalizes
                           without them (see `ModelDims.suppressed_ids`),
                           top_log_probs (R, k) float32 / top_ids (R, k) int64: the top_k most
@@ -82,6 +89,7 @@ TOKENIZER_FILE = "tokenizer.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
 CARD_FILE = "MODEL_CARD.md"  # a checkpoint's model card, copied into its bundles
+SHORTLIST_FILE = "shortlist.npz"  # a bundle's vocabulary shortlist (ShortlistSpec)
 
 Dtype = Literal["fp32", "fp16", "int8"]
 # How the decoder step's static cache follows beams (module docstring).
@@ -100,6 +108,8 @@ CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see t
 SELF_ATTENTION_MASK = "self_attention_mask"  # decoder input, (R, T + 1) int32: the same
 BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row continues
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
+SHORTLIST = "shortlist"  # decoder input, (V',) int64: the ids a batch may produce
+SHORTLIST_MASK = "shortlist_mask"  # decoder input, (N, V') float32: each sentence's of them
 TOP_LOG_PROBS = "top_log_probs"
 TOP_IDS = "top_ids"
 # decoder output, (R, S) float32: where each row's query looked in its sentence's source (the
@@ -114,6 +124,7 @@ SOURCE_AXIS = "source_length"
 CAPACITY_AXIS = "capacity"  # C: positions of the static cache
 TOP_K_AXIS = "top_k"
 ATTENDED_AXIS = "attended"  # T + 1: the cache positions up to this step's
+SHORTLIST_AXIS = "shortlist"  # V': the ids a batch's shortlist holds
 
 
 def cross_key(layer: int) -> str:
@@ -160,10 +171,10 @@ def encoder_io(n_layers: int) -> tuple[list[str], list[str]]:
 
 
 def decoder_step_io(
-    n_layers: int, cache: DecoderCache, *, alignment: bool = False
+    n_layers: int, cache: DecoderCache, *, alignment: bool = False, shortlist: bool = False
 ) -> tuple[list[str], list[str]]:
     """(input names, output names) of decoder_step.onnx with this cache, in graph order, with
-    the alignment output or without it."""
+    the alignment output or without it, with the shortlist's inputs or without them."""
     follow = (
         [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION, SELF_ATTENTION_MASK]
         if cache == "indirection"
@@ -175,6 +186,7 @@ def decoder_step_io(
         *follow,
         ENCODER_ATTENTION_MASK,
         TOP_K,
+        *([SHORTLIST, SHORTLIST_MASK] if shortlist else []),
         *past_names(n_layers),
         *cross_names(n_layers),
     ]
@@ -312,6 +324,23 @@ class AlignmentSpec(_Frozen):
     aligner: bool = False
 
 
+class ShortlistSpec(_Frozen):
+    """A vocabulary shortlist (export/shortlist.py; service/inference/shortlist.py): the
+    decoder step scores only the ids a sentence may produce, its `frequent` most frequent
+    target ids and, for each of its source ids, the `per_token` target ids that most often
+    translate it, as counted on a parallel corpus. `file` (in the bundle, listed in `files`)
+    holds them: "frequent" (F,) int64, and "offsets" (V_source + 1,) / "targets" int64, the
+    target ids of source id s being targets[offsets[s]:offsets[s + 1]]."""
+
+    file: str
+    frequent: int
+    per_token: int
+    corpus: str  # what the counts came from, for the model card's reader
+    # The language of the corpus's target side: a multilingual bundle's sentences into another
+    # language are scored over every id.
+    target_language: str
+
+
 class Manifest(_Frozen):
     format_version: int
     model: ModelDims
@@ -345,6 +374,8 @@ class Manifest(_Frozen):
     # exported before these fields).
     card: str | None = None
     license: str | None = None
+    # The decoder step's vocabulary shortlist (ShortlistSpec); None: it scores every id.
+    shortlist: ShortlistSpec | None = None
 
     @property
     def source_languages(self) -> list[str]:
@@ -467,7 +498,12 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
         (manifest.encoder, encoder_io(n)),
         (
             manifest.decoder_step,
-            decoder_step_io(n, manifest.decoder_cache, alignment=manifest.alignment is not None),
+            decoder_step_io(
+                n,
+                manifest.decoder_cache,
+                alignment=manifest.alignment is not None,
+                shortlist=manifest.shortlist is not None,
+            ),
         ),
     ):
         if graph.input_names != inputs or graph.output_names != outputs:
@@ -477,11 +513,13 @@ def _check_contract(manifest: Manifest, manifest_path: Path) -> None:
                 f"expected inputs {inputs}, outputs {outputs}"
             )
     card = [] if manifest.card is None else [manifest.card]
+    shortlist = [] if manifest.shortlist is None else [manifest.shortlist.file]
     for file in (
         manifest.encoder.file,
         manifest.decoder_step.file,
         *manifest.tokenizer_files,
         *card,
+        *shortlist,
     ):
         if file not in manifest.files:
             raise BundleError(f"{manifest_path}: lists no sha256 for {file}")

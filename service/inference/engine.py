@@ -53,6 +53,7 @@ from service.bundle.manifest import (
 from service.bundle.tokenizer import Span, TextTokenizer, load_tokenizer
 from service.inference.running import Running
 from service.inference.search import IntArray, search
+from service.inference.shortlist import Shortlist, batch_inputs
 from service.inference.step_state import (
     BufferPool,
     StaticCacheState,
@@ -168,6 +169,12 @@ class Engine:
             language: ids(tokens) for language, tokens in self.manifest.decoder_prefixes.items()
         }
         self.max_input_tokens: int = self.manifest.model.max_positions
+        # The ids each sentence may produce, with a vocabulary shortlist; None: every one.
+        spec = self.manifest.shortlist
+        language = None if spec is None else spec.target_language
+        self.shortlist: Shortlist | None = Shortlist.load(
+            bundle, self._decoder_prefixes.get(language or "", [])
+        )
         # Hypotheses carry word alignments: the bundle's decoder step has the output.
         self.aligns: bool = self.manifest.alignment is not None
         # Its rows align the token each step reads (an aligner), not the one it picks.
@@ -440,6 +447,14 @@ class Engine:
             [options.limit(len(source)) for source in sources], self.max_input_tokens
         )
         limit = max(limits)
+        shortlist = None
+        if self.shortlist is not None:
+            candidates = [
+                self.shortlist.candidates(source, prefix)
+                for source, prefix in zip(sources, prefixes.prefixes, strict=True)
+            ]
+            candidates += candidates[:1] * (slots - n)  # the padded slots repeat the first
+            shortlist = batch_inputs(candidates, padded)
         state = StaticCacheState(
             self._decoder_step,
             manifest,
@@ -452,6 +467,7 @@ class Engine:
             limit=limit,
             padded=padded,
             graph_ids=self._graph_ids,
+            shortlist=shortlist,
         )
         ids = manifest.special_ids
         return search(

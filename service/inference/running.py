@@ -49,6 +49,8 @@ from service.bundle.manifest import (
     PAST_SEQUENCE_LENGTH,
     POSITION,
     SELF_ATTENTION_MASK,
+    SHORTLIST,
+    SHORTLIST_MASK,
     TOP_IDS,
     TOP_K,
     TOP_LOG_PROBS,
@@ -58,6 +60,7 @@ from service.bundle.manifest import (
     present_names,
 )
 from service.inference.search import FloatArray, IntArray, StepCall, Steps, search_steps
+from service.inference.shortlist import batch_inputs
 from service.inference.step_state import (
     MIN_CAPACITY,
     BufferPool,
@@ -326,6 +329,13 @@ class _Batch:
         self._past_length = np.zeros(1, np.int32)
         self._top_k = np.zeros(1, np.int64)
         self._owner: list[_Search | None] = [None] * slots
+        # A vocabulary shortlist: each slot's ids (Shortlist.candidates), the step's inputs over
+        # the first n slots, and the count of slot changes they were made at.
+        self._shortlist = engine.shortlist
+        self._candidates: list[IntArray] = [np.zeros(0, np.int64)] * slots
+        self._shortlist_inputs: tuple[IntArray, FloatArray] | None = None
+        self._members = 0  # slot changes so far
+        self._shortlisted = -1  # the count _shortlist_inputs were made at
         self._searches: list[_Search] = []
         self._binding = self._session.io_binding()
         self._bound: tuple[int, ...] = ()  # (n, layout, k) of the binding
@@ -366,6 +376,9 @@ class _Batch:
         self._mask[new] = 0
         self._mask[new, :width] = mask
         self._start[new] = self.clock
+        if self._shortlist is not None:
+            self._candidates[new] = [self._shortlist.candidates(s.ids, s.prefix) for s in segments]
+            self._members += 1
         search = _Search(self, segments, options, np.arange(self.n, self.n + k))
         self._owner[new] = [search] * k
         self.n += k
@@ -390,7 +403,11 @@ class _Batch:
             else:
                 self._ids[search.slots] = call.tokens.reshape(-1, g)
             k = max(k, call.k)
-        k = min(k, self._vocab)
+        if self._shortlist is not None and self._shortlisted != self._members:
+            self._shortlist_inputs = batch_inputs(self._candidates[:n])
+            self._shortlisted = self._members
+            self._layout += 1  # new inputs to bind
+        k = min(k, self._width_scored())
         starts = np.repeat(self._start[:n], g)  # (R,)
         self._position[: n * g] = t - starts
         self._past_length[0] = t
@@ -437,8 +454,10 @@ class _Batch:
                 assert owner is not None
                 owner.slots[owner.slots == last] = slot
                 self._owner[slot] = owner
+                self._candidates[slot] = self._candidates[last]
             self._owner[last] = None
             self.n = last
+            self._members += 1
 
     def _drop_ended(self, finished: Finished, search: _Search) -> Finished:
         if search.call is None:
@@ -486,6 +505,11 @@ class _Batch:
         self._width = width
         self._layout += 1
 
+    def _width_scored(self) -> int:
+        """The ids a step scores: the decoder's vocabulary, or the running shortlist's."""
+        inputs = self._shortlist_inputs
+        return self._vocab if inputs is None else len(inputs[0])
+
     def _bind(self, k: int) -> None:
         """Bind the first n slots' buffers (views: contiguous prefixes) and outputs for k."""
         n, g = self.n, self.beam_size
@@ -504,6 +528,8 @@ class _Batch:
             **{name: value[:n] for name, value in self._cross.items()},
             **{name: value[:rows] for name, value in self._cache.items()},
         }
+        if self._shortlist_inputs is not None:
+            inputs[SHORTLIST], inputs[SHORTLIST_MASK] = self._shortlist_inputs
         for name, array in inputs.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
         for past, present in zip(
@@ -513,7 +539,7 @@ class _Batch:
                 present, ort.OrtValue.ortvalue_from_numpy(self._cache[past][:rows])
             )
         shapes: dict[str, tuple[tuple[int, int], Any]] = {
-            LOG_PROBS: ((rows, self._vocab), np.float32),
+            LOG_PROBS: ((rows, self._width_scored()), np.float32),
             TOP_LOG_PROBS: ((rows, k), np.float32),
             TOP_IDS: ((rows, k), np.int64),
         }

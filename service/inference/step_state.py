@@ -49,6 +49,8 @@ from service.bundle.manifest import (
     PAST_SEQUENCE_LENGTH,
     POSITION,
     SELF_ATTENTION_MASK,
+    SHORTLIST,
+    SHORTLIST_MASK,
     TOP_IDS,
     TOP_K,
     TOP_LOG_PROBS,
@@ -158,9 +160,12 @@ class StaticCacheState:
         limit: int,
         padded: bool,
         graph_ids: dict[tuple[int, ...], int] | None = None,
+        shortlist: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """`cross` and `attention_mask` (N, S) have one row per slot, N >= `sentences` (the
-        padded policy's extra slots are never live). `capacity` is the cache's positions to
+        padded policy's extra slots are never live); so has the mask of `shortlist` (a bundle
+        with one: the step's `shortlist` (V',) and `shortlist_mask` (N, V') inputs,
+        service/inference/shortlist.py). `capacity` is the cache's positions to
         start with (`initial_capacity`); a step past them doubles it, up to `limit`, the most
         steps the batch may take (at most the model's positions).
 
@@ -175,7 +180,10 @@ class StaticCacheState:
             raise ValueError("CUDA graphs replay fixed shapes: a padded batch, a gather cache")
         dims = manifest.model
         self.session, self.pool, self.padded = session, pool, padded
-        self.vocab_size = dims.output_vocab_size  # the decoder's (a separate target one)
+        # Ids a step scores: the decoder's (a separate target one), or the shortlist's.
+        self.vocab_size = dims.output_vocab_size if shortlist is None else len(shortlist[0])
+        self._shortlist = shortlist
+        self._output_vocab = dims.output_vocab_size
         self._suppressed = dims.suppressed_ids
         self.beam_size = beam_size
         self.indirection = manifest.decoder_cache == "indirection"
@@ -267,10 +275,16 @@ class StaticCacheState:
 
     def log_probs(self) -> np.ndarray:
         """The last step's log-probs of the live rows as a search sees them, (R, V): the
-        suppressed ids at -inf (the graph leaves them out of its top-k only)."""
+        suppressed ids at -inf (the graph leaves them out of its top-k only); with a
+        shortlist, every id outside it too."""
         log_probs = np.array(self._host(LOG_PROBS)[self._rows()])
-        log_probs[:, list(self._suppressed)] = -np.inf
-        return log_probs
+        if self._shortlist is None:
+            log_probs[:, list(self._suppressed)] = -np.inf
+            return log_probs
+        full = np.full((len(log_probs), self._output_vocab), -np.inf, np.float32)
+        # Reversed, so a repeated (padding) id keeps its first, real column.
+        full[:, self._shortlist[0][::-1]] = log_probs[:, ::-1]
+        return full
 
     def cache(self, name: str) -> np.ndarray:
         """The keys or values (`past_key(i)` / `past_value(i)`) of the live rows, as each one
@@ -323,6 +337,9 @@ class StaticCacheState:
         self._ids = self._ids[live]
         self._indirection = self._indirection[live]
         self._mask = self._mask[live]
+        if self._shortlist is not None:
+            ids, by_sentence = self._shortlist
+            self._shortlist = ids, by_sentence[live]
         self._cross = {name: value[live] for name, value in self._cross.items()}
         self._slots = n
         self._position = self._position[: n * g].copy()
@@ -375,6 +392,8 @@ class StaticCacheState:
             (POSITION, self._position),
             (ENCODER_ATTENTION_MASK, self._mask),
         ]
+        if self._shortlist is not None:
+            arrays += zip((SHORTLIST, SHORTLIST_MASK), self._shortlist, strict=True)
         if self.indirection:
             arrays.append((CACHE_INDIRECTION, self._indirection))
             # Read by the attention kernel on the host, whatever the device.
@@ -433,7 +452,14 @@ class StaticCacheState:
     def _run_options(self, k: int) -> ort.RunOptions | None:
         if self._graph_ids is None:
             return None
-        shape = (self._slots, self.beam_size, self._mask.shape[1], self._capacity, k)
+        shape = (
+            self._slots,
+            self.beam_size,
+            self._mask.shape[1],
+            self._capacity,
+            k,
+            self.vocab_size,
+        )
         options = ort.RunOptions()
         if shape in self._warm:
             graph = self._graph_ids.setdefault(shape, len(self._graph_ids) + 1)  # 0: reserved

@@ -24,7 +24,7 @@ def test_a_small_nllb_shaped_model_runs_through_every_system(
         sys.executable, "-m", "benchmarks.nllb_bench", "--shape", "32,1,9000",
         "--work", str(tmp_path), "--src", str(multi30k / "val.en.gz"), "--n", str(N),
         "--length", str(LENGTH), "--threads", "1", "--batch-sizes", "1", "4",
-        "--systems", *systems,
+        "--systems", *systems, "--shortlist",
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -33,9 +33,16 @@ def test_a_small_nllb_shaped_model_runs_through_every_system(
         assert [run["target_tokens"] for run in result["runs"]] == [N * LENGTH] * 2
     manifest = json.loads((tmp_path / "nllb-fp32" / "manifest.json").read_text())
     assert manifest["model"]["vocab_size"] == 9000 and len(manifest["source_tokens"]) == 202
+    # The engine again with a shortlist: its own bundles, the same number of tokens decoded.
+    assert [r["system"] for r in summary["shortlist"]] == systems[:2]
+    for result in summary["shortlist"]:
+        assert [run["target_tokens"] for run in result["runs"]] == [N * LENGTH] * 2
+    shortlisted = json.loads((tmp_path / "nllb-int8-shortlist" / "manifest.json").read_text())
+    assert shortlisted["shortlist"]["per_token"] == 100 and "shortlist" not in manifest
+    assert summary["goals"]["engine-fp32+shortlist / engine-fp32 (batch 4, beam 4)"] > 0
     if "ct2-fp32" in systems:
         assert "ct2-fp32 output vs engine-fp32: equal" in done.stdout
-        assert set(summary["goals"]) == {
+        assert {goal for goal in summary["goals"] if "shortlist" not in goal} == {
             "engine-fp32 / ct2 (batch 1, beam 4)",
             "engine-fp32 / ct2 (batch 4, beam 4)",
         }

@@ -141,6 +141,20 @@ def test_joining_and_leaving_between_steps_changes_no_translation(
             assert_same(result, nbest)
 
 
+def test_with_a_shortlist_joining_and_leaving_changes_no_translation(
+    shortlist_bundle: Path, sentences: list[list[int]]
+) -> None:
+    """The running batch's shortlist is the union of its sentences' ids, remade whenever one
+    joins or leaves; each sentence's mask keeps it to its own, so what it gets is its own."""
+    engine = Engine.load(shortlist_bundle, device="cpu", intra_op_threads=1)
+    rng = random.Random(4)
+    segments = [Segment(ids, [], rng.choice(OPTIONS[:4])) for ids in sentences[:24]]
+    expected = [alone(engine, s) for s in segments]
+    got = drive(AnyOrder(engine, 5, rng), segments, rng, set())
+    for segment, nbest in zip(segments, expected, strict=True):
+        assert_same(got[id(segment)], nbest)
+
+
 def test_slots_are_reused_and_joining_moves_nothing(
     engine: Engine, sentences: list[list[int]]
 ) -> None:
