@@ -29,6 +29,7 @@ import onnx
 
 from benchmarks.engine_bench import read_lines
 from benchmarks.servers import percentile_ms, service
+from export.onnx_export import save_graph
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import ALIGNMENT, DECODER_STEP_FILE, MANIFEST_FILE, file_entry
 from service.inference.engine import Engine
@@ -117,12 +118,13 @@ def without_alignment(bundle: Path, out: Path) -> Path:
     graph = onnx.load(str(out / DECODER_STEP_FILE))
     (output,) = [o for o in graph.graph.output if o.name == ALIGNMENT]
     graph.graph.output.remove(output)
-    onnx.save(graph, str(out / DECODER_STEP_FILE))
+    written = save_graph(graph, out / DECODER_STEP_FILE)
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     del manifest["alignment"]
     spec = manifest["decoder_step"]
     spec["outputs"] = [o for o in spec["outputs"] if o["name"] != ALIGNMENT]
-    manifest["files"][DECODER_STEP_FILE] = file_entry(out / DECODER_STEP_FILE).model_dump()
+    for name in written:
+        manifest["files"][name] = file_entry(out / name).model_dump()
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     return out
 

@@ -1,4 +1,5 @@
-"""Checkpoint -> ONNX bundle: encoder.onnx, decoder_step.onnx, tokenizer.json, manifest.json.
+"""Checkpoint -> ONNX bundle: encoder.onnx, decoder_step.onnx, tokenizer.json, manifest.json
+(and a graph's weights in encoder.onnx.data or decoder_step.onnx.data when it is over 2 GB).
 
     python -m export --checkpoint DIR --out BUNDLE [--dtype fp32|fp16|int8] [--opset N]
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import subprocess
 import sys
@@ -75,6 +77,7 @@ from service.bundle.manifest import (
     cross_names,
     decoder_step_io,
     encoder_io,
+    external_data_file,
     file_entry,
     sha256_file,
     tokenizer_files,
@@ -85,6 +88,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one node
 _REPO = Path(__file__).resolve().parents[1]
+
+# A graph whose weights exceed this many bytes is written with them as external data
+# (`save_graph`): protobuf refuses to write a message over 2 GiB, and the graph's nodes and
+# constants need some room beside the weights (a few MB for NLLB-200). Above NLLB-200 600M's
+# graphs (1.64 GiB of weights each), which stay one file as they were. Tests lower it to write
+# a tiny model's graphs that way.
+EXTERNAL_DATA_THRESHOLD = 7 << 28  # 1.75 GiB
+# Tensors smaller than this stay in the graph file (onnx's default).
+_EXTERNAL_TENSOR_BYTES = 1024
 
 # Dummy shapes for tracing: different and > 1, so neither axis can be confused with the other or
 # folded into a constant.
@@ -161,6 +173,34 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
     model.eval()
 
 
+def save_graph(graph: onnx.ModelProto, path: Path) -> list[str]:
+    """Write `graph` to `path` and return the names of the files written: the graph alone, or,
+    when its weights exceed EXTERNAL_DATA_THRESHOLD, the graph and its weights as external data
+    in one file beside it (`external_data_file`). A data file an earlier export left there is
+    removed first: onnx would append to it, and the bundle must hold only what it lists."""
+    data = path.with_name(external_data_file(path.name))
+    data.unlink(missing_ok=True)
+    weights = sum(
+        math.prod(tensor.dims) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        for tensor in graph.graph.initializer
+    )
+    if weights <= EXTERNAL_DATA_THRESHOLD:
+        onnx.save(graph, str(path))
+        return [path.name]
+    onnx.save(
+        graph,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=_EXTERNAL_TENSOR_BYTES,
+    )
+    # onnx creates the data file readable by its owner only; a bundle is read by whoever serves
+    # it (an image's service user), as the graph is.
+    shutil.copymode(path, data)
+    return [path.name, data.name]
+
+
 def export_graphs(
     model: Transformer,
     directory: Path,
@@ -168,23 +208,32 @@ def export_graphs(
     dtype: Dtype,
     cache: DecoderCache,
     shortlist: bool = False,
-) -> None:
+) -> list[str]:
     """encoder.onnx and decoder_step.onnx of `model` in `dtype` into `directory`, the step with
-    a shortlist's inputs or without them.
+    a shortlist's inputs or without them; returns the names of the files written (with the
+    graphs' external data files, `save_graph`).
 
     fp16 converts the traced encoder and builds the decoder step in fp16; int8 quantizes both
     fp32 graphs (export/quantize.py; a shortlist's projection, whose weights are gathered at
-    every step, stays fp32)."""
+    every step, stays fp32). The encoder is traced into a temporary directory: for a model over
+    2 GB, torch writes every weight into a file of its own beside the graph."""
     with tempfile.TemporaryDirectory() as tmp:
-        traced = directory if dtype == "fp32" else Path(tmp)
-        export_encoder(model, traced / ENCODER_FILE, opset)
+        traced = Path(tmp) / ENCODER_FILE
+        export_encoder(model, traced, opset)
+        # One graph in memory at a time (NLLB-200 3.3B's are several GB each).
+        encoder = onnx.load(str(traced)) if dtype == "fp32" else convert_graph(traced, dtype)
+        files = save_graph(encoder, directory / ENCODER_FILE)
+        del encoder
         float_type = "fp16" if dtype == "fp16" else "fp32"
+        built = (Path(tmp) if dtype == "int8" else directory) / DECODER_STEP_FILE
         step = build_decoder_step(model, float_type, cache=cache, opset=opset, shortlist=shortlist)
-        onnx.save(step, str((directory if dtype != "int8" else traced) / DECODER_STEP_FILE))
-        if dtype != "fp32":
-            convert_graph(traced / ENCODER_FILE, directory / ENCODER_FILE, dtype)
+        written = save_graph(step, built)
+        del step
+        # From the file: in memory, onnx's checker refuses a graph over 2 GB.
+        onnx.checker.check_model(built)
         if dtype == "int8":
-            convert_graph(traced / DECODER_STEP_FILE, directory / DECODER_STEP_FILE, dtype)
+            written = save_graph(convert_graph(built, dtype), directory / DECODER_STEP_FILE)
+        return [*files, *written]
 
 
 def _graph_spec(path: Path, inputs: list[str], outputs: list[str]) -> GraphSpec:
@@ -366,7 +415,7 @@ def export_bundle(
             corpus=f"{shortlist[0].name} / {shortlist[1].name}",
             target_language=target,
         )
-    export_graphs(model, out, opset, dtype, cache, shortlist is not None)
+    graphs = export_graphs(model, out, opset, dtype, cache, shortlist is not None)
     for name in files:
         if name != SHORTLIST_FILE:
             shutil.copyfile(checkpoint / name, out / name)
@@ -406,7 +455,7 @@ def export_bundle(
             out / DECODER_STEP_FILE,
             *decoder_step_io(n, cache, alignment=True, shortlist=shortlist is not None),
         ),
-        files={name: file_entry(out / name) for name in (ENCODER_FILE, DECODER_STEP_FILE, *files)},
+        files={name: file_entry(out / name) for name in (*graphs, *files)},
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),
             checkpoint_sha256=sha256_file(checkpoint / WEIGHTS_FILE),

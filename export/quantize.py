@@ -32,6 +32,7 @@ from pathlib import Path
 
 import onnx
 import torch
+from onnx.external_data_helper import uses_external_data
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.shape_inference import quant_pre_process
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
@@ -40,11 +41,11 @@ from export.parity import decode_texts, open_bundle
 from model.data import DataError, read_parallel
 from model.evaluate import score_translations
 from service.bundle.manifest import (
-    DECODER_STEP_FILE,
-    ENCODER_FILE,
     LOG_PROBS,
     TOP_LOG_PROBS,
     BundleError,
+    Manifest,
+    external_data_file,
 )
 
 PROVIDERS = {
@@ -53,36 +54,56 @@ PROVIDERS = {
 }
 
 
-def convert_graph(src: Path, dst: Path, dtype: str) -> None:
-    """Write the `dtype` variant of the fp32 graph `src` to `dst`."""
+def convert_graph(src: Path, dtype: str) -> onnx.ModelProto:
+    """The `dtype` variant of the fp32 graph `src`, its weights in memory (`src` may keep them
+    as external data: both conversions read them from beside it)."""
     if dtype == "fp16":
-        converted = convert_float_to_float16(
-            onnx.load(str(src)),
+        # A path, not a loaded graph: the converter's shape inference then goes through files,
+        # which works for graphs over protobuf's 2 GB limit.
+        converted: onnx.ModelProto = convert_float_to_float16(
+            str(src),
             keep_io_types=[LOG_PROBS, TOP_LOG_PROBS],
             op_block_list=[*DEFAULT_OP_BLOCK_LIST, "LogSoftmax", "TopK"],
         )
         _drop_fp16_round_trips(converted.graph)
-        onnx.save(converted, str(dst))
-    elif dtype == "int8":
-        # Shape inference and constant folding first, as ONNX Runtime's quantizer recommends.
+        return converted
+    if dtype == "int8":
+        # A graph whose weights are in a file of their own (too large for one) stays so through
+        # both steps: protobuf cannot write it in one.
+        external = _has_external_data(src)
         with tempfile.TemporaryDirectory() as tmp:
-            prepared = Path(tmp) / src.name
-            quant_pre_process(src, prepared, skip_symbolic_shape=True)
+            prepared, quantized = Path(tmp) / "prepared.onnx", Path(tmp) / "quantized.onnx"
+            # Shape inference and constant folding first, as ONNX Runtime's quantizer recommends.
+            quant_pre_process(
+                src,
+                prepared,
+                skip_symbolic_shape=True,
+                save_as_external_data=external,
+                all_tensors_to_one_file=True,
+                external_data_location=external_data_file(prepared.name),
+            )
             # Per output channel: one scale per weight column. Per tensor, the 8,000-row tied
             # embedding shared a single scale and val BLEU fell 0.38; per channel it is within
             # +-0.15 of fp32 at the same size and, within noise, the same speed.
             quantize_dynamic(
                 prepared,
-                dst,
+                quantized,
                 op_types_to_quantize=["MatMul"],
                 weight_type=QuantType.QInt8,
                 per_channel=True,
+                use_external_data_format=external,
                 # ONNX shape inference does not type the outputs of ONNX Runtime's contrib ops
                 # (the decoder step's attention and layer norms): they are float32.
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-    else:
-        raise ValueError(f"no conversion to {dtype!r}; choose fp16 or int8")
+            return onnx.load(str(quantized))
+    raise ValueError(f"no conversion to {dtype!r}; choose fp16 or int8")
+
+
+def _has_external_data(path: Path) -> bool:
+    """Whether the graph at `path` keeps any weight outside its file."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return any(uses_external_data(tensor) for tensor in graph.initializer)
 
 
 def _drop_fp16_round_trips(graph: onnx.GraphProto) -> None:
@@ -113,9 +134,12 @@ def _drop_fp16_round_trips(graph: onnx.GraphProto) -> None:
         graph.node.remove(node)
 
 
-def graph_bytes(directory: Path) -> int:
-    """Size of the two graphs: what a dtype changes (the tokenizer is the same)."""
-    return sum((directory / file).stat().st_size for file in (ENCODER_FILE, DECODER_STEP_FILE))
+def graph_bytes(manifest: Manifest) -> int:
+    """Size of the two graphs with their external data: what a dtype changes (the tokenizer is
+    the same)."""
+    graphs = (manifest.encoder.file, manifest.decoder_step.file)
+    files = [name for graph in graphs for name in (graph, external_data_file(graph))]
+    return sum(manifest.files[name].size for name in files if name in manifest.files)
 
 
 @dataclass(frozen=True)
@@ -156,7 +180,7 @@ def compare_bleu(
             ort_bundle, src, beam_size=beam_size, batch_size=batch_size
         )
         scores = score_translations(texts, [ref[i] for i in kept], manifest.target_language)
-        runs.append(_Run(manifest.dtype, graph_bytes(ort_bundle.bundle.directory), scores, tokens))
+        runs.append(_Run(manifest.dtype, graph_bytes(manifest), scores, tokens))
     candidate, fp32 = runs
     identical = sum(a == b for a, b in zip(candidate.tokens, fp32.tokens, strict=True))
     return {

@@ -59,6 +59,11 @@ Layout of a bundle directory (format version 6):
                           only past all the others (at -inf),
                           present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
                           row's new key/value at position T.
+    encoder.onnx.data, decoder_step.onnx.data
+                       a graph's weights, for a graph too large for one ONNX file (protobuf's
+                       2 GB limit: NLLB-200 1.3B and 3.3B): ONNX external data, all of the
+                       graph's in one file named after it (`external_data_file`), which ONNX
+                       Runtime reads beside the graph. Listed in `files` like every other file.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
 top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
@@ -90,6 +95,12 @@ ENCODER_FILE = "encoder.onnx"
 DECODER_STEP_FILE = "decoder_step.onnx"
 CARD_FILE = "MODEL_CARD.md"  # a checkpoint's model card, copied into its bundles
 SHORTLIST_FILE = "shortlist.npz"  # a bundle's vocabulary shortlist (ShortlistSpec)
+
+
+def external_data_file(graph_file: str) -> str:
+    """The file of a graph's weights when they are written as ONNX external data."""
+    return graph_file + ".data"
+
 
 Dtype = Literal["fp32", "fp16", "int8"]
 # How the decoder step's static cache follows beams (module docstring).
