@@ -156,13 +156,19 @@ def build_decoder_step(
     d_model, heads = config.d_model, config.h
     g = _Graph(float_type)
 
-    # Embedding: (N, G) ids -> (R, d_model). The output projection reads the same matrix
-    # (weight tying), stored once as (d_model, V) for MatMul and gathered along its axis 1: the
-    # joint embedding, or the decoder's own with a separate target vocabulary. A shortlist
-    # gathers its rows at every step, so its graph keeps the (V, d_model) layout instead.
-    if shortlist:
+    # Embedding: (N, G) ids -> (R, d_model); the output projection reads the same matrix
+    # (weight tying): the joint embedding, or the decoder's own with a separate target
+    # vocabulary. On the CPU the ids gather rows of it as (V, d_model), and the projection
+    # multiplies by a (d_model, V) copy, which ONNX Runtime repacks for its MatMul kernel and
+    # then drops: with the weights in external data, which ONNX Runtime maps into memory, the
+    # rows no sentence reads stay on disk (an NLLB-200 model's 256,206 x 1,024, 1 GB in fp32,
+    # held once instead of twice). A shortlist gathers its rows at every step and needs no copy.
+    # The gather cache's graph (CUDA's, where nothing is repacked) stores the matrix once, as
+    # (d_model, V), and gathers the ids along its axis 1.
+    by_rows = shortlist or cache == "indirection"
+    if by_rows:
         embedding = g.weight("embedding", model.decoder_embedding.weight)  # (V, d_model)
-    else:
+    if not shortlist:
         embedding_t = g.weight("embedding_t", model.decoder_embedding.weight.t())  # (d_model, V)
     rows_by_model = g.constant("shape.rows_d_model", np.array([-1, d_model], np.int64))
     rows_one_qkv = g.constant("shape.rows_1_qkv", np.array([-1, 1, 3 * d_model], np.int64))
@@ -172,7 +178,7 @@ def build_decoder_step(
     (sentences_beams,) = g.op("Shape", [INPUT_IDS])
     (grouped_shape,) = g.op("Concat", [sentences_beams, d_model_vector], axis=0)
 
-    if shortlist:
+    if by_rows:
         (x,) = g.op("Gather", [embedding, INPUT_IDS])  # (N, G, d_model)
     else:
         (x,) = g.op("Gather", [embedding_t, INPUT_IDS], axis=1)  # (d_model, N, G)
