@@ -162,8 +162,9 @@ def build_decoder_step(
     # multiplies by a (d_model, V) copy, which ONNX Runtime repacks for its MatMul kernel and
     # then drops: with the weights in external data, which ONNX Runtime maps into memory, the
     # rows no sentence reads stay on disk (an NLLB-200 model's 256,206 x 1,024, 1 GB in fp32,
-    # held once instead of twice). A shortlist gathers its rows at every step and needs no copy.
-    # The gather cache's graph (CUDA's, where nothing is repacked) stores the matrix once, as
+    # held once instead of twice). A shortlist's graph (on any device) has only the (V, d_model)
+    # weight: its projection gathers the rows of its ids at every step. The gather cache's
+    # graph without one (CUDA's, where nothing is repacked) stores the matrix once, as
     # (d_model, V), and gathers the ids along its axis 1.
     by_rows = shortlist or cache == "indirection"
     if by_rows:

@@ -172,6 +172,15 @@ class Engine:
         # The ids each sentence may produce, with a vocabulary shortlist; None: every one.
         spec = self.manifest.shortlist
         language = None if spec is None else spec.target_language
+        if (
+            self._decoder_prefixes
+            and language is not None
+            and language not in self._decoder_prefixes
+        ):
+            raise BundleError(
+                f"{bundle.directory}: its shortlist is for {language}, which the model does "
+                "not translate into; export it again with --shortlist-target"
+            )
         self.shortlist: Shortlist | None = Shortlist.load(
             bundle, self._decoder_prefixes.get(language or "", [])
         )

@@ -282,8 +282,9 @@ class StaticCacheState:
             log_probs[:, list(self._suppressed)] = -np.inf
             return log_probs
         full = np.full((len(log_probs), self._output_vocab), -np.inf, np.float32)
-        # Reversed, so a repeated (padding) id keeps its first, real column.
-        full[:, self._shortlist[0][::-1]] = log_probs[:, ::-1]
+        # Each id's first column: a padded shortlist repeats its last id, masked.
+        ids, first = np.unique(self._shortlist[0], return_index=True)
+        full[:, ids] = log_probs[:, first]
         return full
 
     def cache(self, name: str) -> np.ndarray:

@@ -3,6 +3,7 @@ produces only its own ids, and its translation and scores do not depend on its b
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from service.bundle.decoding import DecodingOptions
+from service.bundle.manifest import MANIFEST_FILE, BundleError
 from service.inference.engine import Engine
 from service.inference.shortlist import batch_inputs
 
@@ -101,3 +103,18 @@ def test_a_model_that_picks_its_target_by_a_source_token_takes_no_shortlist(
     corpus = (multi30k / "val.en.gz", multi30k / "val.de.gz")
     with pytest.raises(ValueError, match="target_tokens"):
         export_bundle(marian_multi_checkpoint, tmp_path, shortlist=corpus)
+
+
+def test_a_shortlist_for_a_language_the_model_does_not_serve_is_refused(
+    nllb_checkpoint: Path, multi30k: Path, tmp_path: Path
+) -> None:
+    corpus = (multi30k / "val.en.gz", multi30k / "val.de.gz")
+    export_bundle(
+        nllb_checkpoint, tmp_path, shortlist=corpus, shortlist_target="deu_Latn",
+        shortlist_frequent=50, shortlist_per_token=5,
+    )  # fmt: skip
+    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    manifest["shortlist"]["target_language"] = "de"  # not one of its FLORES codes
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="shortlist is for de"):
+        Engine.load(tmp_path, device="cpu")
