@@ -408,7 +408,6 @@ def export_bundle(
             excluded=config.suppressed_ids,
         )
         counted.save(out / SHORTLIST_FILE)
-        files.append(SHORTLIST_FILE)
         shortlist_spec = ShortlistSpec(
             file=SHORTLIST_FILE,
             frequent=shortlist_frequent,
@@ -418,8 +417,7 @@ def export_bundle(
         )
     graphs = export_graphs(model, out, opset, dtype, cache, shortlist is not None)
     for name in files:
-        if name != SHORTLIST_FILE:
-            shutil.copyfile(checkpoint / name, out / name)
+        shutil.copyfile(checkpoint / name, out / name)
 
     n = config.n_decoder_layers
     manifest = Manifest(
@@ -456,7 +454,10 @@ def export_bundle(
             out / DECODER_STEP_FILE,
             *decoder_step_io(n, cache, alignment=True, shortlist=shortlist is not None),
         ),
-        files={name: file_entry(out / name) for name in (*graphs, *files)},
+        files={
+            name: file_entry(out / name)
+            for name in (*graphs, *files, *([] if shortlist_spec is None else [SHORTLIST_FILE]))
+        },
         provenance=Provenance(
             checkpoint=str(checkpoint.resolve()),
             checkpoint_sha256=sha256_file(checkpoint / WEIGHTS_FILE),
