@@ -5,16 +5,17 @@ cache bookkeeping around it (Python and numpy), and in the encoder, per configur
         [--batch-sizes 1 32] [--beam-sizes 1 4] [--repeat 3] [--ort-profile] [--json FILE] \\
         [--device cpu|cuda] [--cuda-graphs]
 
-Method: the first N lines of --src, tokenized once, decoded by `Engine.generate` batch after
-batch (sorted by length, as the service's batches are), after a warm-up batch; the median of
---repeat passes counts. Time in the decoder step is the wall clock of every run of its session
-(one per step), time in the encoder of every run of the encoder's (one per length group of a
-batch); the rest of a pass is the host's:
-the search, the cache bookkeeping (step_state.py), copying the top-k out. "ms/step" divides by
-the decoder steps. On CUDA (--device cuda, a bundle exported with the gather cache) the step's
-run returns once its outputs are copied back, so it holds the device's time and the host's
-kernel launches; with --cuda-graphs a captured step is replayed, which leaves the device's
-time and one launch: the difference between the two is the host's launch cost.
+Method: the first N lines of --src, tokenized once, decoded by `Engine.generate` batch after batch
+(sorted by length, as the service's batches are), after a warm-up batch; the median of --repeat
+passes counts. Time in the decoder step is the wall clock of every run of its sessions (one per
+step; with --threads above 1, steps of few rows run on the engine's one-thread session,
+step_state.StepSessions), time in the encoder of every run of the encoder's (one per length group of
+a batch); the rest of a pass is the host's: the search, the cache bookkeeping (step_state.py),
+copying the top-k out. "ms/step" divides by the decoder steps. On CUDA (--device cuda, a bundle
+exported with the gather cache) the step's run returns once its outputs are copied back, so it holds
+the device's time and the host's kernel launches; with --cuda-graphs a captured step is replayed,
+which leaves the device's time and one launch: the difference between the two is the host's launch
+cost.
 
 --ort-profile also runs each configuration once with ONNX Runtime's profiler and prints the
 decoder step's kernel time by operator type. The profiler adds its own cost to every node (a
@@ -57,8 +58,8 @@ class _Clock:
 
     METHODS = ("run", "run_with_iobinding")
 
-    def __init__(self, session: ort.InferenceSession) -> None:
-        self.session = session
+    def __init__(self, *sessions: ort.InferenceSession) -> None:
+        self.sessions = sessions
         self.seconds = 0.0
         self.calls = 0
 
@@ -76,7 +77,7 @@ class _Clock:
                     return originals[name](session, *args, **kwargs)
                 finally:
                     for clock in clocks:
-                        if clock.session is session:
+                        if any(s is session for s in clock.sessions):
                             clock.seconds += time.perf_counter() - start
                             clock.calls += 1
 
@@ -99,7 +100,7 @@ def _batches(sources: Sequence[list[int]], batch_size: int) -> list[list[list[in
 def _pass(
     engine: Engine, batches: Sequence[Sequence[list[int]]], options: DecodingOptions
 ) -> dict[str, float]:
-    step, encoder = _Clock(engine._decoder_step), _Clock(engine._encoder)
+    step, encoder = _Clock(*engine.step_sessions.all), _Clock(engine._encoder)
     tokens = 0
     with _Clock.timing(step, encoder):
         start = time.perf_counter()
@@ -194,7 +195,11 @@ def operator_profile(
     options = DecodingOptions(beam_size=beam_size)
     for batch in _batches(sources, batch_size):
         engine.generate(batch, options)
-    trace = json.loads(Path(engine._decoder_step.end_profiling()).read_text(encoding="utf-8"))
+    trace = [  # a step on either session (step_state.StepSessions)
+        event
+        for session in engine.step_sessions.all
+        for event in json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
+    ]
     engine._encoder.end_profiling()
     runs = sum(1 for e in trace if e.get("cat") == "Session" and e["name"] == "model_run")
     kernels = [e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]

@@ -60,7 +60,7 @@ from service.bundle.manifest import (
 )
 from service.bundle.tokenizer import load_tokenizer
 from service.inference.shortlist import Shortlist, batch_inputs
-from service.inference.step_state import BufferPool, StaticCacheState, cross_inputs
+from service.inference.step_state import BufferPool, StaticCacheState, StepSessions, cross_inputs
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class OrtStepper:
             sources = zip(input_ids, attention_mask != 0, strict=True)
             inputs = batch_inputs([shortlist.candidates(ids[kept]) for ids, kept in sources])
         self.state = StaticCacheState(
-            ort_bundle.decoder_step,
+            StepSessions(ort_bundle.decoder_step),
             manifest,
             BufferPool(),
             cross_inputs(manifest, [encoded[name] for name in names]),

@@ -29,6 +29,7 @@ intra-op threads do the parallel work. `encode` and `decode` need no lock.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -51,15 +52,20 @@ from service.bundle.manifest import (
     load_bundle,
 )
 from service.bundle.tokenizer import Span, TextTokenizer, load_tokenizer
+from service.inference.cpus import physical_cores
 from service.inference.running import Running
 from service.inference.search import IntArray, search
 from service.inference.shortlist import Shortlist, batch_inputs
 from service.inference.step_state import (
+    MIN_NARROW_ROWS,
+    NARROW_STEP_MACS,
     BufferPool,
     StaticCacheState,
+    StepSessions,
     bucket,
     cross_inputs,
     initial_capacity,
+    step_macs_per_row,
 )
 from service.settings import Device
 
@@ -138,6 +144,7 @@ class Engine:
         max_batch_size: int,
         padded: bool | None = None,
         cuda_graphs: bool = False,
+        narrow_step: ort.InferenceSession | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -198,7 +205,8 @@ class Engine:
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
         self._encoder = encoder
-        self._decoder_step = decoder_step
+        narrow_rows = NARROW_STEP_MACS // step_macs_per_row(self.manifest.model)
+        self.step_sessions = StepSessions(decoder_step, narrow_step, narrow_rows)
         # Padded batches (step_state.py): CUDA's policy; on the CPU, for the tests' sake.
         self.padded: bool = self.device == "cuda" if padded is None else padded
         self._pool = BufferPool(self.device, device_id)
@@ -231,10 +239,13 @@ class Engine:
         there (its cache is "gather", service/bundle/manifest.py), else the CPU; "cuda" logs a
         warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the CPU
         only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX Runtime
-        choose (one per physical core). `intra_op_spinning` lets those threads spin between kernels
-        instead of sleeping: off by default, because between two decoder steps this process runs the
-        search in Python, and spinning threads take the cores it needs (on 2 cores, spinning made
-        greedy decoding 30-45 % slower). `padded` None pads batches on CUDA and compacts them on the
+        choose (one per physical core); where they may be more than one and the model is small,
+        the CPU's decoder step also opens on one thread, for steps of few rows
+        (step_state.StepSessions: on the shipped model, fewer than 61 rows).
+        `intra_op_spinning` lets those threads spin between kernels instead of sleeping: off by
+        default, because between two decoder steps this process runs the search in Python, and
+        spinning threads take the cores it needs (on 2 cores, spinning made greedy decoding
+        30-45 % slower). `padded` None pads batches on CUDA and compacts them on the
         CPU (step_state.py); True or False forces one policy. `cuda_graphs` captures each
         decoder-step shape as a CUDA graph and replays it (CUDA, padded batches and a gather cache
         only; ignored, with a warning, elsewhere).
@@ -272,6 +283,16 @@ class Engine:
                 [i.name for i in session.get_inputs()],
                 [o.name for o in session.get_outputs()],
             )
+        # Steps of few rows on one thread (step_state.StepSessions), where the others get more
+        # (None: ONNX Runtime's default, one per physical core of the machine).
+        narrow = None
+        small = NARROW_STEP_MACS // step_macs_per_row(manifest.model) >= MIN_NARROW_ROWS
+        on_cpu = sessions[1].get_providers()[0] == CPU_PROVIDER
+        threads = intra_op_threads or physical_cores(range(os.cpu_count() or 1))
+        if on_cpu and small and threads > 1:
+            narrow_options = _session_options(1, spinning=False)
+            narrow_options.log_severity_level = step_options.log_severity_level
+            narrow = _open_graph(bundle, manifest.decoder_step.file, narrow_options, [CPU_PROVIDER])
         engine = cls(
             bundle,
             tokenizer,
@@ -280,6 +301,7 @@ class Engine:
             max_batch_size=max_batch_size,
             padded=padded,
             cuda_graphs=cuda_graphs,
+            narrow_step=narrow,
         )
         _log_placement(engine, device, manifest.dtype)
         if cuda_graphs and not engine.cuda_graphs:
@@ -288,10 +310,6 @@ class Engine:
                 engine.name,
             )
         return engine
-
-    @property
-    def decoder_step_session(self) -> ort.InferenceSession:
-        return self._decoder_step
 
     def stepper(self, slots: int) -> Running | None:
         """Step-level batching over this engine (service/inference/running.py) with `slots`
@@ -465,7 +483,7 @@ class Engine:
             candidates += candidates[:1] * (slots - n)  # the padded slots repeat the first
             shortlist = batch_inputs(candidates, padded)
         state = StaticCacheState(
-            self._decoder_step,
+            self.step_sessions,
             manifest,
             pool,
             cross,

@@ -302,7 +302,8 @@ class _Batch:
         self.n = 0  # slots in use: 0 .. n - 1
         self.clock = 0  # the cache position the next step writes
         self.served = 0.0  # decoder seconds so far (Running.step's fairness)
-        self._session = engine.decoder_step_session
+        self._sessions = engine.step_sessions
+        self._session = self._sessions.wide  # the one bound: _bind picks it by rows
         self._pool = BufferPool()
         self._slots = slots
         self._layers = dims.decoder_layers
@@ -514,6 +515,9 @@ class _Batch:
         """Bind the first n slots' buffers (views: contiguous prefixes) and outputs for k."""
         n, g = self.n, self.beam_size
         rows = n * g
+        session = self._sessions.for_rows(rows)
+        if session is not self._session:
+            self._session, self._binding = session, session.io_binding()
         binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()

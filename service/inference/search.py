@@ -287,16 +287,18 @@ def beam_steps(
             aligned = np.zeros((len(step_alignment), 0, step_alignment.shape[1]), np.float32)
         n, beams, c = len(book.alive), scores.shape[1], top_log_probs.shape[-1]
         candidates = (scores[:, :, None] + top_log_probs.reshape(n, beams, c)).reshape(n, -1)
-        beam_of = np.broadcast_to(np.repeat(np.arange(beams), c), (n, beams * c))  # (N, B*C)
-        # Best score first; ties to the lower beam, then the lower token id.
-        order = np.lexsort((top_ids.reshape(n, beams * c), beam_of, -candidates), axis=-1)
-        order = order[:, : min(2 * k, beams * c)]  # (N, 2K)
+        ids = top_ids.reshape(n, beams * c)  # (N, B*C)
+        beam_of = np.arange(beams * c) // c  # (B*C,): each column's beam
+        # Best score first; ties to the lower beam, then the lower token id (one key for both).
+        ties = beam_of * (int(ids.max(initial=0)) + 1) + ids
+        order = np.lexsort((ties, -candidates), axis=-1)[:, : min(2 * k, beams * c)]  # (N, 2K)
+        picked = np.arange(n)[:, None], order
         moves = book.advance(
             step,
             beams,
-            np.take_along_axis(candidates, order, axis=-1).tolist(),
-            np.take_along_axis(beam_of, order, axis=-1).tolist(),
-            np.take_along_axis(top_ids.reshape(n, beams * c), order, axis=-1).tolist(),
+            candidates[picked].tolist(),
+            beam_of[order].tolist(),
+            ids[picked].tolist(),
             tokens_of,
             None if aligned is None else ending_alignment,
         )

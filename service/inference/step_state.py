@@ -55,6 +55,7 @@ from service.bundle.manifest import (
     TOP_K,
     TOP_LOG_PROBS,
     Manifest,
+    ModelDims,
     cross_names,
     past_key,
     past_names,
@@ -70,6 +71,51 @@ MIN_CAPACITY = 16  # the cache starts with at least this many positions, and dou
 # compaction copies the live rows' cache and rebinds the step (1.5 ms at 32 rows on 2 cores,
 # about 15 row-steps); a finished row left in costs one row-step per step.
 COMPACT_FRACTION = 1 / 8
+
+
+# A decoder step of fewer multiply-adds than this runs on one intra-op thread (StepSessions).
+# Measured on the shipped model (1.9 M multiply-adds a row), 2-core Intel Xeon, the step alone:
+# one thread against two, 1.11x at 1 row, 1.19x at 8, 1.16x at 32, 0.97x at 64, 0.82x at 128.
+NARROW_STEP_MACS = 120_000_000
+# Only a model whose steps of this many rows are still that few gets the one-thread session. A
+# larger one's step streams more weights than one core's caches hold, which two threads read
+# faster even at one row (benchmarks/marian_bench's OPUS-MT-base-size model, 38 M a row: 103
+# against 142-151 tokens/s at batch 1, greedy), and a second session would hold a second copy
+# of them (about +280 MB there).
+MIN_NARROW_ROWS = 16
+
+
+def step_macs_per_row(dims: ModelDims) -> int:
+    """About how many multiply-adds a decoder step costs a row: each layer's self-attention
+    (q, k, v and out: 4 d^2), cross-attention (q and out: 2 d^2) and feed-forward (taken as
+    4 d wide: 8 d^2), and the output projection (d V)."""
+    d = dims.d_model
+    return dims.decoder_layers * 14 * d * d + d * dims.output_vocab_size
+
+
+@dataclass(frozen=True)
+class StepSessions:
+    """The decoder step's sessions: `wide` on the engine's intra-op threads and, where those
+    are several, `narrow` on one thread for steps of fewer than `narrow_rows` rows. A step of a
+    few rows is microseconds of arithmetic per node, which waking threads costs more than it
+    saves (NARROW_STEP_MACS); a step of many rows is work they share. Both sessions compute
+    the same values (their kernels split rows and columns across threads, not sums: the same
+    tokens and scores in the tests and benchmarks), so which one runs a step does not change
+    a translation."""
+
+    wide: ort.InferenceSession
+    narrow: ort.InferenceSession | None = None
+    narrow_rows: int = 0
+
+    @property
+    def all(self) -> tuple[ort.InferenceSession, ...]:
+        return (self.wide,) if self.narrow is None else (self.wide, self.narrow)
+
+    def for_rows(self, rows: int) -> ort.InferenceSession:
+        """The session for a step over this many rows."""
+        if self.narrow is not None and rows < self.narrow_rows:
+            return self.narrow
+        return self.wide
 
 
 def bucket(n: int) -> int:
@@ -148,7 +194,7 @@ class StaticCacheState:
 
     def __init__(
         self,
-        session: ort.InferenceSession,
+        sessions: StepSessions,
         manifest: Manifest,
         pool: BufferPool,
         cross: Mapping[str, Value],
@@ -179,7 +225,8 @@ class StaticCacheState:
         if graph_ids is not None and not (padded and manifest.decoder_cache == "gather"):
             raise ValueError("CUDA graphs replay fixed shapes: a padded batch, a gather cache")
         dims = manifest.model
-        self.session, self.pool, self.padded = session, pool, padded
+        self.pool, self.padded = pool, padded
+        self._sessions = sessions
         # Ids a step scores: the decoder's (a separate target one), or the shortlist's.
         self.vocab_size = dims.output_vocab_size if shortlist is None else len(shortlist[0])
         self._shortlist = shortlist
@@ -212,10 +259,12 @@ class StaticCacheState:
         self._cross = dict(cross)
         self._k = 0  # candidates per row the outputs are bound for
         self._aligned = manifest.alignment is not None
-        self._binding = session.io_binding()
+        self.session = sessions.for_rows(self._slots * beam_size)  # the one bound
+        self._binding = self.session.io_binding()
         self._inputs: dict[str, Value] = {}
         self._outputs: dict[str, Value] = {}
         self._cache: dict[str, Value] = {}
+        self._stepped = np.zeros(0, np.int64)  # the buffer rows of the last step's rows
         self._bind_inputs()
 
     # --- DecoderState ------------------------------------------------------------------------
@@ -250,7 +299,7 @@ class StaticCacheState:
             self._indirection[:, :, t] = np.arange(g)  # each beam wrote T in its own row
         else:
             self._beam_rows[:] = np.arange(len(self._beam_rows))  # the gather is applied
-        rows = self._rows()
+        rows = self._stepped = self._rows()
         return self._host(TOP_LOG_PROBS)[rows], self._host(TOP_IDS)[rows]  # (R, k) copies
 
     def select(self, rows: np.ndarray, sentences: np.ndarray) -> None:
@@ -268,7 +317,7 @@ class StaticCacheState:
     def alignment(self) -> np.ndarray | None:
         if not self._aligned:
             return None
-        rows: np.ndarray = self._host(ALIGNMENT)[self._rows()]  # (R, S) copy
+        rows: np.ndarray = self._host(ALIGNMENT)[self._stepped]  # (R, S) copy
         return rows
 
     # --- What the parity checks read ----------------------------------------------------------
@@ -380,10 +429,15 @@ class StaticCacheState:
     def _bind_inputs(self) -> None:
         """(Re)bind every input, and the cache as past and present; the outputs follow at the
         next step."""
-        binding, pool = self._binding, self.pool
+        pool = self.pool
+        rows = self._slots * self.beam_size
+        session = self._sessions.for_rows(rows)  # compacted, a batch may move to `narrow`
+        if session is not self.session:
+            self.session, self._binding = session, session.io_binding()
+        binding = self._binding
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
-        shape = (self._slots * self.beam_size, *self._cache_dims())
+        shape = (rows, *self._cache_dims())
         for past in past_names(self._layers):
             buffer = self._cache.get(past)
             if buffer is None or buffer.shape != shape:  # the pool gives views on its memory

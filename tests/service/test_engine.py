@@ -25,6 +25,7 @@ from model.transformer import load_model
 from service import translate
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
+from service.inference import engine as engine_module
 from service.inference.engine import (
     CPU_PROVIDER,
     Engine,
@@ -32,6 +33,7 @@ from service.inference.engine import (
     _providers,
     encoder_chunks,
 )
+from service.inference.step_state import step_macs_per_row
 from service.settings import Settings
 from tests.service.helpers import model_translate
 
@@ -264,11 +266,69 @@ def test_intra_op_threads_sleep_between_kernels_unless_asked_to_spin(
     fp32_bundle: Path, spinning: bool
 ) -> None:
     engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=2, intra_op_spinning=spinning)
-    for session in (engine._encoder, engine._decoder_step):
+    for session in (engine._encoder, engine.step_sessions.wide):
         options = session.get_session_options()
         assert options.intra_op_num_threads == 2
         entry = options.get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if spinning else "0")
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_steps_of_few_rows_run_on_one_thread_and_translate_the_same(
+    eos_bundle: Path,
+    sources: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+    beam_size: int,
+) -> None:
+    """With two intra-op threads, a step of fewer rows than `narrow_rows` (6 here) runs on the
+    engine's one-thread session: a batch of 8 sentences starts on the wide session and moves
+    to the narrow one once compaction takes it below 6 rows, and every translation is the one
+    an engine of one thread gives."""
+    one = Engine.load(eos_bundle, device="cpu", intra_op_threads=1)
+    per_row = step_macs_per_row(one.manifest.model)
+    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 6 * per_row)
+    monkeypatch.setattr(engine_module, "MIN_NARROW_ROWS", 1)  # a model this small gets it
+    assert one.step_sessions.narrow is None  # one thread already
+    two = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
+    sessions = two.step_sessions
+    assert sessions.narrow is not None and sessions.narrow_rows == 6
+    assert sessions.narrow.get_session_options().intra_op_num_threads == 1
+    assert sessions.wide.get_session_options().intra_op_num_threads == 2
+    ran: list[object] = []
+    original = ort.InferenceSession.run_with_iobinding
+
+    def spy(self: ort.InferenceSession, *args: Any, **kwargs: Any) -> Any:
+        ran.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    options = DecodingOptions(beam_size=beam_size, num_hypotheses=min(2, beam_size))
+    for batch in ([sources[0]], sources[:3], sources[3:11]):
+        ran.clear()
+        got = two.generate(batch, options)
+        rows = len(batch) * beam_size
+        assert ran[0] is (sessions.narrow if rows < 6 else sessions.wide)
+        if rows >= 6:  # sentences finish at different steps: compacted below 6 rows
+            assert ran[-1] is sessions.narrow
+        expected = one.generate(batch, options)
+        for g, e in zip(got, expected, strict=True):
+            assert [h.ids for h in g] == [h.ids for h in e]
+            assert [h.score for h in g] == pytest.approx([h.score for h in e], abs=1e-6)
+
+
+def test_a_large_model_keeps_its_steps_on_every_thread(
+    eos_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a step of MIN_NARROW_ROWS rows is already past NARROW_STEP_MACS (a model as large
+    as OPUS-MT base), no one-thread session is opened: two threads read its weights faster
+    even at one row, and a second session would hold them twice."""
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
+    assert engine.step_sessions.narrow is not None  # the tiny model's steps are small
+    per_row = step_macs_per_row(engine.manifest.model)
+    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 15 * per_row)  # 15 rows < 16
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
+    assert engine.step_sessions.narrow is None
+    assert engine.step_sessions.for_rows(1) is engine.step_sessions.wide
 
 
 def test_engine_describes_its_model(engine: Engine, eos_checkpoint: Path) -> None:

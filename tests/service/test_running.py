@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.inference import engine as engine_module
 from service.inference.engine import Engine
 from service.inference.running import Running, _Batch
+from service.inference.step_state import step_macs_per_row
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
 
@@ -153,6 +156,40 @@ def test_with_a_shortlist_joining_and_leaving_changes_no_translation(
     got = drive(AnyOrder(engine, 5, rng), segments, rng, set())
     for segment, nbest in zip(segments, expected, strict=True):
         assert_same(got[id(segment)], nbest)
+
+
+def test_steps_move_between_the_wide_and_narrow_sessions_with_their_rows(
+    shipped_bundle: Path,
+    engine: Engine,
+    sentences: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With two intra-op threads a running batch of fewer than `narrow_rows` rows (12 here)
+    steps on the one-thread session, and moves between the two as sentences join and leave
+    (every step on the session its rows call for: a beam batch of 3-5 sentences has 12 rows or
+    more, of 1-2 fewer): what each sentence gets is what it gets decoded alone on one thread."""
+    per_row = step_macs_per_row(engine.manifest.model)
+    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 12 * per_row)
+    monkeypatch.setattr(engine_module, "MIN_NARROW_ROWS", 1)  # a model this small gets it
+    two = Engine.load(shipped_bundle, device="cpu", intra_op_threads=2)
+    sessions = two.step_sessions
+    assert sessions.narrow is not None and sessions.narrow_rows == 12
+    ran: list[tuple[ort.InferenceSession, int]] = []  # each step's session and rows
+    original = ort.InferenceSession.run_with_iobinding
+
+    def spy(self: ort.InferenceSession, binding: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, binding, *args, **kwargs)
+        ran.append((self, binding.get_outputs()[0].shape()[0]))  # every output is (R, ...)
+        return result
+
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    rng = random.Random(5)
+    segments = [Segment(ids, [], rng.choice(OPTIONS[:3])) for ids in sentences[:20]]
+    got = drive(AnyOrder(two, 5, rng), segments, rng, set())
+    assert all(session is sessions.for_rows(rows) for session, rows in ran)
+    assert {rows < 12 for _, rows in ran if rows > 5} == {True, False}  # beam batches moved
+    for segment in segments:
+        assert_same(got[id(segment)], alone(engine, segment))
 
 
 def test_slots_are_reused_and_joining_moves_nothing(
