@@ -74,8 +74,9 @@ COMPACT_FRACTION = 1 / 8
 
 
 # A decoder step of fewer multiply-adds than this runs on one intra-op thread (StepSessions).
-# Measured on the shipped model (1.9 M multiply-adds a row), 2-core Intel Xeon, the step alone:
-# one thread against two, 1.11x at 1 row, 1.19x at 8, 1.16x at 32, 0.97x at 64, 0.82x at 128.
+# Measured on the shipped model (1.9 M multiply-adds a row), 2-core Intel Xeon, the step alone
+# (benchmarks/step_threads.py): one thread against two, 1.10x at 1 row, 1.17x at 8, 1.09x at
+# 32, 0.92x at 64, 0.78x at 128; int8 1.41x, 1.34x, 1.25x, 0.99x, 0.95x.
 NARROW_STEP_MACS = 120_000_000
 # Only a model whose steps of this many rows are still that few gets the one-thread session. A
 # larger one's step streams more weights than one core's caches hold, which two threads read
