@@ -57,15 +57,13 @@ from service.inference.running import Running
 from service.inference.search import IntArray, search
 from service.inference.shortlist import Shortlist, batch_inputs
 from service.inference.step_state import (
-    MIN_NARROW_ROWS,
-    NARROW_STEP_MACS,
     BufferPool,
     StaticCacheState,
     StepSessions,
     bucket,
     cross_inputs,
     initial_capacity,
-    step_macs_per_row,
+    narrow_rows,
 )
 from service.settings import Device
 
@@ -205,8 +203,9 @@ class Engine:
         self.max_batch_size = max_batch_size
         self._tokenizer = tokenizer
         self._encoder = encoder
-        narrow_rows = NARROW_STEP_MACS // step_macs_per_row(self.manifest.model)
-        self.step_sessions = StepSessions(decoder_step, narrow_step, narrow_rows)
+        self.step_sessions = StepSessions(
+            decoder_step, narrow_step, narrow_rows(self.manifest.model)
+        )
         # Padded batches (step_state.py): CUDA's policy; on the CPU, for the tests' sake.
         self.padded: bool = self.device == "cuda" if padded is None else padded
         self._pool = BufferPool(self.device, device_id)
@@ -286,10 +285,12 @@ class Engine:
         # Steps of few rows on one thread (step_state.StepSessions), where the others get more
         # (None: ONNX Runtime's default, one per physical core of the machine).
         narrow = None
-        small = NARROW_STEP_MACS // step_macs_per_row(manifest.model) >= MIN_NARROW_ROWS
         on_cpu = sessions[1].get_providers()[0] == CPU_PROVIDER
-        threads = intra_op_threads or physical_cores(range(os.cpu_count() or 1))
-        if on_cpu and small and threads > 1:
+        if (
+            on_cpu
+            and narrow_rows(manifest.model)
+            and (intra_op_threads or physical_cores(range(os.cpu_count() or 1))) > 1
+        ):
             narrow_options = _session_options(1, spinning=False)
             narrow_options.log_severity_level = step_options.log_severity_level
             narrow = _open_graph(bundle, manifest.decoder_step.file, narrow_options, [CPU_PROVIDER])

@@ -94,6 +94,13 @@ def step_macs_per_row(dims: ModelDims) -> int:
     return dims.decoder_layers * 14 * d * d + d * dims.output_vocab_size
 
 
+def narrow_rows(dims: ModelDims) -> int:
+    """The rows under which a step of this model runs on one thread (StepSessions.narrow):
+    those NARROW_STEP_MACS buys, or 0 (never) for a model where that is under MIN_NARROW_ROWS."""
+    rows = NARROW_STEP_MACS // step_macs_per_row(dims)
+    return rows if rows >= MIN_NARROW_ROWS else 0
+
+
 @dataclass(frozen=True)
 class StepSessions:
     """The decoder step's sessions: `wide` on the engine's intra-op threads and, where those

@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+import onnxruntime as ort
+import pytest
 from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
@@ -243,3 +245,18 @@ def referenced_urls(html: str) -> list[str]:
     collector.feed(html)
     collector.close()
     return collector.urls
+
+
+def step_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[ort.InferenceSession, int]]:
+    """Every decoder-step run through an IO binding from now on (the monkeypatch's scope): the
+    session that ran it and its rows (every output of the step is (R, ...))."""
+    runs: list[tuple[ort.InferenceSession, int]] = []
+    original = ort.InferenceSession.run_with_iobinding
+
+    def spy(session: ort.InferenceSession, binding: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(session, binding, *args, **kwargs)
+        runs.append((session, binding.get_outputs()[0].shape()[0]))
+        return result
+
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    return runs

@@ -25,7 +25,7 @@ from model.transformer import load_model
 from service import translate
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.manifest import ATTENTION_MASK, INPUT_IDS, BundleError, cross_names
-from service.inference import engine as engine_module
+from service.inference import step_state
 from service.inference.engine import (
     CPU_PROVIDER,
     Engine,
@@ -35,7 +35,7 @@ from service.inference.engine import (
 )
 from service.inference.step_state import step_macs_per_row
 from service.settings import Settings
-from tests.service.helpers import model_translate
+from tests.service.helpers import model_translate, step_runs
 
 
 @pytest.fixture(scope="module")
@@ -286,30 +286,23 @@ def test_steps_of_few_rows_run_on_one_thread_and_translate_the_same(
     an engine of one thread gives."""
     one = Engine.load(eos_bundle, device="cpu", intra_op_threads=1)
     per_row = step_macs_per_row(one.manifest.model)
-    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 6 * per_row)
-    monkeypatch.setattr(engine_module, "MIN_NARROW_ROWS", 1)  # a model this small gets it
+    monkeypatch.setattr(step_state, "NARROW_STEP_MACS", 6 * per_row)
+    monkeypatch.setattr(step_state, "MIN_NARROW_ROWS", 1)  # a model this small gets it
     assert one.step_sessions.narrow is None  # one thread already
     two = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
     sessions = two.step_sessions
     assert sessions.narrow is not None and sessions.narrow_rows == 6
     assert sessions.narrow.get_session_options().intra_op_num_threads == 1
     assert sessions.wide.get_session_options().intra_op_num_threads == 2
-    ran: list[object] = []
-    original = ort.InferenceSession.run_with_iobinding
-
-    def spy(self: ort.InferenceSession, *args: Any, **kwargs: Any) -> Any:
-        ran.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    runs = step_runs(monkeypatch)
     options = DecodingOptions(beam_size=beam_size, num_hypotheses=min(2, beam_size))
     for batch in ([sources[0]], sources[:3], sources[3:11]):
-        ran.clear()
+        runs.clear()
         got = two.generate(batch, options)
         rows = len(batch) * beam_size
-        assert ran[0] is (sessions.narrow if rows < 6 else sessions.wide)
+        assert runs[0][0] is (sessions.narrow if rows < 6 else sessions.wide)
         if rows >= 6:  # sentences finish at different steps: compacted below 6 rows
-            assert ran[-1] is sessions.narrow
+            assert runs[-1][0] is sessions.narrow
         expected = one.generate(batch, options)
         for g, e in zip(got, expected, strict=True):
             assert [h.ids for h in g] == [h.ids for h in e]
@@ -325,7 +318,7 @@ def test_a_large_model_keeps_its_steps_on_every_thread(
     engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
     assert engine.step_sessions.narrow is not None  # the tiny model's steps are small
     per_row = step_macs_per_row(engine.manifest.model)
-    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 15 * per_row)  # 15 rows < 16
+    monkeypatch.setattr(step_state, "NARROW_STEP_MACS", 15 * per_row)  # 15 rows < 16
     engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=2)
     assert engine.step_sessions.narrow is None
     assert engine.step_sessions.for_rows(1) is engine.step_sessions.wide

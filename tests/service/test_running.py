@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from service.bundle.decoding import DecodingOptions, Hypothesis
-from service.inference import engine as engine_module
+from service.inference import step_state
 from service.inference.engine import Engine
 from service.inference.running import Running, _Batch
 from service.inference.step_state import step_macs_per_row
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
+from tests.service.helpers import step_runs
 
 VAL = Path(__file__).resolve().parents[3] / "shared/data/multi30k/val.en.gz"
 OPTIONS = [
@@ -169,20 +169,12 @@ def test_steps_move_between_the_wide_and_narrow_sessions_with_their_rows(
     (every step on the session its rows call for: a beam batch of 3-5 sentences has 12 rows or
     more, of 1-2 fewer): what each sentence gets is what it gets decoded alone on one thread."""
     per_row = step_macs_per_row(engine.manifest.model)
-    monkeypatch.setattr(engine_module, "NARROW_STEP_MACS", 12 * per_row)
-    monkeypatch.setattr(engine_module, "MIN_NARROW_ROWS", 1)  # a model this small gets it
+    monkeypatch.setattr(step_state, "NARROW_STEP_MACS", 12 * per_row)
+    monkeypatch.setattr(step_state, "MIN_NARROW_ROWS", 1)  # a model this small gets it
     two = Engine.load(shipped_bundle, device="cpu", intra_op_threads=2)
     sessions = two.step_sessions
     assert sessions.narrow is not None and sessions.narrow_rows == 12
-    ran: list[tuple[ort.InferenceSession, int]] = []  # each step's session and rows
-    original = ort.InferenceSession.run_with_iobinding
-
-    def spy(self: ort.InferenceSession, binding: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, binding, *args, **kwargs)
-        ran.append((self, binding.get_outputs()[0].shape()[0]))  # every output is (R, ...)
-        return result
-
-    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    ran = step_runs(monkeypatch)  # each step's session and rows
     rng = random.Random(5)
     segments = [Segment(ids, [], rng.choice(OPTIONS[:3])) for ids in sentences[:20]]
     got = drive(AnyOrder(two, 5, rng), segments, rng, set())
