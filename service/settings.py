@@ -215,7 +215,10 @@ class Settings(BaseSettings):
     )
     max_queue_segments: int = Field(1024, ge=1, description="queued segments; beyond: 429")
     request_timeout_s: float = Field(
-        60.0, gt=0.0, description="segments still queued after this are dropped (503)"
+        60.0,
+        gt=0.0,
+        description="a whole request's deadline: queued past it, 503; decoded past it, its "
+        "sentences leave their batch and it gets 504",
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 429 and 503")
     drain_timeout_s: float = Field(

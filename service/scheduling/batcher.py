@@ -88,8 +88,17 @@ class _Pending:
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
     request: object = None  # the same for the segments of one request (fair admission)
     decoding: bool = False  # taken into a batch
-    # Why nobody wants it any more, once so: its request's deadline passed, or it went away.
-    reason: Literal["deadline", "cancelled"] = "cancelled"
+    # Why nobody wants it any more, as its request said (Batcher._abandon); None until then.
+    reason: Literal["deadline", "cancelled"] | None = None
+
+    def why(self) -> Literal["deadline", "cancelled"]:
+        """Why nobody wants it (or why the engine stopped it): as its request said, or, where
+        its future went before the request could say (a request's timer or a client gone
+        cancels the futures it gathers at once; its handler runs a turn of the event loop
+        later), whether its deadline has passed."""
+        if self.reason is not None:
+            return self.reason
+        return "deadline" if time.monotonic() > self.deadline else "cancelled"
 
 
 # Step-level: the longest one call into the engine's thread steps without a reason to return.
@@ -224,7 +233,7 @@ class Batcher:
         if len(kept) < len(self._queue):
             for item in self._queue:
                 if item in mine:
-                    self._metrics.dropped.labels(reason=item.reason).inc()
+                    self._metrics.dropped.labels(reason=reason).inc()
             self._queue = kept
             self._queue_changed()
 
@@ -412,8 +421,7 @@ class Batcher:
 
     def _stop(self, item: _Pending) -> None:
         """A segment the engine took out of its batch between two steps."""
-        reason = item.reason if item.future.done() else "deadline"
-        self._metrics.stopped.labels(self._model, reason).inc()
+        self._metrics.stopped.labels(self._model, item.why()).inc()
         if not item.future.done():  # past its deadline before the request's timer ran
             item.future.set_exception(ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT))
 
@@ -435,7 +443,7 @@ class Batcher:
         alive: deque[_Pending] = deque()
         for item in self._queue:
             if item.future.cancelled():
-                self._metrics.dropped.labels(reason="cancelled").inc()
+                self._metrics.dropped.labels(reason=item.why()).inc()
             elif now > item.deadline:
                 self._metrics.dropped.labels(reason="deadline").inc()
                 item.future.set_exception(

@@ -383,6 +383,33 @@ async def test_a_request_past_its_deadline_is_answered_at_once_not_when_its_batc
     await async_wait_for(lambda: sample(metrics, "mt_stopped_segments_total", **labels) == 1)
 
 
+async def test_a_segment_the_engine_stops_as_its_requests_timer_fires_counts_as_deadline(
+    started: tuple[Batcher, Metrics], fake: FakeModel
+) -> None:
+    """The engine's answer (the segment stopped at its deadline) and the request's timer are
+    due in the same turn of the event loop: the timer cancels the request's futures first, and
+    its handler runs after the batch's. The stop is still counted as a deadline (it was counted
+    as "cancelled", and CI's service test waiting for a deadline stop failed on it)."""
+    batcher, metrics = started
+    fake.gate = threading.Event()
+    deadline = time.monotonic() + 0.2
+    late = asyncio.ensure_future(batcher.submit([ids("late")], GREEDY, deadline=deadline))
+    await asyncio.to_thread(fake.entered.wait, 5)
+    # The event loop held past the deadline while the engine returns: when it looks again, the
+    # engine's answer is queued before the timer.
+    time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)
+    fake.gate.set()
+    time.sleep(0.2)
+    with pytest.raises(ServiceError) as timed_out:
+        await late
+    assert timed_out.value.type is ErrorType.DECODING_TIMEOUT
+    labels = {"model": fake.name}
+    await async_wait_for(
+        lambda: sample(metrics, "mt_stopped_segments_total", **labels, reason="deadline") == 1
+    )
+    assert sample(metrics, "mt_stopped_segments_total", **labels, reason="cancelled") == 0
+
+
 class FakeStepper:
     """Step-level batching over a fake engine: each admitted segment runs `steps` steps and
     translates to its own ids; `fail_at` makes that step raise."""
