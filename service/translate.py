@@ -79,7 +79,7 @@ def translate_lines(
 
     Raises ServiceError, naming the line, before anything is written if a line is over a limit.
     """
-    pipeline.check_form(engine, form, options)
+    options = pipeline.check_form(engine, form, options)
     prepared = pipeline.prepare(
         engine,
         lines,

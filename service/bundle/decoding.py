@@ -67,6 +67,10 @@ class DecodingOptions:
     # 0: off.
     no_repeat_ngram_size: int = 0
     return_scores: bool = False
+    # The hypotheses carry their alignment rows (markup and return_alignments need them), when
+    # the model has an alignment output; without, a step skips the aligner's nodes where the
+    # graph can (bundle format 7's alignment_wanted).
+    alignments: bool = False
 
     def __post_init__(self) -> None:
         for name in (

@@ -6,7 +6,7 @@ one. It must stay importable with the serving image's packages only (no torch, n
 `model/`): checking that the ONNX graphs really carry the listed tensors is done by the caller,
 which already holds ONNX Runtime sessions, through `Bundle.check_graph_io`.
 
-Layout of a bundle directory (format version 6):
+Layout of a bundle directory (format version 7):
 
     manifest.json      this schema, written last by the exporter
     MODEL_CARD.md      the checkpoint's model card, when it has one (the manifest's `card`)
@@ -24,6 +24,9 @@ Layout of a bundle directory (format version 6):
                        read before this one (its positional encoding),
                        encoder_attention_mask (N, S) int32, 1 on tokens and 0 on padding,
                        top_k (1,) int64,
+                       alignment_wanted (1,) bool, on the "indirection" cache: whether the
+                       step computes `alignment` (false: the aligner's nodes do not run and
+                       the output is empty, (0, 0)),
                        past_key.{i} / past_value.{i} (R, H, C, Dh),
                        cross_key.{i} / cross_value.{i} (N, H, S, Dh), one row per sentence,
                        shared by its G rows (never copied per beam),
@@ -69,7 +72,8 @@ Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_l
 top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;
 version 3 grew the cache by one position per step and gathered it by a cache_index; version 4
 set log_probs to -inf at every suppressed id (a pass over the (R, V) log-probs at every step)
-and had no suppressed_ids in the manifest.
+and had no suppressed_ids in the manifest; version 5 had no self_attention_mask; version 6
+computed the alignment at every step (no alignment_wanted).
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 SUPPORTED_FORMAT_VERSIONS = frozenset({FORMAT_VERSION})
 
 MANIFEST_FILE = "manifest.json"
@@ -119,6 +123,8 @@ CACHE_INDIRECTION = "cache_indirection"  # decoder input, (N, G, C) int32: see t
 SELF_ATTENTION_MASK = "self_attention_mask"  # decoder input, (R, T + 1) int32: the same
 BEAM_ROWS = "beam_rows"  # decoder input, (R,) int64: the past row each row continues
 TOP_K = "top_k"  # decoder input, (1,) int64: how many candidates per row
+# decoder input, (1,) bool, on the "indirection" cache: whether the step computes `alignment`
+ALIGNMENT_WANTED = "alignment_wanted"
 SHORTLIST = "shortlist"  # decoder input, (V',) int64: the ids a batch may produce
 SHORTLIST_MASK = "shortlist_mask"  # decoder input, (N, V') float32: each sentence's of them
 TOP_LOG_PROBS = "top_log_probs"
@@ -185,7 +191,8 @@ def decoder_step_io(
     n_layers: int, cache: DecoderCache, *, alignment: bool = False, shortlist: bool = False
 ) -> tuple[list[str], list[str]]:
     """(input names, output names) of decoder_step.onnx with this cache, in graph order, with
-    the alignment output or without it, with the shortlist's inputs or without them."""
+    the alignment output (and on the indirection cache its alignment_wanted input) or without
+    it, with the shortlist's inputs or without them."""
     follow = (
         [PAST_SEQUENCE_LENGTH, CACHE_INDIRECTION, SELF_ATTENTION_MASK]
         if cache == "indirection"
@@ -198,6 +205,7 @@ def decoder_step_io(
         ENCODER_ATTENTION_MASK,
         TOP_K,
         *([SHORTLIST, SHORTLIST_MASK] if shortlist else []),
+        *([ALIGNMENT_WANTED] if alignment and cache == "indirection" else []),
         *past_names(n_layers),
         *cross_names(n_layers),
     ]

@@ -496,6 +496,7 @@ class Engine:
             padded=padded,
             graph_ids=self._graph_ids,
             shortlist=shortlist,
+            aligned=options.alignments,
         )
         ids = manifest.special_ids
         return search(

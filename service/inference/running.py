@@ -12,7 +12,7 @@ one number); `step` takes the batch that has had the least decoder time so far, 
 sentence is not slowed to the pace of a beam-5 batch of many rows.
 
 A batch's memory is a pool of `slots` sentence slots, allocated once per batch: each slot holds
-its sentence's G rows of the static self-attention cache (bundle format 6, the "indirection"
+its sentence's G rows of the static self-attention cache (bundle format 7, the "indirection"
 cache), its cache indirection, and its one copy of the encoder's cross keys/values. The graph
 runs over the first n slots: a sentence that joins takes slot n (nothing of the running batch
 moves), one that leaves is replaced by the last (one slot's copy). The cache has one clock for
@@ -42,6 +42,7 @@ import onnxruntime as ort
 from service.bundle.decoding import DecodingOptions, Hypothesis, Prefixes
 from service.bundle.manifest import (
     ALIGNMENT,
+    ALIGNMENT_WANTED,
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
@@ -67,6 +68,7 @@ from service.inference.step_state import (
     beam_parents,
     bucket,
     follow_indirection,
+    wanted_alignment,
 )
 
 if TYPE_CHECKING:
@@ -220,6 +222,7 @@ class _Search:
         self.segments = segments
         self.slots = slots
         self.beams = 1  # rows per sentence the search sees: beam_size once expanded
+        self.aligned = options.alignments  # it keeps each step's alignment rows
         self.width = max(len(s.ids) for s in segments)  # its alignment rows' positions
         self.prefixes = Prefixes([tuple(s.prefix) for s in segments])
         self.answered: set[int] = set()
@@ -314,6 +317,9 @@ class _Batch:
         self._limit = engine.max_input_tokens  # no sentence takes more steps
         self._width = SOURCE_WIDTH
         self._aligned = manifest.alignment is not None
+        # The step's alignment_wanted (None: the graph computes the alignment at every step):
+        # true while a running search keeps alignment rows.
+        self._gate = wanted_alignment(manifest, False)
         self._cache = {
             name: np.zeros((slots * g, self._heads, self._capacity, self._d_head), self._dtype)
             for name in past_names(self._layers)
@@ -339,7 +345,7 @@ class _Batch:
         self._shortlisted = -1  # the count _shortlist_inputs were made at
         self._searches: list[_Search] = []
         self._binding = self._session.io_binding()
-        self._bound: tuple[int, ...] = ()  # (n, layout, k) of the binding
+        self._bound: tuple[int, ...] = ()  # (n, layout, k, alignment wanted) of the binding
         self._layout = 0  # counts the buffers' replacements (_grow, _resize): a binding's age
         self._outputs: dict[str, np.ndarray] = {}
 
@@ -412,8 +418,9 @@ class _Batch:
         starts = np.repeat(self._start[:n], g)  # (R,)
         self._position[: n * g] = t - starts
         self._past_length[0] = t
-        if self._bound != (n, self._layout, k):
-            self._bind(k)
+        aligned = self._aligned and any(search.aligned for search in self._searches)
+        if self._bound != (n, self._layout, k, aligned):
+            self._bind(k, aligned)
         attend = (np.arange(t + 1)[None, :] >= starts[:, None]).astype(np.int32)  # (R, T + 1)
         self._binding.bind_cpu_input(SELF_ATTENTION_MASK, attend)
         self._session.run_with_iobinding(self._binding)
@@ -426,7 +433,11 @@ class _Batch:
         for search in self._searches:
             assert search.call is not None
             rows, wanted = search.rows(), search.call.k
-            search._alignment = None if alignment is None else _width(alignment[rows], search.width)
+            search._alignment = (
+                _width(alignment[rows], search.width)
+                if alignment is not None and search.aligned
+                else None
+            )
             stepped.append((search, top_log_probs[rows, :wanted], top_ids[rows, :wanted]))
         finished: Finished = []
         for search, log_probs, ids in stepped:
@@ -511,8 +522,9 @@ class _Batch:
         inputs = self._shortlist_inputs
         return self._vocab if inputs is None else len(inputs[0])
 
-    def _bind(self, k: int) -> None:
-        """Bind the first n slots' buffers (views: contiguous prefixes) and outputs for k."""
+    def _bind(self, k: int, aligned: bool) -> None:
+        """Bind the first n slots' buffers (views: contiguous prefixes) and outputs for k, the
+        alignment with them when `aligned` (or where the graph computes it anyway)."""
         n, g = self.n, self.beam_size
         rows = n * g
         session = self._sessions.for_rows(rows)
@@ -534,6 +546,9 @@ class _Batch:
         }
         if self._shortlist_inputs is not None:
             inputs[SHORTLIST], inputs[SHORTLIST_MASK] = self._shortlist_inputs
+        if self._gate is not None:
+            self._gate[0] = aligned
+            inputs[ALIGNMENT_WANTED] = self._gate
         for name, array in inputs.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
         for past, present in zip(
@@ -547,14 +562,16 @@ class _Batch:
             TOP_LOG_PROBS: ((rows, k), np.float32),
             TOP_IDS: ((rows, k), np.int64),
         }
-        if self._aligned:
+        if aligned or (self._gate is None and self._aligned):
             shapes[ALIGNMENT] = ((rows, self._width), np.float32)
         for name, (shape, dtype) in shapes.items():
             self._outputs[name] = self._pool.host(name, shape, np.dtype(dtype))
             binding.bind_ortvalue_output(
                 name, ort.OrtValue.ortvalue_from_numpy(self._outputs[name])
             )
-        self._bound = (n, self._layout, k)
+        self._bound = (n, self._layout, k, aligned)
+        if ALIGNMENT not in shapes:
+            self._outputs.pop(ALIGNMENT, None)
 
 
 def _width(alignment: FloatArray, width: int) -> FloatArray:

@@ -1,4 +1,4 @@
-"""One batch's decoder state over decoder_step.onnx (bundle format 6): the static key/value
+"""One batch's decoder state over decoder_step.onnx (bundle format 7): the static key/value
 cache, how beams follow their back-pointers through it, and the graph's inputs and outputs,
 bound once per batch.
 
@@ -41,6 +41,7 @@ import onnxruntime as ort
 
 from service.bundle.manifest import (
     ALIGNMENT,
+    ALIGNMENT_WANTED,
     BEAM_ROWS,
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
@@ -215,6 +216,7 @@ class StaticCacheState:
         padded: bool,
         graph_ids: dict[tuple[int, ...], int] | None = None,
         shortlist: tuple[np.ndarray, np.ndarray] | None = None,
+        aligned: bool = True,
     ) -> None:
         """`cross` and `attention_mask` (N, S) have one row per slot, N >= `sentences` (the
         padded policy's extra slots are never live); so has the mask of `shortlist` (a bundle
@@ -227,7 +229,10 @@ class StaticCacheState:
         step shape, numbered in this map, which the engine keeps across batches. A shape's
         first step runs plainly (its memory is allocated then, not during a capture), the next
         is captured, the later ones replay it. What a kernel reads on the host is replayed as
-        it was captured: top_k is part of the shape; nothing else is read on the host."""
+        it was captured: top_k is part of the shape; nothing else is read on the host.
+
+        `aligned`: `alignment` returns each step's rows (a model with an alignment output);
+        without, a graph with `alignment_wanted` skips the aligner's nodes."""
         if pool.on_device and not padded:
             raise ValueError("a device cache is padded: rows move between steps on the host only")
         if graph_ids is not None and not (padded and manifest.decoder_cache == "gather"):
@@ -266,7 +271,11 @@ class StaticCacheState:
         self._mask = np.ascontiguousarray(attention_mask, np.int32)  # (N, S)
         self._cross = dict(cross)
         self._k = 0  # candidates per row the outputs are bound for
-        self._aligned = manifest.alignment is not None
+        self._has_alignment = manifest.alignment is not None
+        self._aligned = aligned and self._has_alignment
+        # Where the graph can skip the alignment (an If on this input), it is asked to exactly
+        # when wanted; elsewhere it is computed (and bound) at every step.
+        self._gate = wanted_alignment(manifest, self._aligned)
         self.session = sessions.for_rows(self._slots * beam_size)  # the one bound
         self._binding = self.session.io_binding()
         self._inputs: dict[str, Value] = {}
@@ -466,6 +475,8 @@ class StaticCacheState:
         for name, array in arrays:
             self._inputs[name] = self._bind_host(name, array)
         self._inputs[TOP_K] = ort.OrtValue.ortvalue_from_numpy(self._top_k)  # read on the host
+        if self._gate is not None:  # read on the host by the If
+            self._inputs[ALIGNMENT_WANTED] = ort.OrtValue.ortvalue_from_numpy(self._gate)
         for name, value in self._cross.items():
             self._inputs[name] = _value(value)
         for name, value in self._inputs.items():
@@ -491,7 +502,7 @@ class StaticCacheState:
             (TOP_LOG_PROBS, (rows, k), np.dtype(np.float32)),
             (TOP_IDS, (rows, k), np.dtype(np.int64)),
         ]
-        if self._aligned:
+        if self._aligned or (self._gate is None and self._has_alignment):
             outputs.append((ALIGNMENT, (rows, self._mask.shape[1]), np.dtype(np.float32)))
         for name, shape, dtype in outputs:
             self._outputs[name] = self.pool.buffer(name, shape, dtype)
@@ -531,6 +542,14 @@ class StaticCacheState:
             self._warm.add(shape)
             options.add_run_config_entry("gpu_graph_id", "-1")
         return options
+
+
+def wanted_alignment(manifest: Manifest, wanted: bool) -> np.ndarray | None:
+    """The step's `alignment_wanted` input, (1,) bool, where its graph has one (bundle format
+    7, the indirection cache); None where the graph computes the alignment at every step."""
+    if ALIGNMENT_WANTED not in manifest.decoder_step.input_names:
+        return None
+    return np.array([wanted])
 
 
 def beam_parents(

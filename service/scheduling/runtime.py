@@ -327,7 +327,7 @@ class Runtime:
         """Each text translated as `form` says (plain text or markup, alignments or not); an
         error names a text by `label(its index)`."""
         model = self.models[pair]
-        pipeline.check_form(model, form, options)
+        options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.

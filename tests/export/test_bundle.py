@@ -43,8 +43,8 @@ def test_intact_bundle_loads(bundle: Path) -> None:
     loaded = open_bundle(bundle).bundle
     n = loaded.manifest.model.decoder_layers
     assert loaded.manifest.encoder.input_names == encoder_io(n)[0]
-    assert loaded.manifest.decoder_step.input_names == decoder_step_io(n, "indirection")[0]
-    outputs = decoder_step_io(n, "indirection", alignment=True)[1]
+    inputs, outputs = decoder_step_io(n, "indirection", alignment=True)
+    assert loaded.manifest.decoder_step.input_names == inputs
     assert loaded.manifest.decoder_step.output_names == outputs
 
 

@@ -99,7 +99,7 @@ def _check_read_alignment(model: Transformer, bundle: Path, sources: list[list[i
     step after the one that picked it, which is torch's teacher-forced row t + 1."""
     engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
     for beam_size in (1, 4):
-        options = DecodingOptions(beam_size=beam_size, num_hypotheses=1)
+        options = DecodingOptions(beam_size=beam_size, num_hypotheses=1, alignments=True)
         for source, [best] in zip(sources, engine.generate(sources, options), strict=True):
             assert best.alignment is not None
             assert best.alignment.shape == (len(best.ids), len(source))

@@ -18,6 +18,7 @@ from model.transformer import (
     load_model,
 )
 from service.bundle.manifest import (
+    ALIGNMENT_WANTED,
     BEAM_ROWS,
     CACHE_INDIRECTION,
     CARD_FILE,
@@ -125,6 +126,7 @@ def test_decoder_step_writes_in_place_and_reads_through_the_indirection(
         SELF_ATTENTION_MASK: np.ones((sentences * beams, t + 1), dtype=np.int32),
         ENCODER_ATTENTION_MASK: np.array([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=np.int32),
         TOP_K: np.array([5], dtype=np.int64),
+        ALIGNMENT_WANTED: np.array([True]),
         **{
             name: rng.normal(size=(sentences, dims.heads, 4, dims.d_head)).astype(np.float32)
             for name in cross_names(n)
@@ -171,6 +173,7 @@ def test_a_row_that_joined_later_attends_to_its_own_positions_only(fp32_bundle: 
         ENCODER_ATTENTION_MASK: np.array([[1, 1, 1]], dtype=np.int32),
         CACHE_INDIRECTION: np.zeros((1, 1, capacity), dtype=np.int32),
         TOP_K: np.array([4], dtype=np.int64),
+        ALIGNMENT_WANTED: np.array([True]),
         **{
             name: rng.normal(size=(1, dims.heads, 3, dims.d_head)).astype(np.float32)
             for name in cross_names(n)

@@ -23,6 +23,7 @@ from model.data import pad
 from model.search import generate
 from model.transformer import BOS_ID, DecoderCache, Transformer, load_model, padding_mask
 from service.bundle.manifest import (
+    ALIGNMENT_WANTED,
     CACHE_INDIRECTION,
     ENCODER_ATTENTION_MASK,
     INPUT_IDS,
@@ -146,6 +147,7 @@ def test_decoder_step_for_any_shape(
             )
         ),
         TOP_K: np.array([3], dtype=np.int64),
+        ALIGNMENT_WANTED: np.array([True]),
         **dict(zip(cross_names(n), _flat(cache.cross_k, cache.cross_v), strict=True)),
     }
     out = run_step(ort_bundle.decoder_step, feeds, buffers, n)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,16 +24,48 @@ from typing import Any
 
 import httpx
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
+from export.onnx_export import save_graph
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
+from service.bundle.manifest import (
+    ALIGNMENT,
+    ALIGNMENT_WANTED,
+    DECODER_STEP_FILE,
+    MANIFEST_FILE,
+    file_entry,
+)
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 EOS = 2
+
+
+def without_alignment(bundle: Path, out: Path) -> Path:
+    """A copy of the bundle as exported before the decoder step had an alignment output: no
+    such output (nor its `alignment_wanted` input and the If that reads it; ONNX Runtime drops
+    the nodes that fed only that output) and no alignment in the manifest."""
+    shutil.copytree(bundle, out)
+    graph = onnx.load(str(out / DECODER_STEP_FILE))
+    for kind in (graph.graph.output, graph.graph.input):
+        for value in [v for v in kind if v.name in (ALIGNMENT, ALIGNMENT_WANTED)]:
+            kind.remove(value)
+    for node in [n for n in graph.graph.node if ALIGNMENT in n.output]:
+        graph.graph.node.remove(node)
+    written = save_graph(graph, out / DECODER_STEP_FILE)
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    del manifest["alignment"]
+    spec = manifest["decoder_step"]
+    for kind in ("inputs", "outputs"):
+        spec[kind] = [v for v in spec[kind] if v["name"] not in (ALIGNMENT, ALIGNMENT_WANTED)]
+    for name in written:
+        manifest["files"][name] = file_entry(out / name).model_dump()
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
 
 
 class FakeModel:
@@ -259,4 +293,27 @@ def step_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[ort.InferenceSessio
         return result
 
     monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    return runs
+
+
+def alignment_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool | None, int]]:
+    """Every decoder-step run through an IO binding from now on: its `alignment_wanted` as the
+    step read it (None: not an input of its graph) and how many outputs it had bound (the
+    alignment is one of them or not)."""
+    runs: list[tuple[bool | None, int]] = []
+    gates: dict[Any, Any] = {}  # binding -> the OrtValue bound as its alignment_wanted
+    bind, run = ort.IOBinding.bind_ortvalue_input, ort.InferenceSession.run_with_iobinding
+
+    def bind_spy(binding: Any, name: str, value: Any) -> None:
+        if name == ALIGNMENT_WANTED:
+            gates[binding] = value
+        bind(binding, name, value)
+
+    def run_spy(session: ort.InferenceSession, binding: Any, *args: Any, **kwargs: Any) -> Any:
+        gate = gates.get(binding)
+        runs.append((None if gate is None else bool(gate.numpy()[0]), len(binding.get_outputs())))
+        return run(session, binding, *args, **kwargs)
+
+    monkeypatch.setattr(ort.IOBinding, "bind_ortvalue_input", bind_spy)
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", run_spy)
     return runs

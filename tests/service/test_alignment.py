@@ -10,14 +10,21 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
+from onnx.utils import Extractor
 
-from benchmarks.markup_bench import without_alignment
 from export.onnx_export import export_bundle
 from model.transformer import CONFIG_FILE, Transformer, load_model
 from service.bundle.decoding import DecodingOptions, Hypothesis
-from service.bundle.manifest import AlignmentSpec, DecoderCache
+from service.bundle.manifest import (
+    ALIGNMENT,
+    ALIGNMENT_WANTED,
+    DECODER_STEP_FILE,
+    AlignmentSpec,
+    DecoderCache,
+)
 from service.bundle.tokenizer import token_words
 from service.inference.engine import Engine, _aligned
 from service.text.alignment import (
@@ -27,6 +34,7 @@ from service.text.alignment import (
     links,
     sentence_alignment,
 )
+from tests.service.helpers import alignment_runs, without_alignment
 
 SENTENCES = [
     "A man in a blue shirt is playing the guitar.",
@@ -62,7 +70,9 @@ def test_every_hypothesis_carries_the_alignment_the_model_computes(
     batch of different lengths: each hypothesis's rows are its own steps' attention."""
     engine = Engine.load(fp32_bundle, device="cpu", padded=padded, max_batch_size=3)
     sources = engine.encode(SENTENCES)
-    options = DecodingOptions(beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=20)
+    options = DecodingOptions(
+        beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=20, alignments=True
+    )
     for source, hypotheses in zip(sources, engine.generate(sources, options), strict=True):
         if not source:  # nothing to translate: no model call, nothing to align
             assert [(h.ids, h.alignment) for h in hypotheses] == [([], None)]
@@ -97,7 +107,8 @@ def test_an_alignment_head_is_exported_and_carried(
     engine = Engine.load(bundle, device="cpu")
     assert engine.manifest.alignment == AlignmentSpec(layer=0, head=1)
     sources = engine.encode(SENTENCES[:3])
-    nbest = engine.generate(sources, DecodingOptions(beam_size=3, max_decoding_length=12))
+    options = DecodingOptions(beam_size=3, max_decoding_length=12, alignments=True)
+    nbest = engine.generate(sources, options)
     for source, (best,) in zip(sources, nbest, strict=True):
         expected = torch_alignment(head_checkpoint, source, best.ids)
         np.testing.assert_allclose(best.alignment, expected, atol=2e-5)
@@ -107,9 +118,56 @@ def test_an_alignment_head_is_exported_and_carried(
 def test_every_bundle_kind_aligns(name: str, request: pytest.FixtureRequest) -> None:
     engine = Engine.load(request.getfixturevalue(name), device="cpu")
     (source,) = engine.encode(SENTENCES[:1])
-    (best,) = engine.generate([source], DecodingOptions(beam_size=2, max_decoding_length=12))[0]
+    options = DecodingOptions(beam_size=2, max_decoding_length=12, alignments=True)
+    (best,) = engine.generate([source], options)[0]
     assert best.alignment is not None and best.alignment.shape == (len(best.ids), len(source))
     np.testing.assert_allclose(best.alignment.sum(axis=1), 1.0, atol=2e-3)  # distributions
+
+
+@pytest.mark.parametrize("name", ["fp32_bundle", "int8_bundle", "fp16_bundle", "gather_bundle"])
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_step_computes_the_alignment_only_when_asked(
+    name: str, beam_size: int, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain text asks for no alignment: its steps skip the aligner's nodes (the If on
+    alignment_wanted; the CUDA graph has none and computes the alignment at every step) and
+    bind no alignment output, and translate exactly as with it."""
+    engine = Engine.load(request.getfixturevalue(name), device="cpu")
+    gated = engine.manifest.decoder_cache == "indirection"
+    assert (ALIGNMENT_WANTED in engine.manifest.decoder_step.input_names) == gated
+    outputs = 3 + 2 * engine.manifest.model.decoder_layers  # log-probs, top k, the caches
+    sources = engine.encode(SENTENCES)
+    runs = alignment_runs(monkeypatch)
+    results = {}
+    for aligned in (False, True):
+        runs.clear()
+        options = DecodingOptions(
+            beam_size=beam_size, num_hypotheses=beam_size, max_decoding_length=12,
+            alignments=aligned,
+        )  # fmt: skip
+        results[aligned] = engine.generate(sources, options)
+        assert runs and all(gate == (aligned if gated else None) for gate, _ in runs)
+        bound = outputs + (aligned or not gated)
+        assert all(count == bound for _, count in runs)
+        for source, hypotheses in zip(sources, results[aligned], strict=True):
+            assert all((h.alignment is not None) == (aligned and bool(source)) for h in hypotheses)
+    for plain, aligned in zip(results[False], results[True], strict=True):
+        assert [h.ids for h in plain] == [h.ids for h in aligned]
+        assert [h.score for h in plain] == pytest.approx([h.score for h in aligned], abs=1e-5)
+
+
+def test_the_alignment_nodes_run_inside_an_if_on_the_cpu_graph(fp32_bundle: Path) -> None:
+    """Nothing outside the If computes for the alignment alone: without it, the graph's
+    outputs but the alignment need every other node."""
+    step = onnx.load(str(fp32_bundle / DECODER_STEP_FILE))
+    [gate] = [n for n in step.graph.node if ALIGNMENT in n.output]
+    assert gate.op_type == "If" and list(gate.input) == [ALIGNMENT_WANTED]
+    then_branch = next(a.g for a in gate.attribute if a.name == "then_branch")
+    assert any(n.op_type == "Softmax" for n in then_branch.node)
+    others = [o.name for o in step.graph.output if o.name != ALIGNMENT]
+    inputs = [i.name for i in step.graph.input if i.name != ALIGNMENT_WANTED]
+    needed = Extractor(step).extract_model(inputs, others)
+    assert len(needed.graph.node) == len(step.graph.node) - 1  # all but the If
 
 
 def test_a_bundle_exported_before_alignments_loads_and_translates(
@@ -121,7 +179,7 @@ def test_a_bundle_exported_before_alignments_loads_and_translates(
     assert not engine.aligns
     new = Engine.load(fp32_bundle, device="cpu")
     sources = engine.encode(SENTENCES[:3])
-    options = DecodingOptions(beam_size=2, max_decoding_length=15)
+    options = DecodingOptions(beam_size=2, max_decoding_length=15, alignments=True)
     for before, after in zip(
         engine.generate(sources, options), new.generate(sources, options), strict=True
     ):

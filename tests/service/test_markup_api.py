@@ -47,6 +47,21 @@ async def markup_client() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@pytest.mark.parametrize(
+    ("extra", "aligned"),
+    [({}, False), ({"format": "html"}, True), ({"return_alignments": True}, True)],
+)
+async def test_only_markup_and_return_alignments_ask_the_engine_for_alignments(
+    extra: dict[str, Any], aligned: bool
+) -> None:
+    """A step skips the aligner's nodes for plain text (DecodingOptions.alignments)."""
+    fake = FakeModel()
+    async with running(create_app(fast_settings(), models=[fake])) as client:
+        body = {"text": "<p>A <b>dog</b> runs.</p>", **EN_DE, **extra}
+        assert (await client.post("/translate", json=body)).status_code == 200
+    assert fake.calls[-1][1].alignments is aligned
+
+
 async def test_html_comes_back_translated_with_its_tags_around_the_same_words(
     markup_client: httpx.AsyncClient,
 ) -> None:

@@ -23,16 +23,20 @@ from service.inference.running import Running, _Batch
 from service.inference.step_state import step_macs_per_row
 from service.metrics import Metrics
 from service.scheduling.batcher import Batcher, BatchLimits
-from tests.service.helpers import step_runs
+from tests.service.helpers import alignment_runs, step_runs
 
 VAL = Path(__file__).resolve().parents[3] / "shared/data/multi30k/val.en.gz"
+# The first three share beam sizes with and without alignments (a batch computes them for the
+# searches that keep them; the others get none).
 OPTIONS = [
-    DecodingOptions(),
+    DecodingOptions(alignments=True),
     DecodingOptions(beam_size=4),
-    DecodingOptions(beam_size=5, length_penalty=0.6),
+    DecodingOptions(beam_size=4, alignments=True),
+    DecodingOptions(),
+    DecodingOptions(beam_size=5, length_penalty=0.6, alignments=True),
     DecodingOptions(beam_size=2, num_hypotheses=2),
     DecodingOptions(beam_size=4, no_repeat_ngram_size=2),
-    DecodingOptions(max_decoding_length=5),
+    DecodingOptions(max_decoding_length=5, alignments=True),
 ]
 
 
@@ -63,10 +67,14 @@ def alone(engine: Engine, segment: Segment) -> list[Hypothesis]:
     return nbest
 
 
-def assert_same(got: list[Hypothesis], expected: list[Hypothesis]) -> None:
+def assert_same(got: list[Hypothesis], expected: list[Hypothesis], aligned: bool) -> None:
+    """The same n-best list, with alignments as `aligned` (its options') says."""
     assert [(h.ids, h.finish_reason) for h in got] == [(h.ids, h.finish_reason) for h in expected]
     assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-4)
     for g, e in zip(got, expected, strict=True):
+        if not aligned:
+            assert g.alignment is None and e.alignment is None
+            continue
         assert g.alignment is not None and e.alignment is not None
         np.testing.assert_allclose(g.alignment, e.alignment, atol=1e-4)
 
@@ -141,7 +149,7 @@ def test_joining_and_leaving_between_steps_changes_no_translation(
             [stopped] = result
             assert stopped.ids == nbest[0].ids[: len(stopped.ids)] or segment.options.beam_size > 1
         else:  # finished before its deadline passed, or never cancelled
-            assert_same(result, nbest)
+            assert_same(result, nbest, segment.options.alignments)
 
 
 def test_with_a_shortlist_joining_and_leaving_changes_no_translation(
@@ -155,7 +163,7 @@ def test_with_a_shortlist_joining_and_leaving_changes_no_translation(
     expected = [alone(engine, s) for s in segments]
     got = drive(AnyOrder(engine, 5, rng), segments, rng, set())
     for segment, nbest in zip(segments, expected, strict=True):
-        assert_same(got[id(segment)], nbest)
+        assert_same(got[id(segment)], nbest, segment.options.alignments)
 
 
 def test_steps_move_between_the_wide_and_narrow_sessions_with_their_rows(
@@ -181,7 +189,7 @@ def test_steps_move_between_the_wide_and_narrow_sessions_with_their_rows(
     assert all(session is sessions.for_rows(rows) for session, rows in ran)
     assert {rows < 12 for _, rows in ran if rows > 5} == {True, False}  # beam batches moved
     for segment in segments:
-        assert_same(got[id(segment)], alone(engine, segment))
+        assert_same(got[id(segment)], alone(engine, segment), segment.options.alignments)
 
 
 def test_slots_are_reused_and_joining_moves_nothing(
@@ -216,6 +224,33 @@ def test_slots_are_reused_and_joining_moves_nothing(
             running.step()
     assert running.usage().cache_bytes <= 2 * size  # at most a wider source or a longer cache
     assert running.usage().sentences == 0
+
+
+def test_a_running_batch_computes_the_alignment_while_a_search_keeps_it(
+    engine: Engine, sentences: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps skip the aligner's nodes while no running search keeps alignment rows, run them
+    from the step one joins until it leaves."""
+    runs = alignment_runs(monkeypatch)
+    running = Running(engine, slots=4)
+    by_length = sorted(sentences, key=len)  # the aligned one ends first
+    plain = [Segment(ids, [], DecodingOptions(beam_size=4)) for ids in by_length[-2:]]
+    running.admit(plain)
+    for _ in range(2):
+        running.step()
+    aligned = Segment(by_length[0], [], DecodingOptions(beam_size=4, alignments=True))
+    running.admit([aligned])
+    gates, ended = [], {}
+    while running.sentences:
+        finished, _ = running.step()
+        gates.append(runs[-1][0])
+        ended.update({id(segment): (len(gates), nbest) for segment, nbest in finished})
+    assert [gate for gate, _ in runs[:2]] == [False, False]
+    last, [best] = ended[id(aligned)]
+    assert gates[:last] == [True] * last  # from its first step to its last
+    assert len(gates) > last and not any(gates[last:])  # then no more
+    assert best.alignment is not None and len(best.alignment) == len(best.ids)
+    assert all(h.alignment is None for s in plain for _, nbest in [ended[id(s)]] for h in nbest)
 
 
 def test_a_bad_sentence_admits_none(engine: Engine, sentences: list[list[int]]) -> None:

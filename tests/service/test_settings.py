@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from pydantic_settings import CliApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from benchmarks.markup_bench import without_alignment
 from service.__main__ import main
 from service.bundle.manifest import (
     CARD_FILE,
@@ -29,7 +28,7 @@ from service.http.server import fit_open_files, uvicorn_config
 from service.inference.engine import Engine
 from service.inference.models import shipped_bundle, shipped_bundles
 from service.settings import Settings
-from tests.service.helpers import FakeModel
+from tests.service.helpers import FakeModel, without_alignment
 
 
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
