@@ -123,9 +123,8 @@ class _Graph:
         """The nodes added within, kept apart (a subgraph's) instead of in the graph; their
         initializers go to the graph, which a subgraph reads from its outer scope."""
         outer, self.nodes = self.nodes, []
-        branch = self.nodes
         try:
-            yield branch
+            yield self.nodes
         finally:
             self.nodes = outer
 
