@@ -247,7 +247,8 @@ class StaticCacheState:
         self._suppressed = dims.suppressed_ids
         self.beam_size = beam_size
         self.indirection = manifest.decoder_cache == "indirection"
-        self.live = np.arange(sentences)  # slot of each live sentence, in the search's order
+        self.live = np.arange(sentences)
+        self._beam_index = np.arange(beam_size, dtype=np.int32)
         self.beams = 1  # rows per sentence the search sees: beam_size once expanded
         self.position = 0  # positions cached so far: the next step's position T
         self._graph_ids = graph_ids
@@ -313,11 +314,21 @@ class StaticCacheState:
         self.session.run_with_iobinding(self._binding, self._run_options(k))
         self.position = t + 1
         if self.indirection:
-            self._indirection[:, :, t] = np.arange(g)  # each beam wrote T in its own row
+            self._indirection[:, :, t] = self._beam_index  # each beam wrote T in its own row
         else:
             self._beam_rows[:] = np.arange(len(self._beam_rows))  # the gather is applied
         rows = self._stepped = self._rows()
         return self._host(TOP_LOG_PROBS)[rows], self._host(TOP_IDS)[rows]  # (R, k) copies
+
+    @property
+    def live(self) -> np.ndarray:
+        """The slot of each live sentence, in the search's order."""
+        return self._live
+
+    @live.setter
+    def live(self, slots: np.ndarray) -> None:
+        self._live = slots
+        self._row_index: np.ndarray | None = None  # _rows, made again at the next step
 
     def select(self, rows: np.ndarray, sentences: np.ndarray) -> None:
         parents = beam_parents(rows, sentences, self.beams, self.beam_size)
@@ -373,9 +384,12 @@ class StaticCacheState:
     # --- Internals ----------------------------------------------------------------------------
 
     def _rows(self) -> np.ndarray:
-        """Buffer rows of the rows the search sees."""
-        beams = np.arange(self.beams)
-        return (self.live[:, None] * self.beam_size + beams[None, :]).reshape(-1)
+        """Buffer rows of the rows the search sees (kept until `live` or `beams` changes: every
+        step asks)."""
+        if self._row_index is None or len(self._row_index) != len(self.live) * self.beams:
+            beams = np.arange(self.beams)
+            self._row_index = (self.live[:, None] * self.beam_size + beams[None, :]).reshape(-1)
+        return self._row_index
 
     def _follow(self, parents: np.ndarray | None) -> None:
         """Beam b of each live sentence now continues beam parents[., b] of that sentence."""
@@ -574,7 +588,7 @@ def follow_indirection(
     """In place: beam b of each of `slots` now reads each of the first `positions` cached
     positions where beam parents[., b] of its slot did; the cache itself never moves."""
     ours = indirection[slots, :, :positions]  # (n, G, T) copy
-    indirection[slots, :, :positions] = np.take_along_axis(ours, parents[:, :, None], axis=1)
+    indirection[slots, :, :positions] = ours[np.arange(len(slots))[:, None], parents]
 
 
 def _on_host(value: Value) -> np.ndarray:
