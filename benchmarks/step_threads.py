@@ -62,11 +62,13 @@ def feeds(model: onnx.ModelProto, sentences: int, beams: int, positions: int, so
         PAST_SEQUENCE_LENGTH: np.array([t], np.int32),
         CACHE_INDIRECTION: np.zeros((sentences, beams, positions), np.int32),
         TOP_K: np.array([1], np.int64),
-        ALIGNMENT_WANTED: np.array([False]),  # a plain-text step's
     }
     for graph_input in model.graph.input:
         name = graph_input.name
         if name in made:
+            continue
+        if name == ALIGNMENT_WANTED:
+            made[name] = np.array([False])  # a plain-text step's
             continue
         if name.startswith("past_"):
             made[name] = rng.random((rows, heads, positions, d_head), np.float32)

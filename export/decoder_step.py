@@ -16,8 +16,8 @@ written out here, for the few fused kernels ONNX Runtime has for exactly this wo
 - one token per row and a residual stream kept as (R, d_model), so every reshape has a constant
   shape except the one into (N, G, d_model) for cross-attention, computed once per step;
 - on the CPU's graph ("indirection" cache), the alignment's nodes inside an If on the input
-  `alignment_wanted`: a step for plain text skips them (a one-row step of the shipped model
-  6-9 % faster). The CUDA graph computes them inline (a control-flow node ends CUDA graph
+  `alignment_wanted`: a step for plain text skips them (a step of the shipped model 1.06-1.09x
+  faster). The CUDA graph computes them inline (a control-flow node ends CUDA graph
   capture).
 
 The torch model (model/transformer.py) stays the reference: export/parity.py holds this graph to
@@ -352,7 +352,7 @@ def _alignment(
     (N, G, d_model) and the sentence's keys (N, H, S, Dh), as the fused attention kernel does
     not return them; with an aligner (ModelConfig.aligner), the weights of its own query, made
     from the layer's cross-attention input `inner` (R, d_model), over all heads' keys as one
-    product. About 20 small nodes at one layer, 4-8 % of a step of the shipped model: on the
+    product. About 20 small nodes at one layer, 6-8 % of a step of the shipped model: on the
     "indirection" cache they run only when `alignment_wanted` is true (an If; else the output
     is empty, (0, 0))."""
     if cache == "gather":

@@ -94,7 +94,12 @@ def convert_graph(src: Path, dtype: str) -> onnx.ModelProto:
                 use_external_data_format=external,
                 # ONNX shape inference does not type the outputs of ONNX Runtime's contrib ops
                 # (the decoder step's attention and layer norms): they are float32.
-                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+                extra_options={
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                    # The decoder step's alignment nodes sit in an If's branch (their weights
+                    # in the outer graph): quantized like the rest.
+                    "EnableSubgraph": True,
+                },
             )
             return onnx.load(str(quantized))
     raise ValueError(f"no conversion to {dtype!r}; choose fp16 or int8")

@@ -93,9 +93,9 @@ class _Pending:
 
     def why(self) -> Literal["deadline", "cancelled"]:
         """Why nobody wants it (or why the engine stopped it): as its request said, or, where
-        its future went before the request could say (a request's timer or a client gone
-        cancels the futures it gathers at once; its handler runs a turn of the event loop
-        later), whether its deadline has passed."""
+        its future went before the request could say (a client gone cancels the futures its
+        request gathers at once; the request's handler runs a turn of the event loop later),
+        whether its deadline has passed."""
         if self.reason is not None:
             return self.reason
         return "deadline" if time.monotonic() > self.deadline else "cancelled"
@@ -201,24 +201,30 @@ class Batcher:
         self._idle.clear()
         self._arrived.set()
         self._wake.set()
-        futures = [p.future for p in pending]
+        # The whole request's deadline: when it passes, its segments are abandoned at once, as
+        # late (why before their futures are cancelled, so that a batch answered in the same
+        # turn of the event loop counts them so), whatever the batch they are in still has to
+        # decode for others (they leave it at its next step).
+        timer = loop.call_at(loop.time() + deadline - now, self._abandon, pending, "deadline")
         try:
-            # The whole request's deadline: answered when it passes, whatever the batch its
-            # segments are in still has to decode for others (they leave it at its next step).
-            async with asyncio.timeout_at(loop.time() + deadline - now):
-                return list(await asyncio.gather(*futures))
-        except TimeoutError:
-            self._abandon(pending, "deadline")
+            return list(await asyncio.gather(*(p.future for p in pending)))
+        except BaseException:
+            # Past the deadline: the timer's, or first the engine's clock (a segment stopped at
+            # a step) or the worker's (a queued one dropped). Else one segment failed or the
+            # caller went away: the other segments are not wanted either.
+            late = pending[0].reason == "deadline" or time.monotonic() > deadline
+            self._abandon(pending, "deadline" if late else "cancelled")
+            task = asyncio.current_task()
+            if not late or (task is not None and task.cancelling()):
+                raise
             if any(item.decoding for item in pending):
                 raise ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT) from None
             raise ServiceError(
                 ErrorType.DEADLINE_EXCEEDED,
                 "the request waited longer than its deadline; retry later",
             ) from None
-        except BaseException:
-            # One segment failed or the caller went away: its other segments are not wanted.
-            self._abandon(pending, "cancelled")
-            raise
+        finally:
+            timer.cancel()
 
     def _abandon(self, items: list[_Pending], reason: Literal["deadline", "cancelled"]) -> None:
         """Nobody waits for these segments any more: those queued leave the queue now (not at
