@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -65,7 +65,9 @@ from service.inference.step_state import (
     initial_capacity,
     narrow_rows,
 )
-from service.settings import Device
+
+if TYPE_CHECKING:  # the engine alone does not load the service's settings (pydantic-settings)
+    from service.settings import Device
 
 log = logging.getLogger(__name__)
 
