@@ -62,6 +62,10 @@ def join(device: torch.device) -> tuple[World, torch.device]:
 
 
 def leave(world: World) -> None:
-    """End this process's part in the group (after the last collective)."""
+    """End this process's part in the group (after the last collective), all of them together:
+    the others wait for rank 0's last checkpoint and validation, so that no process tears its
+    connections down while another still holds them (a rank that left first aborted once in CI,
+    "terminate called without an active exception", as rank 0 was still validating)."""
     if world.size > 1:
+        dist.barrier()
         dist.destroy_process_group()
