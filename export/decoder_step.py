@@ -119,14 +119,41 @@ class _Graph:
         return out
 
     @contextlib.contextmanager
-    def branch(self) -> Iterator[list[onnx.NodeProto]]:
-        """The nodes added within, kept apart (a subgraph's) instead of in the graph; their
-        initializers go to the graph, which a subgraph reads from its outer scope."""
+    def when(self, condition: str, output: str) -> Iterator[str]:
+        """`output` computed only when the bool input `condition` is true: the nodes added
+        within go into an If's then-branch, which writes the name yielded (their initializers
+        stay in the graph, which a branch reads from its outer scope); else `output` is an
+        empty (0, 0) float32 tensor."""
         outer, self.nodes = self.nodes, []
+        written = f"{output}.when"
         try:
-            yield self.nodes
+            yield written
+            then_nodes = self.nodes
         finally:
             self.nodes = outer
+        empty = f"{output}.otherwise"
+        branches = {
+            "then_branch": helper.make_graph(
+                then_nodes,
+                f"{output}_then",
+                [],
+                [helper.make_tensor_value_info(written, TensorProto.FLOAT, None)],
+            ),
+            "else_branch": helper.make_graph(
+                [
+                    helper.make_node(
+                        "Constant",
+                        [],
+                        [empty],
+                        value=helper.make_tensor(empty, TensorProto.FLOAT, [0, 0], []),
+                    )
+                ],
+                f"{output}_else",
+                [],
+                [helper.make_tensor_value_info(empty, TensorProto.FLOAT, None)],
+            ),
+        }
+        self.op("If", [condition], [output], **branches)
 
     def op(
         self,
@@ -284,7 +311,12 @@ def build_decoder_step(
             num_heads=heads,
         )  # (N, G, d_model)
         if i == config.aligned_layer:
-            _alignment(g, model, inner, query, cross_key(i), sentences_beams, opset, cache)
+            alignment = (inner, query, cross_key(i), sentences_beams, opset)
+            if cache == "gather":  # inline: a control-flow node would end CUDA graph capture
+                _alignment(g, model, *alignment, ALIGNMENT)
+            else:  # the CPU's graph: only for the steps that ask (markup, return_alignments)
+                with g.when(ALIGNMENT_WANTED, ALIGNMENT) as rows:
+                    _alignment(g, model, *alignment, rows)
         (attended,) = g.op("Reshape", [attended, rows_by_model])  # (R, d_model)
         out = g.matmul(attended, f"{prefix}.cross.o.weight", cross.w_o.weight)
         add_and_norm(out, g.weight(f"{prefix}.cross.o.bias", cross.w_o.bias), 3 * i + 1)
@@ -345,46 +377,15 @@ def _alignment(
     keys: str,
     sentences_beams: str,
     opset: int,
-    cache: DecoderCache,
-) -> None:
-    """The `alignment` output (R, S) float32: the aligned layer's cross-attention weights
-    (its alignment head's, or the heads' mean) for each row, recomputed from its query
-    (N, G, d_model) and the sentence's keys (N, H, S, Dh), as the fused attention kernel does
-    not return them; with an aligner (ModelConfig.aligner), the weights of its own query, made
-    from the layer's cross-attention input `inner` (R, d_model), over all heads' keys as one
-    product. About 20 small nodes at one layer, 6-8 % of a step of the shipped model: on the
-    "indirection" cache they run only when `alignment_wanted` is true (an If; else the output
-    is empty, (0, 0))."""
-    if cache == "gather":
-        _alignment_nodes(g, model, inner, query, keys, sentences_beams, opset, ALIGNMENT)
-        return
-    rows = f"{ALIGNMENT}.rows"
-    with g.branch() as nodes:
-        _alignment_nodes(g, model, inner, query, keys, sentences_beams, opset, rows)
-    then_branch = helper.make_graph(
-        nodes, "alignment", [], [helper.make_tensor_value_info(rows, TensorProto.FLOAT, None)]
-    )
-    none = f"{ALIGNMENT}.none"
-    empty = helper.make_tensor(none, TensorProto.FLOAT, [0, 0], [])
-    with g.branch() as nodes:
-        g.op("Constant", [], [none], value=empty)
-    else_branch = helper.make_graph(
-        nodes, "no_alignment", [], [helper.make_tensor_value_info(none, TensorProto.FLOAT, None)]
-    )
-    g.op("If", [ALIGNMENT_WANTED], [ALIGNMENT], then_branch=then_branch, else_branch=else_branch)
-
-
-def _alignment_nodes(
-    g: _Graph,
-    model: Transformer,
-    inner: str,
-    query: str,
-    keys: str,
-    sentences_beams: str,
-    opset: int,
     output: str,
 ) -> None:
-    """`_alignment`'s nodes, writing `output`."""
+    """The `alignment` output (R, S) float32, written as `output`: the aligned layer's
+    cross-attention weights (its alignment head's, or the heads' mean) for each row,
+    recomputed from its query (N, G, d_model) and the sentence's keys (N, H, S, Dh), as the
+    fused attention kernel does not return them; with an aligner (ModelConfig.aligner), the
+    weights of its own query, made from the layer's cross-attention input `inner` (R, d_model),
+    over all heads' keys as one product. About 20 small nodes at one layer, 6-8 % of a step of
+    the shipped model: the CPU's graph runs them only when `alignment_wanted` is true."""
     config = model.config
     heads, d_head = config.h, config.d_k
     if model.aligner is not None:  # its own query, over the heads' keys side by side

@@ -384,9 +384,9 @@ class StaticCacheState:
     # --- Internals ----------------------------------------------------------------------------
 
     def _rows(self) -> np.ndarray:
-        """Buffer rows of the rows the search sees (kept until `live` or `beams` changes: every
-        step asks)."""
-        if self._row_index is None or len(self._row_index) != len(self.live) * self.beams:
+        """Buffer rows of the rows the search sees (kept until `live` changes, which `beams`
+        changes with: every step asks)."""
+        if self._row_index is None:
             beams = np.arange(self.beams)
             self._row_index = (self.live[:, None] * self.beam_size + beams[None, :]).reshape(-1)
         return self._row_index
