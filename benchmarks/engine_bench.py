@@ -2,7 +2,8 @@
 
     python -m benchmarks.engine_bench --checkpoint checkpoints/multi30k-en-de \\
         --bundle-fp32 BUNDLE [--bundle-int8 BUNDLE] [--bundle-fp16 BUNDLE] [--src FILE] \\
-        [--n 500] [--threads 2] [--device cpu|cuda] [--batch-sizes 1 32] [--beam-sizes 1 4] \\
+        [--n 500] [--threads 2] [--intra-op-spinning] [--device cpu|cuda] \\
+        [--batch-sizes 1 32] [--beam-sizes 1 4] \\
         [--repeat 3] [--systems NAME ...] [--json FILE] [--hf-dir DIR] [--length N]
 
 Systems: torch-uncached (model.search with the decoder re-run on the whole prefix each step),
@@ -154,6 +155,7 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
             (args.bundle_cpu or args.bundle_fp32) if on_cpu else getattr(args, f"bundle_{dtype}"),
             device="cpu" if on_cpu else args.device,
             intra_op_threads=args.threads,
+            intra_op_spinning=args.intra_op_spinning,
             max_batch_size=max(args.batch_sizes),
             cuda_graphs=system.endswith("-graphs"),
         )
@@ -340,6 +342,8 @@ def _run_system(system: str, args: argparse.Namespace, sources_file: Path) -> di
     for flag, value in (("--hf-dir", args.hf_dir), ("--length", args.length)):
         if value:
             argv += [flag, str(value)]
+    if args.intra_op_spinning:
+        argv.append("--intra-op-spinning")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     print(f"running {system} ...", file=sys.stderr, flush=True)
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, check=False)
@@ -449,6 +453,12 @@ def parser(
     p.add_argument("--src", type=Path, default=DEFAULT_SRC, help="plain or .gz, one per line")
     p.add_argument("--n", type=int, default=500, help="first N lines (default 500)")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    p.add_argument(
+        "--intra-op-spinning",
+        action="store_true",
+        help="the engine's decoder-step threads spin between kernels (as the service's do when "
+        "it serves one model)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="torch's and engine's")
     p.add_argument(
         "--repeat", type=int, default=3, help="timed passes per configuration; the median counts"

@@ -2,7 +2,7 @@
 the uncached loop, on the same weights, in one run.
 
     python -m benchmarks.marian_bench [--work DIR] [--n 32] [--length 32] [--threads 2]
-        [--repeat 1] [--batch-sizes 1 32] [--beam-sizes 1 4] [--json FILE]
+        [--intra-op-spinning] [--repeat 1] [--batch-sizes 1 32] [--beam-sizes 1 4] [--json FILE]
 
 1. Builds a random Marian model of transformer-base size in transformers' format
    (benchmarks/marian_checkpoint.py): 6 + 6 layers, d_model 512, 8 heads, d_ff 2048, swish, a
@@ -90,6 +90,9 @@ def bench_parser(
     p.add_argument("--n", type=int, default=32, help="sentences (default 32)")
     p.add_argument("--length", type=int, default=32, help="tokens per sentence (default 32)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--intra-op-spinning", action="store_true", help="the engine's step threads spin"
+    )
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     p.add_argument("--beam-sizes", type=int, nargs="+", default=beam_sizes)
@@ -120,6 +123,7 @@ def run_bench(
                 "--batch-sizes", *map(str, args.batch_sizes),
                 "--beam-sizes", *map(str, args.beam_sizes),
                 "--systems", *args.systems,
+                *(["--intra-op-spinning"] if args.intra_op_spinning else []),
             ]
         )  # fmt: skip
         return engine_bench.without_outputs(engine_bench.run(bench_args))

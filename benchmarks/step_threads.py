@@ -2,12 +2,14 @@
 parts cost at one row; the measurements behind step_state.NARROW_STEP_MACS.
 
     python -m benchmarks.step_threads --bundle bundles/multi30k-en-de [--threads 2]
-        [--rows 1 8 16 32 64 128 256] [--beam-size 4] [--positions 32] [--source 12]
-        [--runs 3000] [--json FILE]
+        [--intra-op-spinning] [--rows 1 8 16 32 64 128 256] [--beam-size 4]
+        [--positions 32] [--source 12] [--runs 3000] [--json FILE]
 
 Method: two ONNX Runtime sessions of the bundle's decoder_step.onnx, with the engine's session
-options, one on one intra-op thread and one on --threads, run on the same made-up inputs (every
-id 5, a cache of --positions random positions, --source source positions, top 1 candidate) for
+options, one on one intra-op thread and one on --threads (sleeping between kernels, or spinning
+with --intra-op-spinning, as the service's step threads do in a process of one model), run on
+the same made-up inputs (every id 5, a cache of --positions random positions, --source source
+positions, top 1 candidate) for
 each row count: greedy rows (one per sentence) up to 32 rows, --beam-size rows per sentence
 above. Wall clock of `InferenceSession.run` (the engine binds its buffers instead; the same
 kernels), median of five blocks of runs after a warm-up; steps of plain text (the alignment
@@ -92,8 +94,10 @@ def timed(session: ort.InferenceSession, inputs: dict[str, np.ndarray], runs: in
     return statistics.median(blocks)
 
 
-def session(model: onnx.ModelProto | Path, threads: int) -> ort.InferenceSession:
-    options = engine_module._session_options(threads, spinning=False)
+def session(
+    model: onnx.ModelProto | Path, threads: int, spinning: bool = False
+) -> ort.InferenceSession:
+    options = engine_module._session_options(threads, spinning)
     options.log_severity_level = 3  # a cut graph's log_probs is narrower than it declares
     source = str(model) if isinstance(model, Path) else model.SerializeToString()
     return ort.InferenceSession(source, options, providers=[engine_module.CPU_PROVIDER])
@@ -119,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.step_threads", description=__doc__)
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2, help="the wide session's (default 2)")
+    p.add_argument("--intra-op-spinning", action="store_true", help="the wide session's spin")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128, 256])
     p.add_argument("--beam-size", type=int, default=4, help="rows per sentence past 32 rows")
     p.add_argument("--positions", type=int, default=32, help="cached positions (default 32)")
@@ -130,8 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     dims = manifest.model
     path = args.bundle / manifest.decoder_step.file
     model = onnx.load(str(path))
-    one, wide = session(path, 1), session(path, args.threads)
-    print(f"{path}, threads 1 against {args.threads}, microseconds a step")
+    one, wide = session(path, 1), session(path, args.threads, args.intra_op_spinning)
+    spins = ", spinning" if args.intra_op_spinning else ""
+    print(f"{path}, threads 1 against {args.threads}{spins}, microseconds a step")
     print(f"| rows | 1 thread | {args.threads} threads | 1 thread's speed-up |")
     print("|---|---|---|---|")
     by_rows: dict[int, dict[str, float]] = {}
@@ -146,7 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     inputs = feeds(model, 1, 1, args.positions, args.source, dims.heads, dims.d_head)
     at_one_row = parts(model, inputs, args.runs)
     print("\none row, one thread: " + ", ".join(f"{k} {v:,.1f}" for k, v in at_one_row.items()))
-    summary: dict[str, Any] = {"threads": args.threads, "rows": by_rows, "parts": at_one_row}
+    summary: dict[str, Any] = {
+        "threads": args.threads,
+        "spinning": args.intra_op_spinning,
+        "rows": by_rows,
+        "parts": at_one_row,
+    }
     line = json.dumps(summary)
     print(line)
     if args.json:

@@ -63,13 +63,16 @@ class Settings(BaseSettings):
     intra_op_threads: int | None = Field(
         None,
         ge=1,
-        description="ONNX Runtime intra-op threads (none: one fewer than the physical cores the "
-        "process may use, under its cgroup's CPU quota, at least 1)",
+        description="ONNX Runtime intra-op threads (none: the physical cores the process may "
+        "use, under its cgroup's CPU quota; one fewer where the step's threads do not spin; at "
+        "least 1)",
     )
     intra_op_spinning: bool = Field(
-        False,
-        description="let intra-op threads spin between kernels (off: they would take the cores "
-        "the search needs between decoder steps)",
+        True,
+        description="let the decoder step's intra-op threads spin between kernels instead of "
+        "sleeping; unset, on for a process that serves one model under no cgroup CPU quota, off "
+        "for one that serves several (their threads would take each other's cores) or has a "
+        "quota (spinning would spend it)",
     )
     cuda_graphs: bool = Field(
         False,

@@ -31,7 +31,9 @@ from typing import TextIO
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
 from service.errors import ServiceError
+from service.inference.cpus import cpu_quota
 from service.inference.engine import Engine
+from service.inference.models import step_threads_spin
 from service.settings import Settings
 from service.text import pipeline
 
@@ -170,14 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        settings = Settings.model_validate({})  # the defaults under the MT_* variables
         engine = Engine.load(
             args.bundle,
             device=args.device,
             device_id=args.device_id,
             intra_op_threads=args.threads,
+            intra_op_spinning=step_threads_spin(settings, 1, cpu_quota()),  # one model
             max_batch_size=args.batch_size,
         )
-        settings = Settings.model_validate({})  # the defaults under the MT_* variables
         requested = {
             "beam_size": args.beam_size,
             "length_penalty": args.length_penalty,

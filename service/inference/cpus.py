@@ -1,15 +1,16 @@
 """How many intra-op threads the engine's steps get when the settings name none.
 
-ONNX Runtime's own default is one thread per physical core of the machine. Two things make that
-wrong for this service. The decoder step is not all the work: the event loop, tokenizing and the
-search between two steps need a core too, and on 2 cores one intra-op thread answered 1.23x and
-1.21x the requests of two at 1 and 8 clients, the same at 64, with a p50 of 20.0 against
-24.7 ms at 1 client (benchmarks/RESULTS.md, issue 35). And ONNX Runtime counts the machine's
-cores, not the ones a container may use: under a CPU limit of 4 on a 64-core host it starts 32
-threads that the limit then throttles. So the default is one fewer than the physical cores the
-process may use, counting its CPU affinity and the CPU quota of its cgroup and those above it
-(v2 `cpu.max`, v1 `cpu.cfs_quota_us`), and at least one.
-"""
+ONNX Runtime's own default is one thread per physical core of the machine, which counts the
+machine's cores, not the ones a container may use: under a CPU limit of 4 on a 64-core host it
+starts 32 threads that the limit then throttles. So the default counts the physical cores the
+process may use, its CPU affinity and the CPU quota of its cgroup and those above it (v2
+`cpu.max`, v1 `cpu.cfs_quota_us`). Where the step's threads sleep between kernels, one core is
+left out: the event loop, tokenizing and the search between two steps need a core too, and
+waking a sleeping thread costs more than it takes over at few rows (on 2 cores one sleeping
+thread answered 1.23x and 1.21x the requests of two at 1 and 8 clients, the same at 64:
+benchmarks/RESULTS.md, issue 35). Where they spin (a process serving one model,
+service/inference/models.py), they are ready at once, and two of them on 2 cores beat one at
+every load (the same file, issue 35's fifth part)."""
 
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ def default_intra_op_threads(
     sys_cpu: Path = SYS_CPU,
     cgroup: Path = CGROUP,
     proc_cgroup: Path = PROC_CGROUP,
+    *,
+    spinning: bool = False,
 ) -> int:
-    """One fewer than the physical cores among `cpus` (default: this process's affinity),
-    at most its cgroups' CPU quota, and at least one."""
+    """The physical cores among `cpus` (default: this process's affinity), at most its cgroups'
+    CPU quota, one fewer unless the threads spin, and at least one."""
     cores = physical_cores(_affinity() if cpus is None else cpus, sys_cpu)
     quota = cpu_quota(cgroup, proc_cgroup)
     usable = cores if quota is None else min(cores, math.ceil(quota))
-    return max(1, usable - 1)
+    return max(1, usable if spinning else usable - 1)
 
 
 def physical_cores(cpus: Iterable[int], sys_cpu: Path = SYS_CPU) -> int:

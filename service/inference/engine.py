@@ -240,13 +240,18 @@ class Engine:
         there (its cache is "gather", service/bundle/manifest.py), else the CPU; "cuda" logs a
         warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the CPU
         only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX Runtime
-        choose (one per physical core); where they may be more than one and the model is small,
-        the CPU's decoder step also opens on one thread, for steps of few rows
+        choose (one per physical core). `intra_op_spinning` lets the decoder step's threads spin
+        between kernels instead of sleeping, so that a kernel's parallel part starts at once
+        (on 2 cores 1.06-1.32x the tokens/s of sleeping ones, and the step alone 1.14-1.62x one
+        thread's speed at any rows); the encoder's never spin, as a second spinning pool would
+        take the cores the step's need (spinning both made batch-1 decoding 23-31 % slower,
+        benchmarks/RESULTS.md, issue 35's fifth part). Off by default: the
+        threads of two engines decoding at once would take each other's cores (the service
+        turns it on for a process of one model, service/inference/models.py). Where the threads
+        sleep, are more than one and the model is small, the CPU's decoder step also opens on
+        one thread, for steps of few rows, which waking threads would slow
         (step_state.StepSessions: on the shipped model, fewer than 61 rows).
-        `intra_op_spinning` lets those threads spin between kernels instead of sleeping: off by
-        default, because between two decoder steps this process runs the search in Python, and
-        spinning threads take the cores it needs (on 2 cores, spinning made greedy decoding
-        30-45 % slower). `padded` None pads batches on CUDA and compacts them on the
+        `padded` None pads batches on CUDA and compacts them on the
         CPU (step_state.py); True or False forces one policy. `cuda_graphs` captures each
         decoder-step shape as a CUDA graph and replays it (CUDA, padded batches and a gather cache
         only; ignored, with a warning, elsewhere).
@@ -265,7 +270,13 @@ class Engine:
             log.info("%s: its decoder step runs on the CPU only; using the CPU", bundle.directory)
             device = "cpu"
         tokenizer = load_tokenizer(bundle)
-        options = _session_options(intra_op_threads, intra_op_spinning)
+        # The encoder runs once a batch: its threads never spin, as a second spinning pool would
+        # take the cores the step's threads and the search need; and a small model's (one whose
+        # steps of few rows would run on one thread, `narrow_rows`) runs on one thread, which
+        # waking a second costs more than it takes over (the shipped model, 2-core Xeon: 369
+        # against 513 us for one sentence of 14 tokens, 5.26 against 5.63 ms for 32).
+        small = narrow_rows(manifest.model) > 0
+        options = _session_options(1 if small else intra_op_threads, spinning=False)
         step_options = _session_options(intra_op_threads, intra_op_spinning)
         if manifest.decoder_cache == "gather":
             # TensorScatter warns at every step that it copies the gathered cache into the
@@ -285,12 +296,13 @@ class Engine:
                 [o.name for o in session.get_outputs()],
             )
         # Steps of few rows on one thread (step_state.StepSessions), where the others get more
-        # (None: ONNX Runtime's default, one per physical core of the machine).
+        # (None: ONNX Runtime's default, one per physical core of the machine) and sleep.
         narrow = None
         on_cpu = sessions[1].get_providers()[0] == CPU_PROVIDER
         if (
             on_cpu
-            and narrow_rows(manifest.model)
+            and not intra_op_spinning
+            and small
             and (intra_op_threads or physical_cores(range(os.cpu_count() or 1))) > 1
         ):
             narrow_options = _session_options(1, spinning=False)

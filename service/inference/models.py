@@ -24,7 +24,7 @@ from service.bundle.manifest import (
     replace_directory,
     sha256_file,
 )
-from service.inference.cpus import default_intra_op_threads
+from service.inference.cpus import cpu_quota, default_intra_op_threads
 from service.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,22 +46,41 @@ def load_models(settings: Settings) -> list[Engine]:
         *settings.bundle,
         *(model_bundle(directory, settings.model_cache) for directory in settings.model),
     ] or shipped_bundles(settings)
+    spinning = step_threads_spin(settings, len(directories), cpu_quota())
     threads = settings.intra_op_threads
     if threads is None:
-        threads = default_intra_op_threads()
-        log.info("intra-op threads: %d (MT_INTRA_OP_THREADS sets another number)", threads)
+        threads = default_intra_op_threads(spinning=spinning)
+        log.info(
+            "intra-op threads: %d, %s (MT_INTRA_OP_THREADS and MT_INTRA_OP_SPINNING set others)",
+            threads,
+            "spinning" if spinning else "sleeping between kernels",
+        )
     return [
         Engine.load(
             directory,
             device=settings.device,
             device_id=settings.device_id,
             intra_op_threads=threads,
-            intra_op_spinning=settings.intra_op_spinning,
+            intra_op_spinning=spinning,
             cuda_graphs=settings.cuda_graphs,
             max_batch_size=settings.max_batch_size,
         )
         for directory in directories
     ]
+
+
+def step_threads_spin(settings: Settings, models: int, quota: float | None) -> bool:
+    """Whether the decoder steps' intra-op threads spin: as the settings say where they name
+    it, else only in a process of one model under no cgroup CPU quota (`quota`, cpus.py). A
+    spinning thread is ready the moment a kernel has work for it (on 2 cores the engine
+    decoded 1.04-1.43x the tokens/s of its one-thread steps); but each engine has its own
+    threads, and two models decoding at once had their spinning threads take the cores from
+    each other's steps (half the tokens/s of sleeping ones), and a quota would be spent on
+    spinning and then throttle the whole process (benchmarks/RESULTS.md, issue 35, fifth
+    part)."""
+    if "intra_op_spinning" in settings.model_fields_set:
+        return settings.intra_op_spinning
+    return models == 1 and quota is None
 
 
 def shipped_bundles(settings: Settings) -> list[Path]:

@@ -15,10 +15,12 @@ def test_each_row_count_is_timed_on_both_sessions(eos_bundle: Path) -> None:
     argv = [
         sys.executable, "-m", "benchmarks.step_threads", "--bundle", str(eos_bundle),
         "--rows", "1", "8", "64", "--runs", "100", "--positions", "8", "--source", "5",
+        "--intra-op-spinning",
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True, timeout=600)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["threads"] == 2
+    assert summary["threads"] == 2 and summary["spinning"] is True
+    assert "threads 1 against 2, spinning" in done.stdout
     assert set(summary["rows"]) == {"1", "8", "64"}
     for times in summary["rows"].values():
         assert times["one"] > 0 and times["wide"] > 0

@@ -33,10 +33,19 @@ def _proc(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_two_cores_leave_one_for_the_event_loop_and_the_search(tmp_path: Path) -> None:
+def test_sleeping_threads_leave_a_core_for_the_event_loop_and_spinning_ones_take_all(
+    tmp_path: Path,
+) -> None:
     sys_cpu = _sysfs(tmp_path / "cpu", [(0, 0), (0, 1)])
     none = tmp_path / "none"
     assert default_intra_op_threads([0, 1], sys_cpu, none, none) == 1
+    assert default_intra_op_threads([0, 1], sys_cpu, none, none, spinning=True) == 2
+    assert default_intra_op_threads([0], sys_cpu, none, none, spinning=True) == 1
+    half = _cgroup_v2(tmp_path / "half", "150000 100000")  # 1.5 CPUs of a 2-core machine
+    root = _proc(tmp_path, "0::/\n")
+    assert default_intra_op_threads([0, 1], sys_cpu, half, root, spinning=True) == 2
+    quarter = _cgroup_v2(tmp_path / "quarter", "25000 100000")
+    assert default_intra_op_threads([0, 1], sys_cpu, quarter, root, spinning=True) == 1
 
 
 def test_hyperthreads_count_once(tmp_path: Path) -> None:

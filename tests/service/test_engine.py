@@ -33,7 +33,7 @@ from service.inference.engine import (
     _providers,
     encoder_chunks,
 )
-from service.inference.step_state import step_macs_per_row
+from service.inference.step_state import narrow_rows, step_macs_per_row
 from service.settings import Settings
 from tests.service.helpers import model_translate, step_runs
 
@@ -262,15 +262,28 @@ def test_buffers_are_reused_and_memory_stays_flat(
 
 
 @pytest.mark.parametrize("spinning", [False, True])
-def test_intra_op_threads_sleep_between_kernels_unless_asked_to_spin(
-    fp32_bundle: Path, spinning: bool
+def test_only_the_steps_threads_spin_and_only_when_asked(
+    fp32_bundle: Path, monkeypatch: pytest.MonkeyPatch, spinning: bool
 ) -> None:
+    """The encoder's threads always sleep between kernels (a second spinning pool would take
+    the step's cores), and a small model's encoder runs on one; the step's spin when asked, and
+    then no one-thread session is opened for steps of few rows (spinning threads beat one
+    thread at any rows)."""
     engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=2, intra_op_spinning=spinning)
-    for session in (engine._encoder, engine.step_sessions.wide):
+    assert narrow_rows(engine.manifest.model) > 0  # a small model
+    for session, threads, spins in (
+        (engine._encoder, 1, False),
+        (engine.step_sessions.wide, 2, spinning),
+    ):
         options = session.get_session_options()
-        assert options.intra_op_num_threads == 2
+        assert options.intra_op_num_threads == threads
         entry = options.get_session_config_entry("session.intra_op.allow_spinning")
-        assert entry == ("1" if spinning else "0")
+        assert entry == ("1" if spins else "0")
+    assert (engine.step_sessions.narrow is None) == spinning
+    monkeypatch.setattr(step_state, "MIN_NARROW_ROWS", 10**9)  # as large as a model gets
+    engine = Engine.load(fp32_bundle, device="cpu", intra_op_threads=2, intra_op_spinning=spinning)
+    assert engine._encoder.get_session_options().intra_op_num_threads == 2
+    assert engine.step_sessions.narrow is None
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

@@ -25,8 +25,15 @@ from service.bundle.manifest import (
 )
 from service.http.app import create_app
 from service.http.server import fit_open_files, uvicorn_config
+from service.inference import models
+from service.inference.cpus import default_intra_op_threads
 from service.inference.engine import Engine
-from service.inference.models import shipped_bundle, shipped_bundles
+from service.inference.models import (
+    load_models,
+    shipped_bundle,
+    shipped_bundles,
+    step_threads_spin,
+)
 from service.settings import Settings
 from tests.service.helpers import FakeModel, without_alignment
 
@@ -126,6 +133,36 @@ def test_invalid_settings_are_refused(values: dict[str, object]) -> None:
 
 def test_prefix_loses_its_trailing_slash() -> None:
     assert Settings(libretranslate_prefix="/lt/").libretranslate_prefix == "/lt"
+
+
+@pytest.mark.parametrize(
+    ("bundles", "named", "spins"),
+    [(1, None, True), (2, None, False), (2, True, True), (1, False, False)],
+)
+def test_the_steps_threads_spin_in_a_process_of_one_model_unless_told(
+    fp32_bundle: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    bundles: int,
+    named: bool | None,
+    spins: bool,
+) -> None:
+    """Unset, the decoder step's threads spin where the process serves one model (and take
+    every core), not where it serves several (whose threads would take each other's cores),
+    nor under a cgroup CPU quota (which spinning would spend); named, the setting holds either
+    way."""
+    monkeypatch.delenv("MT_INTRA_OP_SPINNING", raising=False)
+    monkeypatch.delenv("MT_INTRA_OP_THREADS", raising=False)
+    monkeypatch.setattr(models, "cpu_quota", lambda: None)  # as on a host with none
+    named_it = {} if named is None else {"intra_op_spinning": named}
+    settings = Settings(bundle=[fp32_bundle] * bundles, checkpoint=[], device="cpu", **named_it)
+    assert step_threads_spin(settings, bundles, 2.0) == (named is True)
+    engines = load_models(settings)
+    assert len(engines) == bundles
+    for engine in engines:
+        options = engine.step_sessions.wide.get_session_options()
+        entry = options.get_session_config_entry("session.intra_op.allow_spinning")
+        assert entry == ("1" if spins else "0")
+        assert options.intra_op_num_threads == default_intra_op_threads(spinning=spins)
 
 
 def test_the_shipped_bundle_is_built_once(tiny_checkpoint: Path, tmp_path: Path) -> None:
