@@ -31,7 +31,7 @@ from typing import TextIO
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
 from service.errors import ServiceError
-from service.inference.cpus import cpu_quota
+from service.inference.cpus import cpu_quota, default_intra_op_threads
 from service.inference.engine import Engine
 from service.inference.models import step_threads_spin
 from service.settings import Settings
@@ -139,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="ONNX Runtime intra-op threads (default: as the server's, MT_INTRA_OP_THREADS)",
+    )
     p.add_argument(
         "--length-penalty",
         type=float,
@@ -173,12 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.model_validate({})  # the defaults under the MT_* variables
+        spinning = step_threads_spin(settings, 1, cpu_quota())  # as a server of one model
         engine = Engine.load(
             args.bundle,
             device=args.device,
             device_id=args.device_id,
-            intra_op_threads=args.threads,
-            intra_op_spinning=step_threads_spin(settings, 1, cpu_quota()),  # one model
+            intra_op_threads=args.threads
+            or settings.intra_op_threads
+            or default_intra_op_threads(spinning=spinning),
+            intra_op_spinning=spinning,
             max_batch_size=args.batch_size,
         )
         requested = {

@@ -8,9 +8,10 @@ process may use, its CPU affinity and the CPU quota of its cgroup and those abov
 left out: the event loop, tokenizing and the search between two steps need a core too, and
 waking a sleeping thread costs more than it takes over at few rows (on 2 cores one sleeping
 thread answered 1.23x and 1.21x the requests of two at 1 and 8 clients, the same at 64:
-benchmarks/RESULTS.md, issue 35). Where they spin (a process serving one model,
-service/inference/models.py), they are ready at once, and two of them on 2 cores beat one at
-every load (the same file, issue 35's fifth part)."""
+benchmarks/RESULTS.md, issue 35). Where they spin (a process serving one model under no CPU
+quota, service/inference/models.py), they are ready at once, and on 2 cores two of them
+answered 1.03-1.24x the requests of one sleeping thread under load (fp32; the same file, issue
+35's fifth part), so they take every core."""
 
 from __future__ import annotations
 

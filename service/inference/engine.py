@@ -240,14 +240,16 @@ class Engine:
         there (its cache is "gather", service/bundle/manifest.py), else the CPU; "cuda" logs a
         warning when this ONNX Runtime has no CUDA, and refuses a bundle whose step runs on the CPU
         only, naming the export that makes one for CUDA. `intra_op_threads` None lets ONNX Runtime
-        choose (one per physical core). `intra_op_spinning` lets the decoder step's threads spin
-        between kernels instead of sleeping, so that a kernel's parallel part starts at once
-        (on 2 cores 1.06-1.32x the tokens/s of sleeping ones, and the step alone 1.14-1.62x one
-        thread's speed at any rows); the encoder's never spin, as a second spinning pool would
-        take the cores the step's need (spinning both made batch-1 decoding 23-31 % slower,
-        benchmarks/RESULTS.md, issue 35's fifth part). Off by default: the
-        threads of two engines decoding at once would take each other's cores (the service
-        turns it on for a process of one model, service/inference/models.py). Where the threads
+        choose (one per physical core). `intra_op_spinning` lets the CPU decoder step's threads
+        spin between kernels instead of sleeping, so that a kernel's parallel part starts at once
+        (shipped model, fp32, 2 cores: 0.98-1.32x the tokens/s of sleeping ones, the step alone
+        1.14-1.62x one thread's speed at 1-256 rows; int8 mixed, 0.82-1.26x); the encoder's never
+        spin, as a second spinning pool would take the cores the step's need (spinning both made
+        batch-1 decoding 24-31 % slower, benchmarks/RESULTS.md, issue 35's fifth part), nor do
+        they on CUDA. Off by default: the threads of two engines decoding at once would take
+        each other's cores (the service turns it on for a process of one model under no CPU
+        quota, service/inference/models.py). A small model's encoder runs on one thread
+        whatever `intra_op_threads` says (below). Where the threads
         sleep, are more than one and the model is small, the CPU's decoder step also opens on
         one thread, for steps of few rows, which waking threads would slow
         (step_state.StepSessions: on the shipped model, fewer than 61 rows).
@@ -269,6 +271,9 @@ class Engine:
                 )
             log.info("%s: its decoder step runs on the CPU only; using the CPU", bundle.directory)
             device = "cpu"
+            cuda = False
+        # On CUDA the CPU's threads only wait for the GPU: spinning would burn them for nothing.
+        intra_op_spinning = intra_op_spinning and not cuda
         tokenizer = load_tokenizer(bundle)
         # The encoder runs once a batch: its threads never spin, as a second spinning pool would
         # take the cores the step's threads and the search need; and a small model's (one whose

@@ -75,7 +75,8 @@ COMPACT_FRACTION = 1 / 8
 
 
 # A decoder step of fewer multiply-adds than this runs on one intra-op thread where the others
-# sleep between kernels (StepSessions; spinning ones beat one thread at any rows).
+# sleep between kernels (StepSessions; where they spin there is no such session: on the
+# shipped model two spinning threads ran a step of 1-256 rows 1.14-1.62x as fast as one).
 # Measured on the shipped model (1.9 M multiply-adds a row), 2-core Intel Xeon, the step alone
 # (benchmarks/step_threads.py): one thread against two, 1.10x at 1 row, 1.17x at 8, 1.09x at
 # 32, 0.92x at 64, 0.78x at 128; int8 1.41x, 1.34x, 1.25x, 0.99x, 0.95x.
@@ -106,7 +107,8 @@ def narrow_rows(dims: ModelDims) -> int:
 @dataclass(frozen=True)
 class StepSessions:
     """The decoder step's sessions: `wide` on the engine's intra-op threads and, where those
-    are several, `narrow` on one thread for steps of fewer than `narrow_rows` rows. A step of a
+    are several and sleep between kernels, `narrow` on one thread for steps of fewer than
+    `narrow_rows` rows. A step of a
     few rows is microseconds of arithmetic per node, which waking threads costs more than it
     saves (NARROW_STEP_MACS); a step of many rows is work they share. Both sessions compute
     the same values (their kernels split rows and columns across threads, not sums: the same

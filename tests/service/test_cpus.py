@@ -1,5 +1,6 @@
-"""The default intra-op threads: one fewer than the physical cores the process may use, under
-its cgroups' CPU quota, at least one; on sysfs, cgroup and /proc/self/cgroup files built here."""
+"""The default intra-op threads: the physical cores the process may use, under its cgroups' CPU
+quota, one fewer unless they spin, at least one; on sysfs, cgroup and /proc/self/cgroup files
+built here."""
 
 from __future__ import annotations
 

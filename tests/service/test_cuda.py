@@ -58,8 +58,11 @@ def test_cuda_gives_the_cpu_tokens(
     bundles: dict[str, Path], sources: list[list[int]], beam: int
 ) -> None:
     cpu = Engine.load(bundles["cpu"], device="cpu", intra_op_threads=2)
-    cuda = Engine.load(bundles["fp32"], device="cuda", max_batch_size=32)
+    cuda = Engine.load(bundles["fp32"], device="cuda", max_batch_size=32, intra_op_spinning=True)
     assert cuda.provider == CUDA_PROVIDER and cuda.padded
+    # The CPU's threads only wait for the GPU there: they never spin.
+    options = cuda.step_sessions.wide.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert _agreement(_decode(cuda, sources, beam), _decode(cpu, sources, beam)) >= 0.99
 
 
