@@ -31,9 +31,8 @@ from typing import TextIO
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
 from service.errors import ServiceError
-from service.inference.cpus import cpu_quota, default_intra_op_threads
 from service.inference.engine import Engine
-from service.inference.models import step_threads_spin
+from service.inference.models import step_threads
 from service.settings import Settings
 from service.text import pipeline
 
@@ -178,14 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.model_validate({})  # the defaults under the MT_* variables
-        spinning = step_threads_spin(settings, 1, cpu_quota())  # as a server of one model
+        threads, spinning = step_threads(settings, 1)  # as a server of one model's
         engine = Engine.load(
             args.bundle,
             device=args.device,
             device_id=args.device_id,
-            intra_op_threads=args.threads
-            or settings.intra_op_threads
-            or default_intra_op_threads(spinning=spinning),
+            intra_op_threads=args.threads or threads,
             intra_op_spinning=spinning,
             max_batch_size=args.batch_size,
         )

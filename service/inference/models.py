@@ -46,15 +46,7 @@ def load_models(settings: Settings) -> list[Engine]:
         *settings.bundle,
         *(model_bundle(directory, settings.model_cache) for directory in settings.model),
     ] or shipped_bundles(settings)
-    spinning = step_threads_spin(settings, len(directories), cpu_quota())
-    threads = settings.intra_op_threads
-    if threads is None:
-        threads = default_intra_op_threads(spinning=spinning)
-        log.info(
-            "intra-op threads: %d, %s (MT_INTRA_OP_THREADS and MT_INTRA_OP_SPINNING set others)",
-            threads,
-            "spinning" if spinning else "sleeping between kernels",
-        )
+    threads, spinning = step_threads(settings, len(directories))
     return [
         Engine.load(
             directory,
@@ -67,6 +59,22 @@ def load_models(settings: Settings) -> list[Engine]:
         )
         for directory in directories
     ]
+
+
+def step_threads(settings: Settings, models: int) -> tuple[int, bool]:
+    """The decoder steps' intra-op threads in a process of `models` models, and whether they
+    spin (`step_threads_spin`): as the settings say, else the default for that
+    (cpus.default_intra_op_threads)."""
+    spinning = step_threads_spin(settings, models, cpu_quota())
+    threads = settings.intra_op_threads
+    if threads is None:
+        threads = default_intra_op_threads(spinning=spinning)
+        log.info(
+            "intra-op threads: %d, %s (MT_INTRA_OP_THREADS and MT_INTRA_OP_SPINNING set others)",
+            threads,
+            "spinning" if spinning else "sleeping between kernels",
+        )
+    return threads, spinning
 
 
 def step_threads_spin(settings: Settings, models: int, quota: float | None) -> bool:
