@@ -1,5 +1,5 @@
 """Checkpoint -> ONNX bundle: encoder.onnx, decoder_step.onnx, tokenizer.json, manifest.json
-(and a graph's weights in encoder.onnx.data or decoder_step.onnx.data when it is over 2 GB).
+and each graph's weights beside it as external data, encoder.onnx.data and decoder_step.onnx.data.
 
     python -m export --checkpoint DIR --out BUNDLE [--dtype fp32|fp16|int8] [--opset N]
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import shutil
 import subprocess
 import sys
@@ -89,13 +88,13 @@ log = logging.getLogger(__name__)
 DEFAULT_OPSET = 17  # the first opset with LayerNormalization as one node
 _REPO = Path(__file__).resolve().parents[1]
 
-# A graph whose weights exceed this many bytes is written with them as external data
-# (`save_graph`). Protobuf refuses to write a message over 2 GiB (NLLB-200 1.3B's graphs), and
-# ONNX Runtime maps external data into memory instead of copying it: the pages never read stay
-# on disk (the embedding rows of a large vocabulary that no sentence uses: benchmarks/RESULTS.md,
-# NLLB-200-600M's memory), and a weight repacked at load is not held twice. The shipped models'
-# graphs (14 MB) stay one file. Tests lower it to write a tiny model's graphs that way.
-EXTERNAL_DATA_THRESHOLD = 256 << 20  # 256 MiB
+# Every graph is written with its weights as external data (`save_graph`): ONNX Runtime maps
+# external data into memory instead of copying it, so the pages no step reads stay on disk (the
+# embedding rows of the ids no sentence uses; a weight ONNX Runtime repacks at load is not held
+# twice either): an OPUS-MT-base-size model's process holds 324 MiB after loading against 507
+# for the same graphs in one file each, the shipped model's 94 against 107
+# (benchmarks/RESULTS.md, issue 35's sixth part). And protobuf cannot write a message over
+# 2 GiB (NLLB-200 1.3B's graphs).
 # Tensors smaller than this stay in the graph file (onnx's default).
 _EXTERNAL_TENSOR_BYTES = 1024
 
@@ -175,19 +174,12 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
 
 
 def save_graph(graph: onnx.ModelProto, path: Path) -> list[str]:
-    """Write `graph` to `path` and return the names of the files written: the graph alone, or,
-    when its weights exceed EXTERNAL_DATA_THRESHOLD, the graph and its weights as external data
-    in one file beside it (`external_data_file`). A data file an earlier export left there is
-    removed first: onnx would append to it, and the bundle must hold only what it lists."""
+    """Write `graph` to `path` with its weights as external data in one file beside it
+    (`external_data_file`); returns the names of both files. A data file an earlier export left
+    there is removed first: onnx would append to it, and the bundle must hold only what it
+    lists."""
     data = path.with_name(external_data_file(path.name))
     data.unlink(missing_ok=True)
-    weights = sum(
-        math.prod(tensor.dims) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        for tensor in graph.graph.initializer
-    )
-    if weights <= EXTERNAL_DATA_THRESHOLD:
-        onnx.save(graph, str(path))
-        return [path.name]
     onnx.save(
         graph,
         str(path),

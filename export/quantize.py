@@ -68,8 +68,9 @@ def convert_graph(src: Path, dtype: str) -> onnx.ModelProto:
         _drop_fp16_round_trips(converted.graph)
         return converted
     if dtype == "int8":
-        # A graph whose weights are in a file of their own (too large for one) stays so through
-        # both steps: protobuf cannot write it in one.
+        # A graph whose weights are in a file of their own (an exported one: the traced encoder
+        # only for a model over 2 GB) stays so through both steps: protobuf cannot write a
+        # graph over 2 GB in one.
         external = _has_external_data(src)
         with tempfile.TemporaryDirectory() as tmp:
             prepared, quantized = Path(tmp) / "prepared.onnx", Path(tmp) / "quantized.onnx"

@@ -63,10 +63,11 @@ Layout of a bundle directory (format version 7):
                           present_key.{i} / present_value.{i} (R, H, C, Dh): the past with each
                           row's new key/value at position T.
     encoder.onnx.data, decoder_step.onnx.data
-                       a graph's weights, for a graph too large for one ONNX file (protobuf's
-                       2 GB limit: NLLB-200 1.3B and 3.3B): ONNX external data, all of the
-                       graph's in one file named after it (`external_data_file`), which ONNX
-                       Runtime reads beside the graph. Listed in `files` like every other file.
+                       a graph's weights (those of 1 KiB and more) as ONNX external data, all
+                       of the graph's in one file named after it (`external_data_file`), which
+                       ONNX Runtime maps into memory from beside the graph: pages no step reads
+                       stay on disk. Listed in `files` like every other file. A graph that
+                       holds its weights itself (an export before 2026-11-27) loads the same.
 
 Older formats are refused: re-export. Version 1 had no cache_index, top_k, top_log_probs and
 top_ids; version 2 took the cross keys/values and the source mask per row (B), not per sentence;

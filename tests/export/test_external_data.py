@@ -1,9 +1,10 @@
-"""Graphs too large for one ONNX file (NLLB-200 1.3B and 3.3B): their weights go into one
-external data file per graph, a bundle file like any other. The tiny model is written that way
-by lowering the threshold to nothing."""
+"""Every graph's weights go into one external data file per graph, a bundle file like any
+other, which ONNX Runtime maps into memory (the pages no step reads stay on disk); a bundle whose
+graphs hold their weights themselves (exported before) loads and translates the same."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -13,17 +14,18 @@ import onnx
 import pytest
 from onnx.external_data_helper import uses_external_data
 
-from export import onnx_export
 from export.onnx_export import export_bundle
 from export.quantize import graph_bytes
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
+    MANIFEST_FILE,
     TOKENIZER_FILE,
     BundleError,
     Dtype,
     external_data_file,
+    file_entry,
     load_bundle,
 )
 from service.inference.engine import Engine
@@ -32,21 +34,29 @@ GRAPHS = (ENCODER_FILE, DECODER_STEP_FILE)
 DATA_FILES = tuple(external_data_file(graph) for graph in GRAPHS)
 
 
-def _export_external(checkpoint: Path, out: Path, dtype: Dtype) -> None:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(onnx_export, "EXTERNAL_DATA_THRESHOLD", 0)
-        export_bundle(checkpoint, out, dtype=dtype)
-
-
-@pytest.fixture(scope="session", params=get_args(Dtype))
-def external_bundle(
-    request: pytest.FixtureRequest, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Dtype, Path]:
-    """(dtype, the tiny checkpoint's bundle in it with both graphs' weights external)."""
+@pytest.fixture(params=get_args(Dtype))
+def external_bundle(request: pytest.FixtureRequest) -> tuple[Dtype, Path]:
+    """(dtype, the tiny checkpoint's bundle in it, as exported)."""
     dtype: Dtype = request.param
-    out = tmp_path_factory.mktemp(f"bundle_{dtype}_external")
-    _export_external(tiny_checkpoint, out, dtype)
-    return dtype, out
+    bundle: Path = request.getfixturevalue(f"{dtype}_bundle")
+    return dtype, bundle
+
+
+def _inline(bundle: Path, out: Path) -> Path:
+    """A copy of the bundle whose graphs hold their weights themselves, one file each (as the
+    export wrote graphs under 256 MiB before 2026-11-27), its manifest listing those files."""
+    out.mkdir()
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    for name in list(manifest["files"]):
+        if name in DATA_FILES:
+            del manifest["files"][name]
+        elif name in GRAPHS:
+            onnx.save(onnx.load(str(bundle / name)), str(out / name))
+            manifest["files"][name] = file_entry(out / name).model_dump()
+        else:
+            shutil.copy(bundle / name, out / name)
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
 
 
 def test_the_weights_are_one_data_file_per_graph_listed_in_the_manifest(
@@ -69,14 +79,13 @@ def test_the_weights_are_one_data_file_per_graph_listed_in_the_manifest(
     )
 
 
-def test_the_bundle_translates_as_the_single_file_one(
-    external_bundle: tuple[Dtype, Path], val_src: list[str], request: pytest.FixtureRequest
+def test_a_bundle_with_inline_weights_translates_as_the_exported_one(
+    external_bundle: tuple[Dtype, Path], val_src: list[str], tmp_path: Path
 ) -> None:
-    dtype, bundle = external_bundle
-    engines = [
-        Engine.load(directory, device="cpu", intra_op_threads=1)
-        for directory in (bundle, request.getfixturevalue(f"{dtype}_bundle"))
-    ]
+    _, bundle = external_bundle
+    inline = _inline(bundle, tmp_path / "inline")
+    assert set(load_bundle(inline).manifest.files) == {*GRAPHS, TOKENIZER_FILE}
+    engines = [Engine.load(b, device="cpu", intra_op_threads=1) for b in (bundle, inline)]
     limit = engines[0].max_input_tokens
     sources = [ids for ids in engines[0].encode(val_src[:20]) if len(ids) <= limit][:8]
     options = DecodingOptions(beam_size=2)
@@ -104,16 +113,12 @@ def test_a_missing_or_altered_data_file_is_refused(
         Engine.load(bundle, device="cpu")
 
 
-def test_a_re_export_leaves_no_stale_data_file(
+def test_a_re_export_writes_the_data_files_afresh(
     external_bundle: tuple[Dtype, Path], tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
     dtype, exported = external_bundle
     bundle = Path(shutil.copytree(exported, tmp_path / "bundle"))
     # Written afresh over the data files there (onnx would append to them).
-    _export_external(tiny_checkpoint, bundle, dtype)
-    assert load_bundle(bundle).manifest.files == load_bundle(exported).manifest.files
-    # Removed when no longer needed.
     export_bundle(tiny_checkpoint, bundle, dtype=dtype)
-    files = load_bundle(bundle).manifest.files
-    assert set(files) == {*GRAPHS, TOKENIZER_FILE}
-    assert sorted(p.name for p in bundle.iterdir()) == sorted([*files, "manifest.json"])
+    assert load_bundle(bundle).manifest.files == load_bundle(exported).manifest.files
+    assert sorted(p.name for p in bundle.iterdir()) == sorted(p.name for p in exported.iterdir())

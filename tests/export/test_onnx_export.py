@@ -38,6 +38,7 @@ from service.bundle.manifest import (
     Dtype,
     cross_names,
     cross_value,
+    external_data_file,
     load_bundle,
     past_key,
     past_names,
@@ -64,7 +65,8 @@ def test_manifest_describes_the_checkpoint(fp32_bundle: Path, tiny_checkpoint: P
     assert manifest.special_ids.model_dump() == {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
     assert (manifest.source_language, manifest.target_language) == ("en", "de")
     assert (manifest.dtype, manifest.opset) == ("fp32", 17)
-    assert set(manifest.files) == {ENCODER_FILE, DECODER_STEP_FILE, TOKENIZER_FILE}
+    graphs = (ENCODER_FILE, DECODER_STEP_FILE)
+    assert set(manifest.files) == {*graphs, *map(external_data_file, graphs), TOKENIZER_FILE}
     assert (fp32_bundle / TOKENIZER_FILE).read_bytes() == (
         tiny_checkpoint / TOKENIZER_FILE
     ).read_bytes()
