@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -122,3 +124,38 @@ def test_a_re_export_writes_the_data_files_afresh(
     export_bundle(tiny_checkpoint, bundle, dtype=dtype)
     assert load_bundle(bundle).manifest.files == load_bundle(exported).manifest.files
     assert sorted(p.name for p in bundle.iterdir()) == sorted(p.name for p in exported.iterdir())
+
+
+# Serves a bundle from a child process: translates, waits for a line on stdin, translates again.
+_SERVE = """
+import sys
+from service.bundle.decoding import DecodingOptions
+from service.inference.engine import Engine
+engine = Engine.load(sys.argv[1], device="cpu", intra_op_threads=1)
+ids = engine.encode(sys.argv[2:])
+options = DecodingOptions(beam_size=2)
+for _ in range(2):
+    print([[h.ids for h in nbest] for nbest in engine.generate(ids, options)], flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_re_export_under_a_running_engine_leaves_it_working(
+    fp32_bundle: Path, tiny_checkpoint: Path, val_src: list[str], tmp_path: Path
+) -> None:
+    """The engine reads its weights from the mapped data files: an export into its directory
+    writes new files (the old ones stay mapped) instead of rewriting them in place, which would
+    take the pages from under the running process (SIGBUS)."""
+    bundle = Path(shutil.copytree(fp32_bundle, tmp_path / "bundle"))
+    serving = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, str(bundle), *val_src[:4]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert serving.stdin is not None and serving.stdout is not None
+    before = serving.stdout.readline()
+    export_bundle(tiny_checkpoint, bundle, dtype="fp32")
+    after, _ = serving.communicate("go\n", timeout=120)
+    assert serving.returncode == 0
+    assert after.strip() == before.strip() != ""
