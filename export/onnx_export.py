@@ -175,9 +175,10 @@ def export_encoder(model: Transformer, path: Path, opset: int) -> None:
 
 def save_graph(graph: onnx.ModelProto, path: Path) -> list[str]:
     """Write `graph` to `path` with its weights as external data in one file beside it
-    (`external_data_file`); returns the names of both files. A data file an earlier export left
-    there is removed first: onnx would append to it, and the bundle must hold only what it
-    lists."""
+    (`external_data_file`); returns the names of both files. `graph`'s tensors lose their data
+    on the way (onnx moves it out). A data file an earlier export left there is removed first:
+    onnx would append to it, and a process serving the old one keeps it (a new file, not the
+    old one rewritten under the pages it maps)."""
     data = path.with_name(external_data_file(path.name))
     data.unlink(missing_ok=True)
     onnx.save(

@@ -509,6 +509,11 @@ def load_bundle(directory: str | Path) -> Bundle:
     _check_contract(manifest, manifest_path)
     for name, entry in manifest.files.items():
         _verify_file(directory / name, entry)
+    for graph in (manifest.encoder.file, manifest.decoder_step.file):
+        # ONNX Runtime would read a graph's weights from there unverified.
+        data = external_data_file(graph)
+        if data not in manifest.files and (directory / data).exists():
+            raise BundleError(f"{directory / data}: not listed in {MANIFEST_FILE}; re-export")
     return Bundle(directory, manifest)
 
 

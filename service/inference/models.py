@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from service.bundle.manifest import (
     CARD_FILE,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
+    external_data_file,
     replace_directory,
     sha256_file,
 )
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 # model/transformer.py's WEIGHTS_FILE, which the manifest's provenance hashes (the service does
 # not import the model package: it needs torch).
 CHECKPOINT_WEIGHTS = "model.safetensors"
+GRAPH_FILES = (ENCODER_FILE, DECODER_STEP_FILE)  # what an export names its graphs
 
 
 def load_models(settings: Settings) -> list[Engine]:
@@ -102,7 +106,7 @@ def shipped_bundles(settings: Settings) -> list[Path]:
 def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     """The shipped model's bundle, exported from its checkpoint on first start, and again when
     the checkpoint's weights no longer match the ones the bundle was exported from, or the
-    bundle is of another format version (left by an older release).
+    bundle is of another format version or layout (left by an older release: `stale_reason`).
 
     The export runs `python -m export` in a subprocess: it needs torch, which the service never
     imports, so a serving image without it gets a clear error instead of an ImportError.
@@ -221,6 +225,9 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
         return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
     if "alignment" not in raw:
         return "exported before the decoder step had an alignment output (markup needs it)"
+    if any(external_data_file(graph) not in raw.get("files", {}) for graph in GRAPH_FILES):
+        # Its weights would be copied into the process instead of mapped: more memory.
+        return "its graphs hold their weights themselves (exported before they had data files)"
     actual = sha256_file(weights)
     if recorded != actual:
         return f"exported from weights with sha256 {recorded}; {weights} has {actual}"

@@ -22,15 +22,14 @@ from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import (
     DECODER_STEP_FILE,
     ENCODER_FILE,
-    MANIFEST_FILE,
     TOKENIZER_FILE,
     BundleError,
     Dtype,
     external_data_file,
-    file_entry,
     load_bundle,
 )
 from service.inference.engine import Engine
+from tests.service.helpers import with_inline_weights
 
 GRAPHS = (ENCODER_FILE, DECODER_STEP_FILE)
 DATA_FILES = tuple(external_data_file(graph) for graph in GRAPHS)
@@ -42,23 +41,6 @@ def external_bundle(request: pytest.FixtureRequest) -> tuple[Dtype, Path]:
     dtype: Dtype = request.param
     bundle: Path = request.getfixturevalue(f"{dtype}_bundle")
     return dtype, bundle
-
-
-def _inline(bundle: Path, out: Path) -> Path:
-    """A copy of the bundle whose graphs hold their weights themselves, one file each (as the
-    export wrote graphs under 256 MiB before 2026-11-27), its manifest listing those files."""
-    out.mkdir()
-    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
-    for name in list(manifest["files"]):
-        if name in DATA_FILES:
-            del manifest["files"][name]
-        elif name in GRAPHS:
-            onnx.save(onnx.load(str(bundle / name)), str(out / name))
-            manifest["files"][name] = file_entry(out / name).model_dump()
-        else:
-            shutil.copy(bundle / name, out / name)
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
-    return out
 
 
 def test_the_weights_are_one_data_file_per_graph_listed_in_the_manifest(
@@ -85,7 +67,7 @@ def test_a_bundle_with_inline_weights_translates_as_the_exported_one(
     external_bundle: tuple[Dtype, Path], val_src: list[str], tmp_path: Path
 ) -> None:
     _, bundle = external_bundle
-    inline = _inline(bundle, tmp_path / "inline")
+    inline = with_inline_weights(bundle, tmp_path / "inline")
     assert set(load_bundle(inline).manifest.files) == {*GRAPHS, TOKENIZER_FILE}
     engines = [Engine.load(b, device="cpu", intra_op_threads=1) for b in (bundle, inline)]
     limit = engines[0].max_input_tokens
@@ -128,6 +110,7 @@ def test_a_re_export_writes_the_data_files_afresh(
 
 # Serves a bundle from a child process: translates, waits for a line on stdin, translates again.
 _SERVE = """
+import json
 import sys
 from service.bundle.decoding import DecodingOptions
 from service.inference.engine import Engine
@@ -135,27 +118,48 @@ engine = Engine.load(sys.argv[1], device="cpu", intra_op_threads=1)
 ids = engine.encode(sys.argv[2:])
 options = DecodingOptions(beam_size=2)
 for _ in range(2):
-    print([[h.ids for h in nbest] for nbest in engine.generate(ids, options)], flush=True)
+    nbest = engine.generate(ids, options)
+    print(json.dumps([[h.ids for h in hypotheses] for hypotheses in nbest]), flush=True)
     sys.stdin.readline()
 """
 
 
 def test_a_re_export_under_a_running_engine_leaves_it_working(
-    fp32_bundle: Path, tiny_checkpoint: Path, val_src: list[str], tmp_path: Path
+    fp32_bundle: Path, eos_checkpoint: Path, val_src: list[str], tmp_path: Path
 ) -> None:
-    """The engine reads its weights from the mapped data files: an export into its directory
-    writes new files (the old ones stay mapped) instead of rewriting them in place, which would
-    take the pages from under the running process (SIGBUS)."""
+    """The engine reads its weights from the mapped data files: an export into its directory,
+    of other weights, writes new files (the old ones stay mapped, and the engine keeps
+    translating with them) instead of rewriting them in place, which would take the pages from
+    under the running process (SIGBUS) or change its weights under it."""
     bundle = Path(shutil.copytree(fp32_bundle, tmp_path / "bundle"))
+    inodes = {data: (bundle / data).stat().st_ino for data in DATA_FILES}
     serving = subprocess.Popen(
         [sys.executable, "-c", _SERVE, str(bundle), *val_src[:4]],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert serving.stdin is not None and serving.stdout is not None
-    before = serving.stdout.readline()
-    export_bundle(tiny_checkpoint, bundle, dtype="fp32")
-    after, _ = serving.communicate("go\n", timeout=120)
+    try:
+        assert serving.stdout is not None
+        before = serving.stdout.readline()
+        export_bundle(eos_checkpoint, bundle, dtype="fp32")  # the same shapes, other weights
+        assert all((bundle / data).stat().st_ino != inode for data, inode in inodes.items())
+        after, _ = serving.communicate("go\n", timeout=120)
+    finally:
+        serving.kill()
     assert serving.returncode == 0
-    assert after.strip() == before.strip() != ""
+    assert json.loads(after) == json.loads(before)
+    # The new files hold the other weights.
+    engine = Engine.load(bundle, device="cpu", intra_op_threads=1)
+    nbest = engine.generate(engine.encode(val_src[:4]), DecodingOptions(beam_size=2))
+    assert [[h.ids for h in n] for n in nbest] != json.loads(before)
+
+
+def test_a_data_file_the_manifest_does_not_list_is_refused(
+    fp32_bundle: Path, tmp_path: Path
+) -> None:
+    """ONNX Runtime would read a graph's weights from it unverified."""
+    inline = with_inline_weights(fp32_bundle, tmp_path / "inline")
+    shutil.copy(fp32_bundle / DATA_FILES[0], inline / DATA_FILES[0])
+    with pytest.raises(BundleError, match=rf"{re.escape(DATA_FILES[0])}: not listed in"):
+        load_bundle(inline)

@@ -37,6 +37,7 @@ from service.bundle.manifest import (
     ALIGNMENT_WANTED,
     DECODER_STEP_FILE,
     MANIFEST_FILE,
+    external_data_file,
     file_entry,
 )
 from service.settings import Settings
@@ -64,6 +65,24 @@ def without_alignment(bundle: Path, out: Path) -> Path:
         spec[kind] = [v for v in spec[kind] if v["name"] not in (ALIGNMENT, ALIGNMENT_WANTED)]
     for name in written:
         manifest["files"][name] = file_entry(out / name).model_dump()
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
+
+
+def with_inline_weights(bundle: Path, out: Path) -> Path:
+    """A copy of the bundle whose graphs hold their weights themselves, one file each (as the
+    export wrote graphs under 256 MiB before 2026-11-27), its manifest listing those files."""
+    out.mkdir(parents=True)
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    graphs = (manifest["encoder"]["file"], manifest["decoder_step"]["file"])
+    for name in list(manifest["files"]):
+        if name in map(external_data_file, graphs):
+            del manifest["files"][name]
+        elif name in graphs:
+            onnx.save(onnx.load(str(bundle / name)), str(out / name))
+            manifest["files"][name] = file_entry(out / name).model_dump()
+        else:
+            shutil.copy(bundle / name, out / name)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     return out
 

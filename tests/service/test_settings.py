@@ -17,9 +17,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from service.__main__ import main
 from service.bundle.manifest import (
     CARD_FILE,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
+    external_data_file,
     load_bundle,
     sha256_file,
 )
@@ -35,7 +38,7 @@ from service.inference.models import (
     step_threads_spin,
 )
 from service.settings import Settings
-from tests.service.helpers import FakeModel, without_alignment
+from tests.service.helpers import FakeModel, with_inline_weights, without_alignment
 
 
 def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,6 +251,23 @@ def test_a_bundle_exported_before_alignments_is_exported_again(
         assert shipped_bundle(tiny_checkpoint, bundle) == bundle
     assert "exported before the decoder step had an alignment output" in caplog.text
     assert load_bundle(bundle).manifest.alignment is not None
+
+
+def test_a_bundle_with_inline_weights_is_exported_again(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shipped bundle of an earlier release copies its weights into the process: the
+    service re-exports it so that they are mapped from data files (less memory)."""
+    bundle = tmp_path / "bundles" / "tiny"
+    with_inline_weights(shipped_bundle(tiny_checkpoint, tmp_path / "first"), bundle)
+    inline = set(load_bundle(bundle).manifest.files)
+    with caplog.at_level(logging.WARNING):
+        assert shipped_bundle(tiny_checkpoint, bundle) == bundle
+    assert "its graphs hold their weights themselves" in caplog.text
+    assert set(load_bundle(bundle).manifest.files) - inline == {
+        external_data_file(ENCODER_FILE),
+        external_data_file(DECODER_STEP_FILE),
+    }
 
 
 def test_a_bundle_without_the_checkpoints_model_card_is_exported_again(
