@@ -153,15 +153,12 @@ def model_bundle(directory: Path, cache: Path) -> Path:
         content = _content_hash(directory)
     bundle = cache / f"{directory.resolve().name}-{content[:16]}"
     if (bundle / MANIFEST_FILE).is_file():
-        version = _format_version(bundle)
-        if version == FORMAT_VERSION:
+        older = _older_layout(bundle)
+        if older is None:
             _remember(index_file, index, signature, content)
             return bundle
-        # Left by an older release, which wrote another bundle format: made again.
-        log.warning(
-            "%s is of bundle format version %s, this service reads %s: importing %s again",
-            bundle, version, FORMAT_VERSION, directory,
-        )  # fmt: skip
+        # Left by an older release, which wrote another bundle format or layout: made again.
+        log.warning("%s is stale (%s): importing %s again", bundle, older, directory)
         shutil.rmtree(bundle)
     if importlib.util.find_spec("model") is None or importlib.util.find_spec("torch") is None:
         raise BundleError(
@@ -217,17 +214,13 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
         recorded = raw["provenance"]["checkpoint_sha256"]
-        version = raw["format_version"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
-    if version != FORMAT_VERSION:
-        # Left by an older release: this one reads another bundle format.
-        return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
+    older = _older_layout(bundle)
+    if older is not None:
+        return older
     if "alignment" not in raw:
         return "exported before the decoder step had an alignment output (markup needs it)"
-    if any(external_data_file(graph) not in raw.get("files", {}) for graph in GRAPH_FILES):
-        # Its weights would be copied into the process instead of mapped: more memory.
-        return "its graphs hold their weights themselves (exported before they had data files)"
     actual = sha256_file(weights)
     if recorded != actual:
         return f"exported from weights with sha256 {recorded}; {weights} has {actual}"
@@ -239,13 +232,23 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     return None
 
 
-def _format_version(bundle: Path) -> object:
-    """The format version its manifest records (None when it records none, or is unreadable)."""
+def _older_layout(bundle: Path) -> str | None:
+    """Why a bundle was left by an older release: another format version (this service cannot
+    read it), or graphs that hold their weights themselves (their weights would be copied into
+    the process instead of mapped from data files: more memory). None when it is of this
+    release's layout."""
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    return raw.get("format_version") if isinstance(raw, dict) else None
+        raw = None
+    raw = raw if isinstance(raw, dict) else {}
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
+    files = raw.get("files")
+    if not isinstance(files, dict) or any(external_data_file(g) not in files for g in GRAPH_FILES):
+        return "its graphs hold their weights themselves (exported before they had data files)"
+    return None
 
 
 def _card_sha256(manifest: dict[str, Any]) -> str | None:
