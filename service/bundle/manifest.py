@@ -510,7 +510,8 @@ def load_bundle(directory: str | Path) -> Bundle:
     for name, entry in manifest.files.items():
         _verify_file(directory / name, entry)
     for graph in (manifest.encoder.file, manifest.decoder_step.file):
-        # ONNX Runtime would read a graph's weights from there unverified.
+        # A leftover, or a graph's weights ONNX Runtime would read unverified (the graph names
+        # its data file itself, which this module does not parse): refused either way.
         data = external_data_file(graph)
         if data not in manifest.files and (directory / data).exists():
             raise BundleError(f"{directory / data}: not listed in {MANIFEST_FILE}; re-export")

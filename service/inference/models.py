@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from service.bundle.manifest import (
     CARD_FILE,
-    DECODER_STEP_FILE,
-    ENCODER_FILE,
     FORMAT_VERSION,
     MANIFEST_FILE,
     BundleError,
@@ -38,7 +36,10 @@ log = logging.getLogger(__name__)
 # model/transformer.py's WEIGHTS_FILE, which the manifest's provenance hashes (the service does
 # not import the model package: it needs torch).
 CHECKPOINT_WEIGHTS = "model.safetensors"
-GRAPH_FILES = (ENCODER_FILE, DECODER_STEP_FILE)  # what an export names its graphs
+# Why a bundle an older release exported is made again, where torch is at hand: its weights
+# would be copied into the process instead of mapped from data files (more memory). Where torch
+# is not, it is served as it is.
+INLINE_WEIGHTS = "its graphs hold their weights themselves (exported before they had data files)"
 
 
 def load_models(settings: Settings) -> list[Engine]:
@@ -113,7 +114,8 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     """
     if (bundle / MANIFEST_FILE).is_file():
         stale = stale_reason(checkpoint, bundle)
-        if stale is None:
+        if stale is None or (stale == INLINE_WEIGHTS and not _can_export("export")):
+            _serve_inline(bundle, stale)
             return bundle
         log.warning("%s is stale (%s): exporting %s again", bundle, stale, checkpoint)
         why = f"{bundle} is stale ({stale})"
@@ -122,7 +124,7 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     else:
         log.info("exporting %s to %s (first start)", checkpoint, bundle)
         why = f"{bundle} does not exist"
-    if importlib.util.find_spec("export") is None or importlib.util.find_spec("torch") is None:
+    if not _can_export("export"):
         raise BundleError(
             f"{why} and building it from {checkpoint} needs the export "
             "package with torch (pip install -e '.[train]'); or pass --bundle DIR"
@@ -135,8 +137,10 @@ def model_bundle(directory: Path, cache: Path) -> Path:
     """The bundle of a transformers checkpoint directory (`--model`): `cache`/NAME-HASH, HASH
     from the directory's files, made on first start by `python -m model.import` (the family
     from config.json's model_type) and `python -m export`, each in a subprocess (they need
-    torch), then kept: a changed checkpoint gets a new bundle, the same one is never imported
-    twice. A directory that is no supported checkpoint fails with the importer's message."""
+    torch), then kept: a changed checkpoint gets a new bundle, the same one is imported again
+    only when an older release left its bundle (`_older_format`, `INLINE_WEIGHTS`: the latter
+    is served as it is where torch is missing). A directory that is no supported checkpoint
+    fails with the importer's message."""
     if not directory.is_dir():
         raise BundleError(f"--model {directory}: no such directory")
     # Hashing a large checkpoint's contents takes a while (NLLB-3.3B: 17 GB): its files' names,
@@ -153,14 +157,15 @@ def model_bundle(directory: Path, cache: Path) -> Path:
         content = _content_hash(directory)
     bundle = cache / f"{directory.resolve().name}-{content[:16]}"
     if (bundle / MANIFEST_FILE).is_file():
-        older = _older_layout(bundle)
-        if older is None:
+        raw = _manifest(bundle)
+        older = _older_format(raw) or _inline_weights(raw)
+        if older is None or (older == INLINE_WEIGHTS and not _can_export("model")):
+            _serve_inline(bundle, older)
             _remember(index_file, index, signature, content)
             return bundle
-        # Left by an older release, which wrote another bundle format or layout: made again.
+        # Left by an older release: made again (the export replaces it in one rename).
         log.warning("%s is stale (%s): importing %s again", bundle, older, directory)
-        shutil.rmtree(bundle)
-    if importlib.util.find_spec("model") is None or importlib.util.find_spec("torch") is None:
+    if not _can_export("model"):
         raise BundleError(
             f"--model {directory}: importing a checkpoint needs the model and export packages "
             "with torch (pip install -e '.[train]'); or import and export it elsewhere and pass "
@@ -216,7 +221,7 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
         recorded = raw["provenance"]["checkpoint_sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
-    older = _older_layout(bundle)
+    older = _older_format(raw)
     if older is not None:
         return older
     if "alignment" not in raw:
@@ -229,26 +234,53 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
         # The card is what /status shows: an edited (or, from before bundles carried one,
         # missing) card is worth the few seconds an export of the shipped model takes.
         return f"its model card is not {card}"
-    return None
+    return _inline_weights(raw)
 
 
-def _older_layout(bundle: Path) -> str | None:
-    """Why a bundle was left by an older release: another format version (this service cannot
-    read it), or graphs that hold their weights themselves (their weights would be copied into
-    the process instead of mapped from data files: more memory). None when it is of this
-    release's layout."""
+def _manifest(bundle: Path) -> dict[str, Any]:
+    """A bundle's manifest as read ({} when unreadable or not an object)."""
     try:
         raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raw = None
-    raw = raw if isinstance(raw, dict) else {}
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _older_format(raw: dict[str, Any]) -> str | None:
+    """Why a bundle's raw manifest is of a format this service cannot read; None if it can."""
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
-        return f"bundle format version {version}, this service reads {FORMAT_VERSION}"
-    files = raw.get("files")
-    if not isinstance(files, dict) or any(external_data_file(g) not in files for g in GRAPH_FILES):
-        return "its graphs hold their weights themselves (exported before they had data files)"
+        return f"bundle format version {version!r}, this service reads {FORMAT_VERSION}"
     return None
+
+
+def _inline_weights(raw: dict[str, Any]) -> str | None:
+    """INLINE_WEIGHTS when a graph of the bundle holds its weights itself (no data file listed:
+    an export before 2026-11-27), whose weights are then copied into the process instead of
+    mapped (more memory); None when every graph's are in a data file."""
+    files = raw.get("files")
+    graphs = [raw.get(graph, {}).get("file") for graph in ("encoder", "decoder_step")]
+    if isinstance(files, dict) and all(
+        isinstance(graph, str) and external_data_file(graph) in files for graph in graphs
+    ):
+        return None
+    return INLINE_WEIGHTS
+
+
+def _can_export(package: str) -> bool:
+    """Whether this install can import (`model`) or export (`export`) a checkpoint: it needs
+    that package and torch."""
+    return all(importlib.util.find_spec(name) is not None for name in (package, "torch"))
+
+
+def _serve_inline(bundle: Path, reason: str | None) -> None:
+    if reason is not None:
+        log.warning(
+            "%s: %s; serving it as it is (its weights copied into memory): making it again "
+            "needs the export package with torch (pip install -e '.[train]')",
+            bundle,
+            reason,
+        )
 
 
 def _card_sha256(manifest: dict[str, Any]) -> str | None:

@@ -142,11 +142,14 @@ def test_a_re_export_under_a_running_engine_leaves_it_working(
     try:
         assert serving.stdout is not None
         before = serving.stdout.readline()
+        assert before.strip(), "the serving process did not translate"
         export_bundle(eos_checkpoint, bundle, dtype="fp32")  # the same shapes, other weights
         assert all((bundle / data).stat().st_ino != inode for data, inode in inodes.items())
         after, _ = serving.communicate("go\n", timeout=120)
     finally:
-        serving.kill()
+        if serving.poll() is None:
+            serving.kill()
+            serving.communicate()
     assert serving.returncode == 0
     assert json.loads(after) == json.loads(before)
     # The new files hold the other weights.
@@ -158,7 +161,8 @@ def test_a_re_export_under_a_running_engine_leaves_it_working(
 def test_a_data_file_the_manifest_does_not_list_is_refused(
     fp32_bundle: Path, tmp_path: Path
 ) -> None:
-    """ONNX Runtime would read a graph's weights from it unverified."""
+    """A leftover, or weights ONNX Runtime would read unverified (a graph names its data file
+    itself): either way the bundle does not hold what its manifest lists."""
     inline = with_inline_weights(fp32_bundle, tmp_path / "inline")
     shutil.copy(fp32_bundle / DATA_FILES[0], inline / DATA_FILES[0])
     with pytest.raises(BundleError, match=rf"{re.escape(DATA_FILES[0])}: not listed in"):

@@ -171,6 +171,9 @@ def test_a_transformers_folder_is_imported_once_and_served(
         (bundle / "manifest.json").write_text(json.dumps({**manifest, **older}))
         with pytest.raises(AssertionError, match="imported again"):
             model_bundle(m2m100_dir, cache)
+    # Without torch the one with inline weights is served as it is (it costs memory only).
+    monkeypatch.setattr(models, "_can_export", lambda package: False)
+    assert model_bundle(m2m100_dir, cache) == bundle
     monkeypatch.undo()
     monkeypatch.setattr(models, "_run", no_import)
     changed = tmp_path / "m2m100"

@@ -270,6 +270,28 @@ def test_a_bundle_with_inline_weights_is_exported_again(
     }
 
 
+def test_without_torch_a_bundle_with_inline_weights_is_served_as_it_is(
+    tiny_checkpoint: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A serving install (no torch) keeps serving what an older release exported: inline
+    weights cost memory, not correctness; another format version it cannot read at all."""
+    bundle = tmp_path / "bundles" / "tiny"
+    with_inline_weights(shipped_bundle(tiny_checkpoint, tmp_path / "first"), bundle)
+    files = load_bundle(bundle).manifest.files
+    monkeypatch.setattr(models, "_can_export", lambda package: False)
+    with caplog.at_level(logging.WARNING):
+        assert shipped_bundle(tiny_checkpoint, bundle) == bundle
+    assert "serving it as it is" in caplog.text
+    assert load_bundle(bundle).manifest.files == files
+    manifest = json.loads((bundle / MANIFEST_FILE).read_text())
+    (bundle / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 6}))
+    with pytest.raises(BundleError, match="needs the export package with torch"):
+        shipped_bundle(tiny_checkpoint, bundle)
+
+
 def test_a_bundle_without_the_checkpoints_model_card_is_exported_again(
     tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
