@@ -496,7 +496,7 @@ def load_bundle(directory: str | Path) -> Bundle:
         raise BundleError(f"{manifest_path}: not readable JSON: {e}") from e
     # The version first: a newer manifest may not fit this schema at all.
     version = raw.get("format_version") if isinstance(raw, dict) else None
-    if version not in SUPPORTED_FORMAT_VERSIONS:
+    if not isinstance(version, int) or version not in SUPPORTED_FORMAT_VERSIONS:
         raise BundleError(
             f"{manifest_path}: format version {version!r} is not supported "
             f"(supported: {sorted(SUPPORTED_FORMAT_VERSIONS)}); re-export the checkpoint "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -90,9 +91,10 @@ def test_unparseable_manifest(bundle: Path) -> None:
         load_bundle(bundle)
 
 
-def test_unsupported_format_version(bundle: Path) -> None:
-    _edit_manifest(bundle, {"format_version": 99})
-    with pytest.raises(BundleError, match="format version 99 is not supported"):
+@pytest.mark.parametrize("version", [99, "7", [7], {"v": 7}])
+def test_unsupported_format_version(bundle: Path, version: object) -> None:
+    _edit_manifest(bundle, {"format_version": version})
+    with pytest.raises(BundleError, match=rf"format version {re.escape(repr(version))} is not"):
         load_bundle(bundle)
 
 
