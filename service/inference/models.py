@@ -114,9 +114,10 @@ def shipped_bundle(checkpoint: Path, bundle: Path) -> Path:
     """
     if (bundle / MANIFEST_FILE).is_file():
         stale = stale_reason(checkpoint, bundle)
-        if stale is None or (stale == INLINE_WEIGHTS and not _can_export("export")):
-            _serve_inline(bundle, stale)
+        if stale is None:
             return bundle
+        if stale == INLINE_WEIGHTS and not _can_export("export"):
+            return _served_inline(bundle)
         log.warning("%s is stale (%s): exporting %s again", bundle, stale, checkpoint)
         why = f"{bundle} is stale ({stale})"
     elif not checkpoint.is_dir():
@@ -160,9 +161,8 @@ def model_bundle(directory: Path, cache: Path) -> Path:
         raw = _manifest(bundle)
         older = _older_format(raw) or _inline_weights(raw)
         if older is None or (older == INLINE_WEIGHTS and not _can_export("model")):
-            _serve_inline(bundle, older)
             _remember(index_file, index, signature, content)
-            return bundle
+            return bundle if older is None else _served_inline(bundle)
         # Left by an older release: made again (the export replaces it in one rename).
         log.warning("%s is stale (%s): importing %s again", bundle, older, directory)
     if not _can_export("model"):
@@ -216,10 +216,10 @@ def stale_reason(checkpoint: Path, bundle: Path) -> str | None:
     weights = checkpoint / CHECKPOINT_WEIGHTS
     if not weights.is_file():
         return None
-    try:
-        raw = json.loads((bundle / MANIFEST_FILE).read_text(encoding="utf-8"))
-        recorded = raw["provenance"]["checkpoint_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    raw = _manifest(bundle)
+    provenance = raw.get("provenance")
+    recorded = provenance.get("checkpoint_sha256") if isinstance(provenance, dict) else None
+    if recorded is None:
         return f"its {MANIFEST_FILE} records no checkpoint sha256"
     older = _older_format(raw)
     if older is not None:
@@ -259,7 +259,8 @@ def _inline_weights(raw: dict[str, Any]) -> str | None:
     an export before 2026-11-27), whose weights are then copied into the process instead of
     mapped (more memory); None when every graph's are in a data file."""
     files = raw.get("files")
-    graphs = [raw.get(graph, {}).get("file") for graph in ("encoder", "decoder_step")]
+    entries = [raw.get(graph) for graph in ("encoder", "decoder_step")]
+    graphs = [entry.get("file") if isinstance(entry, dict) else None for entry in entries]
     if isinstance(files, dict) and all(
         isinstance(graph, str) and external_data_file(graph) in files for graph in graphs
     ):
@@ -273,14 +274,15 @@ def _can_export(package: str) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in (package, "torch"))
 
 
-def _serve_inline(bundle: Path, reason: str | None) -> None:
-    if reason is not None:
-        log.warning(
-            "%s: %s; serving it as it is (its weights copied into memory): making it again "
-            "needs the export package with torch (pip install -e '.[train]')",
-            bundle,
-            reason,
-        )
+def _served_inline(bundle: Path) -> Path:
+    """A bundle with INLINE_WEIGHTS that this install cannot make again: served as it is."""
+    log.warning(
+        "%s: %s; serving it as it is (its weights copied into memory): making it again "
+        "needs the export package with torch (pip install -e '.[train]')",
+        bundle,
+        INLINE_WEIGHTS,
+    )
+    return bundle
 
 
 def _card_sha256(manifest: dict[str, Any]) -> str | None:
