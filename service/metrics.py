@@ -100,6 +100,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.cuda_graphs = Gauge(
+            "mt_cuda_graphs",
+            "Decoder-step shapes captured as CUDA graphs (at most max_cuda_graphs)",
+            ["model"],
+            registry=r,
+        )
         # Step-level batching (scheduler "step"): the running batches.
         self.running_segments = Gauge(
             "mt_running_segments", "Segments being decoded in the running batches", ["model"],

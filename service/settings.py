@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         "on an H100 a lone request's latency halves; GPU memory grows with each shape "
         "captured, see docs/operations.md)",
     )
+    max_cuda_graphs: int = Field(
+        64,
+        ge=1,
+        description="decoder-step shapes captured as CUDA graphs per model, in the order they "
+        "come; later shapes run without one (each holds GPU memory for the process's life)",
+    )
 
     # --- HTTP ----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address uvicorn binds")

@@ -7,7 +7,9 @@
 # checkpoint in the background. `measure` installs, then runs issue 32's checks in priority
 # order, each bounded by its own timeout and by BUDGET seconds in all: $OUT/log.txt (every
 # stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the
-# soak). STAGES="name ..." runs only the stages named.
+# soak). STAGES="name ..." runs only the stages named; the soak runs with CUDA graphs
+# (SOAK_FLAGS: more `python -m service` flags, "" for none) for SOAK_REQUESTS requests or
+# SOAK_SECONDS seconds (20000, 80).
 set -u
 case "${1:-}" in
 receive)
@@ -79,9 +81,10 @@ for graphs in false true; do  # the service's --cuda-graphs, through its environ
     --texts /tmp/texts.txt --json $RES/load_graphs_$graphs.json
 done
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
-TAILN=12 stage soak 100 python3 -m benchmarks.soak --bundle $B/fp16 --requests 20000 --clients 64 \
-  --texts /tmp/texts.txt --warmup 1000 --rss-every 2 --max-seconds 80 \
-  --server-args "--device cuda --max-batch-size 64 ${SOAK_FLAGS:-}" --json $RES/soak.json
+SOAK_SECONDS=${SOAK_SECONDS:-80}
+TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \
+  --clients 64 --texts /tmp/texts.txt --warmup 1000 --rss-every 2 --max-seconds $SOAK_SECONDS \
+  --server-args "--device cuda --max-batch-size 64 ${SOAK_FLAGS---cuda-graphs}" --json $RES/soak.json
 kill $SMI 2>/dev/null
 for i in $(seq 60); do [ -f $M/hf.done ] && break; sleep 1; done
 cat /tmp/marian_prep.log >> "$LOG"

@@ -57,7 +57,9 @@ from service.inference.running import Running
 from service.inference.search import IntArray, search
 from service.inference.shortlist import Shortlist, batch_inputs
 from service.inference.step_state import (
+    MAX_CUDA_GRAPHS,
     BufferPool,
+    CudaGraphs,
     StaticCacheState,
     StepSessions,
     bucket,
@@ -144,6 +146,7 @@ class Engine:
         max_batch_size: int,
         padded: bool | None = None,
         cuda_graphs: bool = False,
+        max_cuda_graphs: int = MAX_CUDA_GRAPHS,
         narrow_step: ort.InferenceSession | None = None,
     ) -> None:
         if max_batch_size < 1:
@@ -218,7 +221,7 @@ class Engine:
             and self.padded
             and self.manifest.decoder_cache == "gather"
         )
-        self._graph_ids: dict[tuple[int, ...], int] | None = {} if self.cuda_graphs else None
+        self._graphs = CudaGraphs(max_cuda_graphs) if self.cuda_graphs else None
         self._lock = threading.Lock()
 
     @classmethod
@@ -233,6 +236,7 @@ class Engine:
         max_batch_size: int = 64,
         padded: bool | None = None,
         cuda_graphs: bool = False,
+        max_cuda_graphs: int = MAX_CUDA_GRAPHS,
     ) -> Engine:
         """Verify the bundle (hashes, tensor names) and open its graphs.
 
@@ -256,7 +260,8 @@ class Engine:
         `padded` None pads batches on CUDA and compacts them on the
         CPU (step_state.py); True or False forces one policy. `cuda_graphs` captures each
         decoder-step shape as a CUDA graph and replays it (CUDA, padded batches and a gather cache
-        only; ignored, with a warning, elsewhere).
+        only; ignored, with a warning, elsewhere), at most `max_cuda_graphs` shapes
+        (step_state.CudaGraphs: each holds GPU memory).
         """
         bundle = load_bundle(bundle_dir)
         manifest = bundle.manifest
@@ -321,6 +326,7 @@ class Engine:
             max_batch_size=max_batch_size,
             padded=padded,
             cuda_graphs=cuda_graphs,
+            max_cuda_graphs=max_cuda_graphs,
             narrow_step=narrow,
         )
         _log_placement(engine, device, manifest.dtype)
@@ -330,6 +336,11 @@ class Engine:
                 engine.name,
             )
         return engine
+
+    @property
+    def cuda_graphs_captured(self) -> int:
+        """Decoder-step shapes that have a CUDA graph (0 without CUDA graphs)."""
+        return 0 if self._graphs is None else self._graphs.captured
 
     def stepper(self, slots: int) -> Running | None:
         """Step-level batching over this engine (service/inference/running.py) with `slots`
@@ -513,7 +524,7 @@ class Engine:
             capacity=initial_capacity(limit, length, padded),
             limit=limit,
             padded=padded,
-            graph_ids=self._graph_ids,
+            graphs=self._graphs,
             shortlist=shortlist,
             aligned=options.alignments,
         )

@@ -60,6 +60,7 @@ def load_models(settings: Settings) -> list[Engine]:
             intra_op_threads=threads,
             intra_op_spinning=spinning,
             cuda_graphs=settings.cuda_graphs,
+            max_cuda_graphs=settings.max_cuda_graphs,
             max_batch_size=settings.max_batch_size,
         )
         for directory in directories

@@ -147,6 +147,39 @@ def initial_capacity(limit: int, source_length: int, padded: bool) -> int:
     return min(limit, max(MIN_CAPACITY, bucket(wanted)))
 
 
+MAX_CUDA_GRAPHS = 64  # an engine's CUDA graphs by default (CudaGraphs)
+
+
+class CudaGraphs:
+    """The decoder-step shapes an engine runs as CUDA graphs, each under its own ONNX Runtime
+    `gpu_graph_id`: captured at the first run under it, replayed by every later one. ONNX
+    Runtime keeps a captured graph and the memory its capture took for the session's life, so
+    GPU memory grows with every shape captured (an H100 soak: 1,249 -> 2,053 MiB over 210 s,
+    the last growth after 86,000 requests, benchmarks/RESULTS.md); at most `limit` shapes get a
+    graph, in the order they come, and the later ones run without."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the CUDA graph limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._ids: dict[tuple[int, ...], int] = {}
+
+    @property
+    def captured(self) -> int:
+        """Shapes that have a graph."""
+        return len(self._ids)
+
+    def id_for(self, shape: tuple[int, ...]) -> int:
+        """The `gpu_graph_id` of a step of this shape, its memory allocated by an earlier plain
+        run: the shape's graph, a new one while fewer than `limit` exist, else -1 (none)."""
+        graph = self._ids.get(shape)
+        if graph is None:
+            if len(self._ids) >= self.limit:
+                return -1
+            graph = self._ids[shape] = len(self._ids) + 1  # 0: ONNX Runtime's default, reserved
+        return graph
+
+
 @dataclass
 class BufferPool:
     """The buffers of past batches, reused by the next ones of the same shapes.
@@ -217,7 +250,7 @@ class StaticCacheState:
         capacity: int,
         limit: int,
         padded: bool,
-        graph_ids: dict[tuple[int, ...], int] | None = None,
+        graphs: CudaGraphs | None = None,
         shortlist: tuple[np.ndarray, np.ndarray] | None = None,
         aligned: bool = True,
     ) -> None:
@@ -228,17 +261,18 @@ class StaticCacheState:
         start with (`initial_capacity`); a step past them doubles it, up to `limit`, the most
         steps the batch may take (at most the model's positions).
 
-        `graph_ids` (CUDA graphs; padded policy and gather cache only): the CUDA graph of each
-        step shape, numbered in this map, which the engine keeps across batches. A shape's
-        first step runs plainly (its memory is allocated then, not during a capture), the next
-        is captured, the later ones replay it. What a kernel reads on the host is replayed as
-        it was captured: top_k is part of the shape; nothing else is read on the host.
+        `graphs` (CUDA graphs; padded policy and gather cache only): the engine's CUDA graphs
+        of step shapes, kept across batches. A shape's first step in a batch runs plainly (its
+        memory is allocated then, not during a capture), the next is captured where `graphs`
+        has room for its shape, the later ones replay it. What a kernel reads on the host is
+        replayed as it was captured: top_k is part of the shape; nothing else is read on the
+        host.
 
         `aligned`: `alignment` returns each step's rows (a model with an alignment output);
         without, a graph with `alignment_wanted` skips the aligner's nodes."""
         if pool.on_device and not padded:
             raise ValueError("a device cache is padded: rows move between steps on the host only")
-        if graph_ids is not None and not (padded and manifest.decoder_cache == "gather"):
+        if graphs is not None and not (padded and manifest.decoder_cache == "gather"):
             raise ValueError("CUDA graphs replay fixed shapes: a padded batch, a gather cache")
         dims = manifest.model
         self.pool, self.padded = pool, padded
@@ -254,7 +288,7 @@ class StaticCacheState:
         self._beam_index = np.arange(beam_size, dtype=np.int32)
         self.beams = 1  # rows per sentence the search sees: beam_size once expanded
         self.position = 0  # positions cached so far: the next step's position T
-        self._graph_ids = graph_ids
+        self._graphs = graphs
         self._warm: set[tuple[int, ...]] = set()
         self._slots = attention_mask.shape[0]
         self._capacity = capacity
@@ -541,7 +575,7 @@ class StaticCacheState:
             self._inputs[name].update_inplace(array)
 
     def _run_options(self, k: int) -> ort.RunOptions | None:
-        if self._graph_ids is None:
+        if self._graphs is None:
             return None
         shape = (
             self._slots,
@@ -551,13 +585,13 @@ class StaticCacheState:
             k,
             self.vocab_size,
         )
-        options = ort.RunOptions()
         if shape in self._warm:
-            graph = self._graph_ids.setdefault(shape, len(self._graph_ids) + 1)  # 0: reserved
-            options.add_run_config_entry("gpu_graph_id", str(graph))
+            graph = self._graphs.id_for(shape)
         else:
             self._warm.add(shape)
-            options.add_run_config_entry("gpu_graph_id", "-1")
+            graph = -1
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(graph))
         return options
 
 

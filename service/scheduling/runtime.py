@@ -15,6 +15,7 @@ texts of one request may go to several models, at the same time, and come back i
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -80,6 +81,11 @@ class TranslationModel(TextModel, Protocol):
     ) -> list[list[Hypothesis]]: ...
 
     def decoder_prefix(self, target: str | None = None) -> list[int]: ...
+
+    @property
+    def cuda_graphs_captured(self) -> int:
+        """Decoder-step shapes with a CUDA graph (read when /metrics is scraped)."""
+        ...
 
     def stepper(self, slots: int) -> Stepper | None:
         """Step-level batching over this model with `slots` sentences per running batch;
@@ -171,6 +177,9 @@ class Runtime:
             if _multilingual(model):  # one series, not one per pair (NLLB: 40,602)
                 source = target = model.source_language
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
+        for model in {model.name: model for model in self.models.values()}.values():
+            graphs = self.metrics.cuda_graphs.labels(model.name)
+            graphs.set_function(functools.partial(getattr, model, "cuda_graphs_captured"))
         for batcher in self.batchers.values():
             batcher.start()
         self.detector.rank(WARM_UP_TEXT)  # loads its model

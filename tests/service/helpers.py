@@ -112,6 +112,7 @@ class FakeModel:
         self.dtype = "fp32"
         self.card: str | None = f"# {self.name}\n\nUpper-cases its input (tests).\n"
         self.license: str | None = "Apache-2.0"
+        self.cuda_graphs_captured = 0
         self.aligns = True
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
         self.gate: threading.Event | None = None

@@ -72,13 +72,20 @@ def test_cuda_graphs_on_equal_off(
     bundles: dict[str, Path], sources: list[list[int]], dtype: str, beam: int
 ) -> None:
     """Each step shape runs plainly first, is captured next and replayed after that: three
-    passes over the same batches capture and replay every shape."""
+    passes over the same batches capture and replay every shape; with room for two graphs, the
+    other shapes run without one."""
     off = Engine.load(bundles[dtype], device="cuda", max_batch_size=32)
     on = Engine.load(bundles[dtype], device="cuda", max_batch_size=32, cuda_graphs=True)
+    two = Engine.load(
+        bundles[dtype], device="cuda", max_batch_size=32, cuda_graphs=True, max_cuda_graphs=2
+    )
     assert on.cuda_graphs and not off.cuda_graphs
     expected = _decode(off, sources, beam)
     for _ in range(3):
         assert _decode(on, sources, beam) == expected
+        assert _decode(two, sources, beam) == expected
+    assert two.cuda_graphs_captured == 2 < on.cuda_graphs_captured
+    assert off.cuda_graphs_captured == 0
 
 
 @pytest.mark.parametrize("beam", [1, 4])

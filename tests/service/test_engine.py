@@ -237,6 +237,44 @@ def test_the_cpu_encodes_groups_of_similar_length_as_one_padded_run_would(
             )
 
 
+def test_cuda_graphs_are_numbered_by_shape_up_to_their_limit() -> None:
+    graphs = step_state.CudaGraphs(2)
+    assert [graphs.id_for(shape) for shape in [(1,), (2,), (1,), (3,), (2,), (3,)]] == [
+        1, 2, 1, -1, 2, -1
+    ]  # fmt: skip
+    assert graphs.captured == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        step_state.CudaGraphs(0)
+
+
+def test_a_padded_batch_runs_its_steps_under_the_graphs_of_their_shapes(
+    gather_bundle: Path, sources: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA's policy, on the CPU (whose provider ignores gpu_graph_id): a batch's first step of
+    a shape runs without a graph, its later ones under the shape's graph; a shape that comes
+    after the limit's worth of others runs without one at every step; the tokens never change."""
+    engine = Engine.load(gather_bundle, device="cpu", intra_op_threads=1, padded=True)
+    expected = {n: engine.generate(sources[:n], DecodingOptions()) for n in (1, 2, 4)}
+    engine._graphs = step_state.CudaGraphs(2)
+    ids: list[str] = []
+    run = ort.InferenceSession.run_with_iobinding
+
+    def spy(session: ort.InferenceSession, binding: Any, options: ort.RunOptions) -> None:
+        ids.append(options.get_run_config_entry("gpu_graph_id"))
+        run(session, binding, options)
+
+    monkeypatch.setattr(ort.InferenceSession, "run_with_iobinding", spy)
+    by_batch = []
+    for n in (1, 2, 4, 1):  # 1, 2 and 4 slots: three shapes, the third past the limit
+        ids.clear()
+        assert engine.generate(sources[:n], DecodingOptions()) == expected[n]
+        by_batch.append(ids[:])
+    for batch, graph in zip(by_batch, ["1", "2", "-1", "1"], strict=True):
+        assert len(batch) > 2 and batch[0] == "-1", batch
+        assert set(batch[1:]) == {graph}, batch
+    assert engine.cuda_graphs_captured == 2
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_buffers_are_reused_and_memory_stays_flat(
     eos_bundle: Path, sources: list[list[int]], padded: bool
