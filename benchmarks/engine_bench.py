@@ -10,8 +10,9 @@ Systems: torch-uncached (model.search with the decoder re-run on the whole prefi
 torch-cached (decode_step with the key/value cache), both on --device; engine-fp32 /
 engine-int8 / engine-fp16 (this service's engine on --device), engine-fp32-graphs /
 engine-fp16-graphs (the same with CUDA graphs), engine-fp32-cpu (the engine on the CPU whatever
---device, to hold a GPU's outputs to the CPU's); ct2-fp32 / ct2-int8 (CTranslate2 on the same
-weights, converted by benchmarks/ct2_convert.py; an optional, benchmark-only dependency);
+--device, to hold a GPU's outputs to the CPU's); ct2-fp32 / ct2-int8, and on a GPU ct2-fp16 /
+ct2-int8-fp16 (CTranslate2 on the same weights and --device, converted by
+benchmarks/ct2_convert.py; an optional, benchmark-only dependency);
 transformers (generate on --device, for a checkpoint imported from transformers' format:
 --hf-dir, which CTranslate2 then converts with its own TransformersConverter; run by default
 when --hf-dir is given). benchmarks/gpu_bench.py runs the GPU set of these,
@@ -72,7 +73,16 @@ SYSTEMS = (
     "engine-fp32-graphs",
     "engine-fp16-graphs",
     "engine-fp32-cpu",
+    "ct2-fp16",
+    "ct2-int8-fp16",
 )
+# CTranslate2's compute type of each ct2 system (fp16 and int8-fp16 run on a GPU only).
+CT2_COMPUTE_TYPES = {
+    "ct2-fp32": "float32",
+    "ct2-int8": "int8",
+    "ct2-fp16": "float16",
+    "ct2-int8-fp16": "int8_float16",
+}
 REFERENCE = "engine-fp32"
 
 Decode = Callable[[list[list[int]], int], list[list[int]]]  # (batch, beam size) -> ids per row
@@ -174,8 +184,8 @@ def _load_system(system: str, args: argparse.Namespace, max_positions: int) -> D
     index = {token: i for i, token in enumerate(target_tokens)}
     translator = ctranslate2.Translator(
         str(args.ct2_dir),
-        device="cpu",
-        compute_type=system.removeprefix("ct2-").replace("fp32", "float32"),
+        device=args.device,
+        compute_type=CT2_COMPUTE_TYPES[system],
         inter_threads=1,
         intra_threads=args.threads,
     )
@@ -490,7 +500,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in ("int8", "fp16"):
             if not getattr(args, f"bundle_{dtype}"):
                 skipped.update(
-                    {s: f"no --bundle-{dtype} given" for s in SYSTEMS if f"-{dtype}" in s}
+                    {
+                        s: f"no --bundle-{dtype} given"
+                        for s in SYSTEMS
+                        if s.startswith("engine-") and f"-{dtype}" in s
+                    }
                 )
         if not args.hf_dir:
             skipped["transformers"] = "no --hf-dir given"

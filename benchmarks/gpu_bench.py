@@ -7,11 +7,12 @@
 It exports the checkpoint's fp32 and fp16 bundles with the gather cache, the one CUDA runs
 (unless --bundle-fp32 / --bundle-fp16 are given), and the CPU's fp32 bundle (--bundle-cpu),
 then runs benchmarks/engine_bench.py's systems for a GPU, each in its own process:
-engine-fp32 (the reference), engine-fp32-graphs, engine-fp16, engine-fp16-graphs, torch-cached
-and torch-uncached on --device (cuda by default), and engine-fp32-cpu, whose outputs the GPU's
-are held to. It prints engine_bench's table, then the issue's goals beside what was measured,
-and writes the JSON summary (--json, default gpu_bench.json). Without CUDA (--device cpu) it
-runs the same systems on the CPU, which checks the command, not the GPU.
+engine-fp32 (the reference), engine-fp32-graphs, engine-fp16, engine-fp16-graphs, torch-cached,
+torch-uncached, and CTranslate2 in float16 and int8_float16 (ct2-fp16, ct2-int8-fp16: where
+ctranslate2 with CUDA is installed) on --device (cuda by default), and engine-fp32-cpu, whose
+outputs the GPU's are held to. It prints engine_bench's table, then the issue's goals beside
+what was measured, and writes the JSON summary (--json, default gpu_bench.json). Without CUDA
+(--device cpu) it runs the same systems on the CPU, which checks the command, not the GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ GPU_SYSTEMS = (
     "engine-fp32-cpu",
     "torch-cached",
     "torch-uncached",
+    "ct2-fp16",
+    "ct2-int8-fp16",
 )
 
 
@@ -81,6 +84,19 @@ def goals(summary: dict[str, Any]) -> list[str]:
     uncached = speed("torch-uncached", 64, 4)
     ratio = beam / uncached if beam is not None and uncached else None
     lines.append(f"| engine >= 15x torch uncached, batch 64 beam 4 | {show(ratio, '.1f')}x |")
+    rivals = [
+        (engine / ct2, f"{system} batch {batch}")
+        for system in ("ct2-fp16", "ct2-int8-fp16")
+        for batch in (1, 32)
+        if (ct2 := speed(system, batch, 4))
+        and (engine := best((speed(s, batch, 4) for s in gpu_engines), max)) is not None
+    ]
+    worst = min(rivals, default=None)
+    lines.append(
+        "| engine >= 1.0x CTranslate2 (fp16, int8-fp16), beam 4, batch 1 and 32 | "
+        + ("n/a" if worst is None else f"{worst[0]:.2f}x at worst ({worst[1]})")
+        + " |"
+    )
     cpu = by_name.get("engine-fp32-cpu", {})
     for system, goal in (("engine-fp32", 0.995), ("engine-fp16", 0.99)):
         agree = _agreement(cpu, by_name.get(system, {}))

@@ -2,9 +2,9 @@
 # On a lent GPU machine, in the project root, after benchmarks/gpu/stage.sh here; one call each:
 #   carrying .gpu/p0, then .gpu/p1, ...:  bash benchmarks/gpu/run.sh receive
 #   carrying .gpu/w:                      BUDGET=540 bash benchmarks/gpu/run.sh measure
-# `receive` keeps the part of onnxruntime-gpu it was sent (and the data, with p0) in /tmp, where
-# it stays while the machine is warm, and the first starts writing the transformer-base Marian
-# checkpoint in the background. `measure` installs, then runs issue 32's checks in priority
+# `receive` keeps the part it was sent (of onnxruntime-gpu or CTranslate2; the data with p0) in
+# /tmp, where it stays while the machine is warm, and the first starts writing the
+# transformer-base Marian checkpoint in the background. `measure` installs, then runs issue 32's checks in priority
 # order, each bounded by its own timeout and by BUDGET seconds in all: $OUT/log.txt (every
 # stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the
 # soak). STAGES="name ..." runs only the stages named; the soak runs with CUDA graphs
@@ -14,7 +14,7 @@ set -u
 case "${1:-}" in
 receive)
   mkdir -p /tmp/gpuwhl /tmp/data /tmp/marian
-  cp .gpu/p*/ort.part.* /tmp/gpuwhl/
+  cp .gpu/p*/*.part.* /tmp/gpuwhl/
   if [ -d .gpu/p0/data ]; then
     cp .gpu/p0/data/*.gz /tmp/data/
     PYTHONPATH=$PWD setsid nohup python3 -c "
@@ -47,14 +47,23 @@ mkdir -p /tmp/ortsite && python3 -c "import tarfile; tarfile.open('/tmp/ort.tar.
   || { say "onnxruntime-gpu did not unpack"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpu/w/whl/*.whl >> "$LOG" 2>&1 \
   || { say "the serving wheels did not install"; exit 1; }
+CT2_SITE=; CT2_LIB=  # CTranslate2 and its cuBLAS 12, where stage.sh sent them: else its systems are skipped
+if [ -f .gpu/w/ct2.sha256 ]; then
+  cat /tmp/gpuwhl/ct2.part.* > /tmp/ct2.tar.xz 2>/dev/null
+  if echo "$(cat .gpu/w/ct2.sha256)  /tmp/ct2.tar.xz" | sha256sum -c - >> "$LOG" 2>&1 && mkdir -p /tmp/ct2 \
+    && python3 -c "import tarfile; tarfile.open('/tmp/ct2.tar.xz').extractall('/tmp/ct2', filter='data')"; then
+    CT2_SITE=/tmp/ct2/site: CT2_LIB=:/tmp/ct2/lib
+  else say "CTranslate2 did not arrive whole: its systems are skipped"; fi
+fi
 libs=$(find / -xdev \( -name 'libcudnn.so.9' -o -name 'libcublasLt.so.13' -o -name 'libcufft.so.12' \
   -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | paste -sd:)
-export PYTHONPATH=/tmp/ortsite:/tmp/site:$PWD PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH=/tmp/ortsite:/tmp/site:$CT2_SITE$PWD PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=${libs}${CT2_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MULTI30K_DIR=/tmp/data
 mkdir -p ../shared/data && ln -sfn /tmp/data ../shared/data/multi30k
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import onnxruntime as o, torch; print('onnxruntime', o.__version__, o.get_available_providers()); print('torch', torch.__version__, torch.version.cuda)"
+  [ -n "$CT2_SITE" ] && python3 -c "import ctranslate2 as c; print('ctranslate2', c.__version__, 'CUDA devices', c.get_cuda_device_count())"
   echo "cores $(nproc)"; } >> "$LOG" 2>&1
 python3 -c "import onnxruntime as o; assert 'CUDAExecutionProvider' in o.get_available_providers()" || { say "no CUDA provider"; exit 1; }
 SRC=/tmp/data/test_2016_flickr.en.gz; B=/tmp/bundles; M=/tmp/marian; mkdir -p $B
@@ -96,4 +105,8 @@ TAILN=30 stage bench_marian 150 python3 -m benchmarks.gpu_bench --checkpoint $M/
   --batch-sizes 1 64 --beam-sizes 1 4 --repeat 1 --threads 8 --systems engine-fp32 engine-fp32-graphs \
   engine-fp16 engine-fp16-graphs torch-cached torch-uncached \
   --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 --bundle-cpu $M/fp32 --json $RES/gpu_bench_marian.json
+TAILN=20 stage bench_ct2 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckpt --hf-dir $M/hf --src $SRC \
+  --n 64 --length 32 --batch-sizes 1 32 --beam-sizes 4 --repeat 1 --threads 8 --systems engine-fp32 \
+  engine-fp16 engine-fp16-graphs ct2-fp16 ct2-int8-fp16 --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 \
+  --bundle-cpu $M/fp32 --json $RES/gpu_bench_ct2.json
 say "DONE"; pack

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_bench import main
+from benchmarks.gpu_bench import goals, main
 
 
 def test_gpu_bench_runs_on_the_cpu(
@@ -30,3 +30,28 @@ def test_gpu_bench_runs_on_the_cpu(
     goals = "\n".join(summary["goals"])
     assert "| engine-fp32 equals the CPU engine on >= 99.5% | 100.00% |" in goals
     assert "| fp32: CUDA graphs on equal off | 100.00% |" in goals
+
+
+def test_goals_hold_the_best_engine_to_ctranslate2_in_each_cell() -> None:
+    """Beam 4 at batch 1 and 32 against CTranslate2's float16 and int8_float16: the worst cell
+    counts, each cell against the fastest engine on the device."""
+
+    def system(name: str, speeds: dict[int, float]) -> dict[str, object]:
+        runs = [
+            {"batch_size": b, "beam_size": 4, "target_tokens": t, "seconds": 1.0}
+            | {"ms_per_step": None, "outputs": []}
+            for b, t in speeds.items()
+        ]
+        return {"system": name, "runs": runs}
+
+    summary = {
+        "results": [
+            system("engine-fp16", {1: 500.0, 32: 9_000.0}),
+            system("engine-fp16-graphs", {1: 1_000.0, 32: 8_000.0}),
+            system("ct2-fp16", {1: 2_000.0, 32: 9_000.0}),
+            system("ct2-int8-fp16", {1: 800.0, 32: 4_500.0}),
+        ]
+    }
+    line = next(g for g in goals(summary) if "CTranslate2" in g)
+    assert line.endswith("| 0.50x at worst (ct2-fp16 batch 1) |"), line
+    assert "| n/a |" in next(g for g in goals({"results": []}) if "CTranslate2" in g)
