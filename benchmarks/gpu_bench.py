@@ -1,4 +1,4 @@
-"""The engine on a GPU: fp32 and fp16, CUDA graphs off and on, against torch on the same GPU.
+"""The engine on a GPU: fp32 and fp16, CUDA graphs off and on, against torch and CTranslate2.
 
     python -m benchmarks.gpu_bench [--checkpoint checkpoints/multi30k-en-de] \\
         [--src ../shared/data/multi30k/test_2016_flickr.en.gz] [--n 1000] \\
@@ -7,12 +7,13 @@
 It exports the checkpoint's fp32 and fp16 bundles with the gather cache, the one CUDA runs
 (unless --bundle-fp32 / --bundle-fp16 are given), and the CPU's fp32 bundle (--bundle-cpu),
 then runs benchmarks/engine_bench.py's systems for a GPU, each in its own process:
-engine-fp32 (the reference), engine-fp32-graphs, engine-fp16, engine-fp16-graphs, torch-cached,
-torch-uncached, and CTranslate2 in float16 and int8_float16 (ct2-fp16, ct2-int8-fp16: where
-ctranslate2 with CUDA is installed) on --device (cuda by default), and engine-fp32-cpu, whose
-outputs the GPU's are held to. It prints engine_bench's table, then the issue's goals beside
-what was measured, and writes the JSON summary (--json, default gpu_bench.json). Without CUDA
-(--device cpu) it runs the same systems on the CPU, which checks the command, not the GPU.
+engine-fp32 (the reference), engine-fp32-graphs, engine-fp16, engine-fp16-graphs, torch-cached
+and torch-uncached on --device (cuda by default), and engine-fp32-cpu, whose outputs the GPU's
+are held to; `--systems` adds CTranslate2 in float16 and int8_float16 (ct2-fp16,
+ct2-int8-fp16; ctranslate2 with CUDA installed). It prints engine_bench's table, then the
+issue's goals beside what was measured, and writes the JSON summary (--json, default
+gpu_bench.json). Without CUDA (--device cpu) it runs the same systems on the CPU, which checks
+the command, not the GPU.
 """
 
 from __future__ import annotations
@@ -33,8 +34,6 @@ GPU_SYSTEMS = (
     "engine-fp32-cpu",
     "torch-cached",
     "torch-uncached",
-    "ct2-fp16",
-    "ct2-int8-fp16",
 )
 
 
@@ -112,7 +111,7 @@ def goals(summary: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = parser(
         "python -m benchmarks.gpu_bench",
-        "The engine on a GPU: fp32/fp16, CUDA graphs off/on, torch on the same GPU.",
+        "The engine on a GPU: fp32/fp16, CUDA graphs off/on, torch and CTranslate2 on it.",
         GPU_SYSTEMS,
         exports=True,
     )

@@ -3,7 +3,8 @@ uvicorn. Every setting is a flag (`--help` lists them) and an `MT_*` environment
 
 SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted request is
 translated and answered; then the server exits, all within `--drain-timeout-s`
-(service/http/server.py).
+(service/http/server.py). `--workers N` runs N such servers on the one port, under a process
+that supervises them (service/http/workers.py).
 
 Keep-alive: an idle connection stays open `--keep-alive-timeout-s` (75 s), longer than the
 proxies and client pools in front keep theirs, so that they close idle connections, never the
@@ -22,6 +23,7 @@ from pydantic_settings import CliApp
 from service.bundle.manifest import BundleError
 from service.http.app import create_app
 from service.http.server import DrainingServer, uvicorn_config
+from service.http.workers import serve_workers
 from service.inference.models import shipped_bundles
 from service.settings import Settings
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", e)
             return 2
         settings = settings.model_copy(update={"bundle": bundles})
+    if settings.workers > 1:
+        return serve_workers(settings)
     app = create_app(settings)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)

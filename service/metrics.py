@@ -2,15 +2,29 @@
 
 Labels are bounded: routes are the service's own paths, statuses are HTTP codes, models are the
 loaded bundles, reasons are error types; never a client address, key or text.
+
+With several worker processes (`--workers`), prometheus_client's multiprocess mode: each worker
+writes its values to files under PROMETHEUS_MULTIPROC_DIR, and a scrape adds them up (gauges
+over the live workers; the model info is each model's, not a sum).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set for its workers by service/http/workers.py
 
 # Request latency and queue wait (seconds): from a few ms to a minute.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -39,6 +53,7 @@ class Metrics:
             "mt_in_flight_requests",
             "Translation requests accepted and not yet answered",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "mt_rejected_requests",
@@ -84,7 +99,11 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "mt_queue_depth_segments", "Segments waiting for a batch", ["model"], registry=r
+            "mt_queue_depth_segments",
+            "Segments waiting for a batch",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.dropped = Counter(
             "mt_dropped_segments",
@@ -105,23 +124,26 @@ class Metrics:
             "Decoder-step shapes captured as CUDA graphs (at most max_cuda_graphs)",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         # Step-level batching (scheduler "step"): the running batches.
         self.running_segments = Gauge(
             "mt_running_segments", "Segments being decoded in the running batches", ["model"],
-            registry=r,
+            registry=r, multiprocess_mode="livesum",
         )  # fmt: skip
         self.slots = Gauge(
             "mt_slots",
             "Sentence slots of the running batches (one batch per beam size), in use or free",
             ["model", "state"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.cache_bytes = Gauge(
             "mt_cache_bytes",
             "Memory of the running batches' slots: key/value caches and cross keys/values",
             ["model"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.step_rows = Histogram(
             "mt_step_rows",
@@ -145,7 +167,10 @@ class Metrics:
             registry=r,
         )
         self.open_connections = Gauge(
-            "mt_open_connections", "HTTP connections open (refused ones not counted)", registry=r
+            "mt_open_connections",
+            "HTTP connections open (refused ones not counted)",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.closed_connections = Counter(
             "mt_closed_connections",
@@ -161,6 +186,7 @@ class Metrics:
             "Loaded models (value 1)",
             ["model", "source", "target", "provider"],
             registry=r,
+            multiprocess_mode="livemax",
         )
 
     def connection_event(self, kind: str) -> None:
@@ -173,7 +199,13 @@ class Metrics:
             self.closed_connections.labels(reason=kind).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition: this registry's, or in a worker of several (service/http/workers.py)
+        every worker's, added up from their files."""
+        if MULTIPROC_DIR not in os.environ:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
 
 
 class RequestRate:

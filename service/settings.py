@@ -130,6 +130,14 @@ class Settings(BaseSettings):
         "connections: a server that closes one just as a request is sent on it loses that "
         "request (a connection error, or a 502 from the proxy)",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="server processes on the one port, each with its own models, batcher and "
+        "event loop (the kernel hands each connection to one): past one core's worth of the "
+        "service's Python (HTTP, tokenizing, the search), which bounds a GPU host's requests/s; "
+        "the decoder step's default threads are shared out among them and sleep between kernels",
+    )
     backlog: int = Field(
         2048,
         ge=1,

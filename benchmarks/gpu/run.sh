@@ -2,14 +2,14 @@
 # On a lent GPU machine, in the project root, after benchmarks/gpu/stage.sh here; one call each:
 #   carrying .gpu/p0, then .gpu/p1, ...:  bash benchmarks/gpu/run.sh receive
 #   carrying .gpu/w:                      BUDGET=540 bash benchmarks/gpu/run.sh measure
-# `receive` keeps the part it was sent (of onnxruntime-gpu or CTranslate2; the data with p0) in
+# `receive` keeps the part it was sent (onnxruntime-gpu, CTranslate2; the data with p0) in
 # /tmp, where it stays while the machine is warm, and the first starts writing the
-# transformer-base Marian checkpoint in the background. `measure` installs, then runs issue 32's checks in priority
-# order, each bounded by its own timeout and by BUDGET seconds in all: $OUT/log.txt (every
-# stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the
-# soak). STAGES="name ..." runs only the stages named; the soak runs with CUDA graphs
-# (SOAK_FLAGS: more `python -m service` flags, "" for none) for SOAK_REQUESTS requests or
-# SOAK_SECONDS seconds (20000, 80).
+# transformer-base Marian checkpoint in the background. `measure` installs, then runs issue
+# 32's checks in priority order, each bounded by its own timeout and by BUDGET seconds in all:
+# $OUT/log.txt (every stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv
+# (GPU memory during the soak). STAGES="name ..." runs only the stages named. The soak's server gets --device cuda
+# --max-batch-size 64 and SOAK_FLAGS (default --cuda-graphs; "" for no graphs), for
+# SOAK_REQUESTS requests or SOAK_SECONDS seconds (20000, 80).
 set -u
 case "${1:-}" in
 receive)
@@ -89,6 +89,9 @@ for graphs in false true; do  # the service's --cuda-graphs, through its environ
     --bundle $B/fp16 --concurrency 1,128 --duration 6 --max-requests 20000 --max-batch-size 128 \
     --texts /tmp/texts.txt --json $RES/load_graphs_$graphs.json
 done
+TAILN=12 stage load_workers 80 env MT_CUDA_GRAPHS=true MT_WORKERS=${WORKERS:-4} python3 -m benchmarks.load_bench \
+  --bundle $B/fp16 --concurrency 1,128,256 --duration 6 --max-requests 30000 --max-batch-size 128 \
+  --texts /tmp/texts.txt --json $RES/load_workers.json
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
 SOAK_SECONDS=${SOAK_SECONDS:-80}
 TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \

@@ -2,7 +2,8 @@
 # Run in the project root before the calls to an offline GPU machine (docs/operations.md,
 # "Measuring on a lent GPU machine"). Fills .gpu/ (ignored through .git/info/exclude) with one
 # folder per call, each carried with the working tree under the 64 MiB a call takes:
-#   .gpu/p0, .gpu/p1, ...: onnxruntime-gpu in parts (the Multi30k files the checks read in p0),
+#   .gpu/p0, .gpu/p1, ...: onnxruntime-gpu in parts, then CTranslate2's (the Multi30k files the
+#                          checks read in p0),
 #                          each sent with `bash benchmarks/gpu/run.sh receive`;
 #   .gpu/w:                its sha256 and the serving wheels that machine's python lacks, sent
 #                          last with `bash benchmarks/gpu/run.sh measure`.

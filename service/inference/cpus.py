@@ -32,12 +32,14 @@ def default_intra_op_threads(
     proc_cgroup: Path = PROC_CGROUP,
     *,
     spinning: bool = False,
+    processes: int = 1,
 ) -> int:
     """The physical cores among `cpus` (default: this process's affinity), at most its cgroups'
-    CPU quota, one fewer unless the threads spin, and at least one."""
+    CPU quota, shared out among `processes` alike (the service's workers), one fewer unless the
+    threads spin, and at least one."""
     cores = physical_cores(_affinity() if cpus is None else cpus, sys_cpu)
     quota = cpu_quota(cgroup, proc_cgroup)
-    usable = cores if quota is None else min(cores, math.ceil(quota))
+    usable = (cores if quota is None else min(cores, math.ceil(quota))) // processes
     return max(1, usable if spinning else usable - 1)
 
 

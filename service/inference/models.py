@@ -68,13 +68,14 @@ def load_models(settings: Settings) -> list[Engine]:
 
 
 def step_threads(settings: Settings, models: int) -> tuple[int, bool]:
-    """The decoder steps' intra-op threads in a process of `models` models, and whether they
-    spin (`step_threads_spin`): as the settings say, else the default for that
-    (cpus.default_intra_op_threads)."""
-    spinning = step_threads_spin(settings, models, cpu_quota())
+    """The decoder steps' intra-op threads in a process of `models` models, one of
+    `settings.workers` alike, and whether they spin (`step_threads_spin`): as the settings say,
+    else the default for that (cpus.default_intra_op_threads, the cores shared out among the
+    workers)."""
+    spinning = step_threads_spin(settings, models * settings.workers, cpu_quota())
     threads = settings.intra_op_threads
     if threads is None:
-        threads = default_intra_op_threads(spinning=spinning)
+        threads = default_intra_op_threads(spinning=spinning, processes=settings.workers)
         log.info(
             "intra-op threads: %d, %s (MT_INTRA_OP_THREADS and MT_INTRA_OP_SPINNING set others)",
             threads,
@@ -85,7 +86,8 @@ def step_threads(settings: Settings, models: int) -> tuple[int, bool]:
 
 def step_threads_spin(settings: Settings, models: int, quota: float | None) -> bool:
     """Whether the decoder steps' intra-op threads spin: as the settings say where they name
-    it, else only in a process of one model under no cgroup CPU quota (`quota`, cpus.py). A
+    it, else only where one model decodes on the machine's share (`models`: the models of
+    every worker process) under no cgroup CPU quota (`quota`, cpus.py). A
     spinning thread is ready the moment a kernel has work for it (on 2 cores the engine
     decoded 1.04-1.43x the tokens/s of its one-thread steps); but each engine has its own
     threads, and two models decoding at once had their spinning threads take the cores from

@@ -152,8 +152,9 @@ MAX_CUDA_GRAPHS = 64  # an engine's CUDA graphs by default (CudaGraphs)
 
 class CudaGraphs:
     """The decoder-step shapes an engine runs as CUDA graphs, each under its own ONNX Runtime
-    `gpu_graph_id`: captured at the first run under it, replayed by every later one. ONNX
-    Runtime keeps a captured graph and the memory its capture took for the session's life, so
+    `gpu_graph_id`: ONNX Runtime runs an id's first run plainly (its warm-up), captures the
+    second and replays every later one. It keeps a captured graph and the memory its capture
+    took for the session's life, so
     GPU memory grows with every shape captured (an H100 soak: 1,249 -> 2,053 MiB over 210 s,
     the last growth after 86,000 requests, benchmarks/RESULTS.md); at most `limit` shapes get a
     graph, in the order they come, and the later ones run without."""
@@ -166,7 +167,7 @@ class CudaGraphs:
 
     @property
     def captured(self) -> int:
-        """Shapes that have a graph."""
+        """Shapes given a graph id (each captured at its second run under it)."""
         return len(self._ids)
 
     def id_for(self, shape: tuple[int, ...]) -> int:
@@ -263,8 +264,9 @@ class StaticCacheState:
 
         `graphs` (CUDA graphs; padded policy and gather cache only): the engine's CUDA graphs
         of step shapes, kept across batches. A shape's first step in a batch runs plainly (its
-        memory is allocated then, not during a capture), the next is captured where `graphs`
-        has room for its shape, the later ones replay it. What a kernel reads on the host is
+        memory is allocated then, not during a capture), the later ones under the shape's
+        graph id where `graphs` has room for it (ONNX Runtime runs a new id once plainly,
+        captures it at the next run and replays it after that). What a kernel reads on the host is
         replayed as it was captured: top_k is part of the shape; nothing else is read on the
         host.
 

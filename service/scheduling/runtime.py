@@ -15,7 +15,6 @@ texts of one request may go to several models, at the same time, and come back i
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import time
@@ -23,16 +22,19 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics, RequestRate
-from service.scheduling.batcher import Batcher, BatchLimits, Stepper
+from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper
 from service.settings import Settings
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
 from service.text.pipeline import PLAIN, Form, Format, TextModel, TextTranslation
+
+if TYPE_CHECKING:
+    from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ class TranslationModel(TextModel, Protocol):
 
     @property
     def cuda_graphs_captured(self) -> int:
-        """Decoder-step shapes with a CUDA graph (read when /metrics is scraped)."""
+        """Decoder-step shapes with a CUDA graph."""
         ...
 
     def stepper(self, slots: int) -> Stepper | None:
@@ -132,7 +134,7 @@ class Runtime:
         # together (the target is in the source ids, or the decoder's prefix).
         self.batchers = {
             name: Batcher(
-                model.generate,
+                _counting_graphs(model, metrics.cuda_graphs.labels(name)),
                 model=name,
                 limits=limits,
                 metrics=metrics,
@@ -177,9 +179,6 @@ class Runtime:
             if _multilingual(model):  # one series, not one per pair (NLLB: 40,602)
                 source = target = model.source_language
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
-        for model in {model.name: model for model in self.models.values()}.values():
-            graphs = self.metrics.cuda_graphs.labels(model.name)
-            graphs.set_function(functools.partial(getattr, model, "cuda_graphs_captured"))
         for batcher in self.batchers.values():
             batcher.start()
         self.detector.rank(WARM_UP_TEXT)  # loads its model
@@ -475,6 +474,24 @@ _INLINE_CHARACTERS = 2000
 # Large requests waiting for (or in) the preparation thread; one more gets 429. With at most
 # max_characters each, the line is a fraction of a second long.
 PREPARATION_LINE = 16
+
+
+def _counting_graphs(model: TranslationModel, graphs: Gauge) -> Generate:
+    """The model's generate, which sets `graphs` to the model's CUDA graphs after each call
+    (set, not read at the scrape: a worker of several writes its metrics to a file)."""
+
+    def generate(
+        sources: list[list[int]],
+        options: DecodingOptions,
+        deadline: Deadline,
+        prefixes: list[list[int]],
+    ) -> list[list[Hypothesis]]:
+        try:
+            return model.generate(sources, options, deadline, prefixes)
+        finally:
+            graphs.set(model.cuda_graphs_captured)
+
+    return generate
 
 
 def _stepper(model: TranslationModel, settings: Settings) -> Stepper | None:

@@ -606,11 +606,12 @@ async def test_metrics_parse_and_carry_bounded_labels(client: httpx.AsyncClient)
     assert not {"secret", "127.0.0.1", "testclient", "/no/such/path/12345", "X"} & values
 
 
-async def test_metrics_read_each_models_cuda_graphs_when_scraped() -> None:
+async def test_metrics_count_each_models_cuda_graphs_after_each_batch() -> None:
     fake = FakeModel()
     async with running(create_app(fast_settings(), models=[fake])) as c:
-        for captured in (0, 3):
+        for captured in (2, 3):  # the warm-up's batch set it; a batch sets it again
             fake.cuda_graphs_captured = captured
+            await c.post("/translate", json={"text": "x", **EN_DE})
             text = (await c.get("/metrics")).text
             families = {f.name: f for f in text_string_to_metric_families(text)}
             [sample] = families["mt_cuda_graphs"].samples

@@ -55,6 +55,10 @@ def test_hyperthreads_count_once(tmp_path: Path) -> None:
     assert physical_cores(range(16), sys_cpu) == 8
     none = tmp_path / "none"
     assert default_intra_op_threads(range(16), sys_cpu, none, none) == 7
+    # Shared out among worker processes: 8 cores for 3 workers, 2 each (one for the loop).
+    assert default_intra_op_threads(range(16), sys_cpu, none, none, processes=3) == 1
+    assert default_intra_op_threads(range(16), sys_cpu, none, none, processes=4, spinning=True) == 2
+    assert default_intra_op_threads(range(16), sys_cpu, none, none, processes=16) == 1
     # Pinned to CPUs 0-4 and 12, the sibling of 4: five cores.
     assert physical_cores([0, 1, 2, 3, 4, 12], sys_cpu) == 5
 

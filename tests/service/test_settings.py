@@ -139,25 +139,29 @@ def test_prefix_loses_its_trailing_slash() -> None:
 
 
 @pytest.mark.parametrize(
-    ("bundles", "named", "spins"),
-    [(1, None, True), (2, None, False), (2, True, True), (1, False, False)],
-)
+    ("bundles", "workers", "named", "spins"),
+    [(1, 1, None, True), (2, 1, None, False), (1, 2, None, False), (2, 1, True, True),
+     (1, 1, False, False)],
+)  # fmt: skip
 def test_the_steps_threads_spin_in_a_process_of_one_model_unless_told(
     fp32_bundle: Path,
     monkeypatch: pytest.MonkeyPatch,
     bundles: int,
+    workers: int,
     named: bool | None,
     spins: bool,
 ) -> None:
-    """Unset, the decoder step's threads spin where the process serves one model (and take
-    every core), not where it serves several (whose threads would take each other's cores),
-    nor under a cgroup CPU quota (which spinning would spend); named, the setting holds either
-    way."""
+    """Unset, the decoder step's threads spin where one process serves one model (and take
+    every core), not where it serves several or is one of several workers (whose threads would
+    take each other's cores), nor under a cgroup CPU quota (which spinning would spend); named,
+    the setting holds either way. Workers share the cores out."""
     monkeypatch.delenv("MT_INTRA_OP_SPINNING", raising=False)
     monkeypatch.delenv("MT_INTRA_OP_THREADS", raising=False)
     monkeypatch.setattr(models, "cpu_quota", lambda: None)  # as on a host with none
     named_it = {} if named is None else {"intra_op_spinning": named}
-    settings = Settings(bundle=[fp32_bundle] * bundles, checkpoint=[], device="cpu", **named_it)
+    settings = Settings(
+        bundle=[fp32_bundle] * bundles, checkpoint=[], device="cpu", workers=workers, **named_it
+    )
     assert step_threads_spin(settings, bundles, 2.0) == (named is True)
     engines = load_models(settings)
     assert len(engines) == bundles
@@ -165,7 +169,8 @@ def test_the_steps_threads_spin_in_a_process_of_one_model_unless_told(
         options = engine.step_sessions.wide.get_session_options()
         entry = options.get_session_config_entry("session.intra_op.allow_spinning")
         assert entry == ("1" if spins else "0")
-        assert options.intra_op_num_threads == default_intra_op_threads(spinning=spins)
+        threads = default_intra_op_threads(spinning=spins, processes=workers)
+        assert options.intra_op_num_threads == threads
 
 
 def test_the_shipped_bundle_is_built_once(tiny_checkpoint: Path, tmp_path: Path) -> None:

@@ -1,0 +1,167 @@
+"""Several server processes on one port (`--workers N`): each a whole service (its own models,
+batcher, event loop and decoder-step threads), all accepting on one listening socket that this
+process binds, so the kernel hands each new connection to one of them. One process's Python
+(HTTP, tokenizing, batching, the search) runs on one core at a time: on a GPU host it, not the
+GPU, bounds the requests per second (an H100 was 26-35 % busy at 631 requests/s,
+benchmarks/RESULTS.md), and a many-core CPU runs a small model faster as several processes of
+a few threads than as one of many.
+
+This process only supervises: it binds the socket, starts the workers (spawned: a fresh
+interpreter each, nothing inherited but the socket and the settings), and
+- forwards SIGTERM (each worker drains, service/http/server.py) and SIGINT to them, then waits
+  for them, at most the drain timeout and a margin, and exits;
+- starts a new worker when one dies (a crash, the kernel's OOM killer), so the others go on
+  serving and the service keeps its size; but when one could not start (exit status 3: a bad
+  bundle, a port in use), it stops the others and exits with that status, as one process would.
+The workers leave with it: each asks the kernel for a SIGTERM when its parent dies.
+
+Metrics: the workers write them to files in one directory (prometheus_client's multiprocess
+mode, PROMETHEUS_MULTIPROC_DIR, a fresh temporary directory), and whichever worker a scrape
+reaches adds up all of them (service/metrics.py): counters and histograms over every worker
+that ever ran, gauges over the live ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from prometheus_client import multiprocess
+
+from service.metrics import MULTIPROC_DIR
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CANNOT_START = 3  # a worker's exit status when its app could not start (server.py)
+_RESTART_DELAY_S = 1.0  # after a worker died soon after its start: no tight restart loop
+_SHUTDOWN_MARGIN_S = 10.0  # past the drain timeout: uvicorn's own shutdown, then a kill
+_PR_SET_PDEATHSIG = 1
+
+
+def serve_workers(settings: Settings) -> int:
+    """Run `settings.workers` server processes on one socket until a signal stops them; the
+    exit status (0, or a worker's that could not start)."""
+    try:
+        listener = listening_socket(settings.host, settings.port, settings.backlog)
+    except OSError as e:
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, e)
+        return 1
+    directory = tempfile.mkdtemp(prefix="mt-metrics-")
+    os.environ[MULTIPROC_DIR] = directory  # the workers inherit it: read at their import
+    context = multiprocessing.get_context("spawn")
+    stopping: list[int] = []  # the signal that stops the service, once one came
+
+    def start() -> BaseProcess:
+        process = context.Process(target=_work, args=(settings, listener, os.getpid()))
+        process.start()
+        return process
+
+    def stop(sig: int, frame: FrameType | None) -> None:
+        if not stopping:
+            stopping.append(sig)
+            log.info("%s: stopping %d workers", signal.Signals(sig).name, len(workers))
+        for process in list(workers.values()):
+            if process.pid is not None:
+                os.kill(process.pid, sig)  # a second signal is a worker's forced stop
+
+    workers: dict[int, BaseProcess] = {}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    status = 0
+    try:
+        started: dict[int, float] = {}
+        for _ in range(settings.workers):
+            process = start()
+            workers[process.sentinel], started[process.sentinel] = process, time.monotonic()
+        log.info("%d workers on %s:%d", settings.workers, settings.host, settings.port)
+        while not stopping:
+            for ready in wait(list(workers), timeout=1.0):
+                sentinel = int(ready)  # type: ignore[arg-type]  # the sentinels given: ints
+                process = workers.pop(sentinel)
+                process.join()
+                multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
+                if stopping:
+                    continue
+                if process.exitcode == CANNOT_START:
+                    log.error("worker %d could not start: stopping the service", process.pid)
+                    status = CANNOT_START
+                    stop(signal.SIGTERM, None)
+                    break
+                log.error("worker %d died (exit %s): starting another", process.pid,
+                          process.exitcode)  # fmt: skip
+                if time.monotonic() - started.pop(sentinel) < 10 * _RESTART_DELAY_S:
+                    time.sleep(_RESTART_DELAY_S)
+                replacement = start()
+                workers[replacement.sentinel] = replacement
+                started[replacement.sentinel] = time.monotonic()
+        end = time.monotonic() + settings.drain_timeout_s + _SHUTDOWN_MARGIN_S
+        for process in workers.values():
+            process.join(max(0.0, end - time.monotonic()))
+            if process.exitcode is None:
+                log.error("worker %d still running after the drain: killed", process.pid)
+                process.kill()
+                process.join()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return status
+
+
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """The socket every worker accepts on, bound and listening (IPv6 for an address with a
+    colon), as uvicorn binds its own."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    listener.listen(backlog)
+    listener.set_inheritable(True)
+    return listener
+
+
+def _work(settings: Settings, listener: socket.socket, supervisor: int) -> None:
+    """One worker: the service on the shared socket (a spawned process's target)."""
+    _die_with_parent(supervisor)
+    from service.http.app import create_app
+    from service.http.server import DrainingServer, uvicorn_config
+
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s %(name)s [worker {os.getpid()}]: %(message)s",
+    )
+    app = create_app(settings)
+    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
+    # uvicorn raises a SIGINT again once it has shut down; here it is the supervisor's stop.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[listener])  # exits with status 3 itself when the app cannot start
+    sys.exit(0)
+
+
+def _die_with_parent(supervisor: int) -> None:
+    """A SIGTERM (a drain) when the supervisor dies, however it dies (Linux's prctl); none
+    comes for a death before the request, so a worker whose supervisor is already gone stops."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # another system: the worker outlives a killed parent
+        log.warning("cannot ask for a signal when the supervisor dies")
+    if os.getppid() != supervisor:
+        sys.exit(0)
