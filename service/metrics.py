@@ -11,7 +11,6 @@ over the live workers; the model info is each model's, not a sum).
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -36,7 +35,10 @@ _STEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, *, aggregate: bool = False) -> None:
+        """`aggregate`: this process is one of several workers (service/http/workers.py), whose
+        values a scrape adds up."""
+        self._aggregate = aggregate
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -121,7 +123,8 @@ class Metrics:
         )
         self.cuda_graphs = Gauge(
             "mt_cuda_graphs",
-            "Decoder-step shapes captured as CUDA graphs (at most max_cuda_graphs)",
+            "Decoder-step shapes captured as CUDA graphs (at most max_cuda_graphs per model and "
+            "worker process)",
             ["model"],
             registry=r,
             multiprocess_mode="livesum",
@@ -201,7 +204,7 @@ class Metrics:
     def render(self) -> bytes:
         """The exposition: this registry's, or in a worker of several (service/http/workers.py)
         every worker's, added up from their files."""
-        if MULTIPROC_DIR not in os.environ:
+        if not self._aggregate:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -37,7 +37,7 @@ LARGE_BODY_HOLD_S = 0.05
 def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
     """The service for `settings`. `models` replaces loading the bundles (tests pass fakes or
     engines they already hold)."""
-    metrics = Metrics()
+    metrics = Metrics(aggregate=settings.workers > 1)
     renderer = ErrorRenderer(metrics, settings.retry_after_s, settings.libretranslate_prefix)
 
     @asynccontextmanager

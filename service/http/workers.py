@@ -7,9 +7,11 @@ benchmarks/RESULTS.md), and a many-core CPU runs a small model faster as several
 a few threads than as one of many.
 
 This process only supervises: it binds the socket, starts the workers (spawned: a fresh
-interpreter each, nothing inherited but the socket and the settings), and
+interpreter each, nothing inherited but the socket and the settings; each in a process group
+of its own, so that a terminal's Ctrl-C or a signal to this process's group reaches them once,
+from here), and
 - forwards SIGTERM (each worker drains, service/http/server.py) and SIGINT to them, then waits
-  for them, at most the drain timeout and a margin, and exits;
+  for them, at most the drain timeout and a margin, and exits (1 where one had to be killed);
 - starts a new worker when one dies (a crash, the kernel's OOM killer), so the others go on
   serving and the service keeps its size; but when one could not start (exit status 3: a bad
   bundle, a port in use), it stops the others and exits with that status, as one process would.
@@ -64,28 +66,31 @@ def serve_workers(settings: Settings) -> int:
     context = multiprocessing.get_context("spawn")
     stopping: list[int] = []  # the signal that stops the service, once one came
 
-    def start() -> BaseProcess:
+    workers: dict[int, BaseProcess] = {}  # by sentinel: the running ones
+    started: dict[int, float] = {}
+
+    def start() -> None:
         process = context.Process(target=_work, args=(settings, listener, os.getpid()))
         process.start()
-        return process
+        workers[process.sentinel], started[process.sentinel] = process, time.monotonic()
+        if stopping:  # the signal came while it started: it has not had it
+            _signal(process, stopping[0])
 
     def stop(sig: int, frame: FrameType | None) -> None:
         if not stopping:
             stopping.append(sig)
             log.info("%s: stopping %d workers", signal.Signals(sig).name, len(workers))
         for process in list(workers.values()):
-            if process.pid is not None:
-                os.kill(process.pid, sig)  # a second signal is a worker's forced stop
+            _signal(process, sig)  # a second signal is a worker's forced stop
 
-    workers: dict[int, BaseProcess] = {}
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     status = 0
     try:
-        started: dict[int, float] = {}
         for _ in range(settings.workers):
-            process = start()
-            workers[process.sentinel], started[process.sentinel] = process, time.monotonic()
-        log.info("%d workers on %s:%d", settings.workers, settings.host, settings.port)
+            if not stopping:
+                start()
+        host, port = listener.getsockname()[:2]
+        log.info("%d workers on %s:%d", settings.workers, host, port)
         while not stopping:
             for ready in wait(list(workers), timeout=1.0):
                 sentinel = int(ready)  # type: ignore[arg-type]  # the sentinels given: ints
@@ -103,16 +108,18 @@ def serve_workers(settings: Settings) -> int:
                           process.exitcode)  # fmt: skip
                 if time.monotonic() - started.pop(sentinel) < 10 * _RESTART_DELAY_S:
                     time.sleep(_RESTART_DELAY_S)
-                replacement = start()
-                workers[replacement.sentinel] = replacement
-                started[replacement.sentinel] = time.monotonic()
+                if not stopping:
+                    start()
         end = time.monotonic() + settings.drain_timeout_s + _SHUTDOWN_MARGIN_S
-        for process in workers.values():
+        while workers:
+            sentinel, process = next(iter(workers.items()))
             process.join(max(0.0, end - time.monotonic()))
             if process.exitcode is None:
                 log.error("worker %d still running after the drain: killed", process.pid)
                 process.kill()
                 process.join()
+                status = status or 1
+            del workers[sentinel]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -122,11 +129,13 @@ def serve_workers(settings: Settings) -> int:
 
 
 def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
-    """The socket every worker accepts on, bound and listening (IPv6 for an address with a
-    colon), as uvicorn binds its own."""
+    """The socket every worker accepts on, bound and listening: IPv6 only for an address with a
+    colon (as asyncio binds one), IPv4 otherwise."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     try:
         listener.bind((host, port))
     except OSError:
@@ -137,8 +146,16 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     return listener
 
 
+def _signal(process: BaseProcess, sig: int) -> None:
+    """Send a running worker a signal (one that has just ended is let be)."""
+    if process.pid is not None and process.exitcode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, sig)
+
+
 def _work(settings: Settings, listener: socket.socket, supervisor: int) -> None:
     """One worker: the service on the shared socket (a spawned process's target)."""
+    os.setpgrp()  # signals reach it from the supervisor only
     _die_with_parent(supervisor)
     from service.http.app import create_app
     from service.http.server import DrainingServer, uvicorn_config

@@ -236,6 +236,13 @@ class ServerProcess:
         except RuntimeError as e:
             raise RuntimeError(f"{e}{self.output()}") from None
 
+    def written(self) -> str:
+        """What the server has written so far, while it runs."""
+        if self._output is not None:
+            return self._output
+        self._log.seek(0)
+        return self._log.read()
+
     def output(self) -> str:
         """Everything the server wrote, once it has exited."""
         if self.process.poll() is None:

@@ -605,3 +605,22 @@ def test_cli_rejects_a_too_long_line_before_writing_anything(
     code, out, err = _run_cli(monkeypatch, stdin, "--bundle", str(eos_bundle), "--device", "cpu")
     assert code == 2 and out == ""
     assert "line 2, sentence 0: " in err and "limit of 48" in err
+
+
+def test_cli_takes_one_servers_threads_whatever_mt_workers_says(
+    eos_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file CLI is one process: a server's MT_WORKERS in its environment shares out no
+    cores."""
+    monkeypatch.setenv("MT_WORKERS", "4")
+    workers: list[int] = []
+    step_threads = translate.step_threads
+
+    def spy(settings: Settings, models: int) -> tuple[int, bool]:
+        workers.append(settings.workers)
+        return step_threads(settings, models)
+
+    monkeypatch.setattr(translate, "step_threads", spy)
+    code, out, _ = _run_cli(monkeypatch, "A dog.\n", "--bundle", str(eos_bundle), "--device", "cpu")
+    assert (code, workers) == (0, [1])
+    assert out.strip()

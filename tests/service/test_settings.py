@@ -8,6 +8,7 @@ import logging
 import resource
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -158,6 +159,13 @@ def test_the_steps_threads_spin_in_a_process_of_one_model_unless_told(
     monkeypatch.delenv("MT_INTRA_OP_SPINNING", raising=False)
     monkeypatch.delenv("MT_INTRA_OP_THREADS", raising=False)
     monkeypatch.setattr(models, "cpu_quota", lambda: None)  # as on a host with none
+    asked: list[dict[str, object]] = []
+
+    def default_threads(**options: Any) -> int:
+        asked.append(options)
+        return default_intra_op_threads(**options)
+
+    monkeypatch.setattr(models, "default_intra_op_threads", default_threads)
     named_it = {} if named is None else {"intra_op_spinning": named}
     settings = Settings(
         bundle=[fp32_bundle] * bundles, checkpoint=[], device="cpu", workers=workers, **named_it
@@ -171,6 +179,7 @@ def test_the_steps_threads_spin_in_a_process_of_one_model_unless_told(
         assert entry == ("1" if spins else "0")
         threads = default_intra_op_threads(spinning=spins, processes=workers)
         assert options.intra_op_num_threads == threads
+    assert asked == [{"spinning": spins, "processes": workers}]  # the cores shared out
 
 
 def test_the_shipped_bundle_is_built_once(tiny_checkpoint: Path, tmp_path: Path) -> None:

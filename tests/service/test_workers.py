@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.service.helpers import ServerProcess, server_process, wait_for
+from tests.service.helpers import ServerProcess, async_wait_for, server_process, wait_for
 from tests.service.test_server import EN_DE, metric, post_all, server_args
 
 
@@ -58,14 +59,30 @@ def answered(url: str) -> float:
     return metric(url, "mt_http_requests_total", route="/translate", status="200")
 
 
+def started(server: ServerProcess) -> list[int]:
+    """Its two workers, once both have loaded their model and serve."""
+    wait_for(lambda: server.written().count(": ready: ") == 2, timeout=60)
+    workers = workers_of(server)
+    assert len(workers) == 2
+    return workers
+
+
+def metrics_dir(worker: int) -> Path:
+    """Where the workers write their metrics (the supervisor removes it, unless killed)."""
+    environ = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
+    [entry] = [e for e in environ if e.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+    return Path(entry.split(b"=", 1)[1].decode())
+
+
 def test_each_worker_serves_and_a_scrape_of_one_counts_both(eos_bundle: Path) -> None:
     with server_process(server_args(eos_bundle, "--workers", "2")) as server:
-        wait_for(lambda: len(workers_of(server)) == 2, timeout=30)
-        first, second = workers_of(server)
-        wait_for(lambda: httpx.get(f"{server.url}/ready", timeout=5).status_code == 200)
+        first, second = started(server)
+        directory = metrics_dir(first)
         before = answered(server.url)
         with stopped(first):  # every connection goes to the second worker
             assert translate(server.url, 3) == [200] * 3
+        # Counted once the answer is written: wait for the last count before freezing it.
+        wait_for(lambda: answered(server.url) - before == 3)
         with stopped(second):  # and now to the first, which also answers the scrape
             assert translate(server.url, 2) == [200] * 2
             assert answered(server.url) - before == 5
@@ -78,29 +95,34 @@ def test_each_worker_serves_and_a_scrape_of_one_counts_both(eos_bundle: Path) ->
     assert "died (exit -9): starting another" in server.output()
     # The supervisor was killed (the context's stop): its workers leave with it.
     wait_for(lambda: not alive(second) and not alive(replacement), timeout=30)
+    shutil.rmtree(directory)  # a killed supervisor could not
 
 
 def test_sigterm_drains_every_worker_then_exits(eos_bundle: Path) -> None:
     flags = ("--workers", "2", "--scheduler", "batch", "--max-wait-ms", "1500")
     with server_process(server_args(eos_bundle, *flags, "--drain-timeout-s", "20")) as server:
-        wait_for(lambda: len(workers_of(server)) == 2, timeout=30)
-        workers = workers_of(server)
+        workers = started(server)
+        directory = metrics_dir(workers[0])
         bodies: list[dict[str, object]] = [
             {"text": f"A man number {i} sings.", **EN_DE} for i in range(8)
         ]
 
         async def scenario() -> list[httpx.Response]:
             accepted = asyncio.ensure_future(post_all(server.url, bodies))
-            while metric(server.url, "mt_in_flight_requests") < len(bodies):
-                await asyncio.sleep(0.02)
+
+            def all_in_flight() -> bool:  # in either worker's batching window
+                return metric(server.url, "mt_in_flight_requests") == len(bodies)
+
+            await async_wait_for(all_in_flight, timeout=30)
             server.terminate()
             return await accepted
 
         responses = asyncio.run(scenario())
         assert [r.status_code for r in responses] == [200] * len(bodies)  # none lost
         assert server.process.wait(30) == 0
-        assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+        assert not [pid for pid in workers if alive(pid)]
     assert server.output().count("finishing accepted requests") == 2
+    assert not directory.exists()
 
 
 def test_a_worker_that_cannot_start_stops_the_service(tmp_path: Path) -> None:
