@@ -3,14 +3,17 @@ clients, and compare dynamic batching with batching off (max batch size 1).
 
     python -m benchmarks.load_bench --bundle bundles/multi30k-en-de \\
         [--concurrency 1,8,32,64] [--duration 10] [--max-requests 2000] [--beam-size 1] \\
-        [--max-batch-size 32] [--max-wait-ms 0] [--intra-op-threads N] [--texts FILE] [--json OUT]
+        [--max-batch-size 32] [--max-wait-ms 0] [--intra-op-threads N] [--texts FILE] \\
+        [--client-processes P] [--json OUT]
 
 For each server configuration and each concurrency level: requests/s, p50/p95/p99 latency of
 the answered (200) requests, errors by status, and the mean batch size the server formed (from
 its /metrics: segments per engine call; with MT_SCHEDULER=step in the environment, which the
 server inherits, rows per decoder step). Each level runs until `--duration` seconds or
 `--max-requests` requests, whichever comes first, after a short warm-up. The last table gives
-throughput with batching divided by throughput without.
+throughput with batching divided by throughput without. `--client-processes P` spreads a
+level's clients over P processes (one Python process sends a few thousand requests/s at most),
+whose timed phases start together once all have warmed up.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -85,8 +92,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-wait-ms", type=float, default=0.0, help="the batching configuration")
     p.add_argument("--intra-op-threads", type=int, default=None)
     p.add_argument("--texts", type=Path, default=None, help="one sentence per line")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="processes the clients are spread over (a level's requests/s then adds up theirs, "
+        "over the longest one's time)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)
+
+
+@dataclass
+class _Driven:
+    """What one process's clients measured at a level."""
+
+    latencies: list[float]
+    statuses: Counter[str]  # of the measured requests
+    refused: Counter[str]  # of the warm-up's, reported with them
+    seconds: float
 
 
 async def _run_level(
@@ -97,6 +121,73 @@ async def _run_level(
     pair: dict[str, str],
     args: argparse.Namespace,
 ) -> LevelResult:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        before = _batch_totals((await http.get("/metrics")).text)
+        processes = min(getattr(args, "client_processes", 1), concurrency)
+        if processes <= 1:
+            driven = [await _drive(url, concurrency, args.max_requests, texts, pair, args)]
+        else:
+            # The clients in several processes: one process's Python tops out at a few
+            # thousand requests/s, short of what several workers on a GPU may answer.
+            loop = asyncio.get_running_loop()
+            shares = zip(
+                _shares(concurrency, processes), _shares(args.max_requests, processes), strict=True
+            )
+            spawn = multiprocessing.get_context("spawn")  # not a fork of this one's threads
+            with spawn.Manager() as manager, ProcessPoolExecutor(processes, spawn) as pool:
+                warm = manager.Barrier(processes)  # every process's timed phase starts at once
+                driven = await asyncio.gather(
+                    *(
+                        loop.run_in_executor(
+                            pool, _drive_in_process, url, users, budget, texts, pair, args, warm
+                        )
+                        for users, budget in shares
+                    )
+                )
+        after = _batch_totals((await http.get("/metrics")).text)
+    batches, segments = after[0] - before[0], after[1] - before[1]
+    latencies = [latency for d in driven for latency in d.latencies]
+    statuses: Counter[str] = sum((d.statuses for d in driven), Counter())
+    refused: Counter[str] = sum((d.refused for d in driven), Counter())
+    seconds = max(d.seconds for d in driven)
+    ok = statuses.pop("200", 0)
+    return LevelResult(
+        config=config,
+        concurrency=concurrency,
+        requests=ok + sum(statuses.values()),
+        seconds=round(seconds, 3),
+        requests_per_s=round(ok / seconds, 2),
+        p50_ms=percentile_ms(latencies, 50),
+        p95_ms=percentile_ms(latencies, 95),
+        p99_ms=percentile_ms(latencies, 99),
+        errors=dict(statuses + refused),
+        mean_batch_size=round(segments / batches, 2) if batches else 0.0,
+    )
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` as evenly as whole numbers go, the larger first."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def _drive_in_process(*arguments: Any) -> _Driven:
+    """`_drive`, in a process of the pool."""
+    return asyncio.run(_drive(*arguments))
+
+
+async def _drive(
+    url: str,
+    concurrency: int,
+    max_requests: int,
+    texts: list[str],
+    pair: dict[str, str],
+    args: argparse.Namespace,
+    warm: threading.Barrier | None = None,
+) -> _Driven:
+    """`concurrency` clients, each warmed up, then (past `warm`, the other processes' clients
+    warmed up too) sending one request after another until `args.duration` seconds or
+    `max_requests` requests in all."""
+
     def body(i: int) -> dict[str, object]:
         text = texts[i % len(texts)]
         return {"text": text, "source": pair["source"], "target": pair["target"],
@@ -113,10 +204,7 @@ async def _run_level(
             )
             for _ in range(concurrency)
         ]
-
-        latencies: list[float] = []
-        statuses: Counter[str] = Counter()  # of the measured requests
-        refused: Counter[str] = Counter()  # of the warm-up's, reported with them
+        driven = _Driven(latencies=[], statuses=Counter(), refused=Counter(), seconds=0.0)
 
         async def warm_up(client: httpx.AsyncClient) -> None:
             # Connects, so no measured request pays for a TCP handshake. An overloaded server
@@ -125,49 +213,36 @@ async def _run_level(
                 try:
                     response = await client.post("/translate", json=body(i))
                 except httpx.HTTPError as e:
-                    refused[f"warm-up {type(e).__name__}"] += 1
+                    driven.refused[f"warm-up {type(e).__name__}"] += 1
                     continue
                 if response.status_code != 200:
-                    refused[f"warm-up {response.status_code}"] += 1
+                    driven.refused[f"warm-up {response.status_code}"] += 1
 
         await asyncio.gather(*(warm_up(client) for client in clients))
-        before = _batch_totals((await clients[0].get("/metrics")).text)
+        if warm is not None:
+            await asyncio.to_thread(warm.wait)
         issued = 0
         start = time.perf_counter()
         end = start + args.duration
 
         async def worker(client: httpx.AsyncClient) -> None:
             nonlocal issued
-            while issued < args.max_requests and time.perf_counter() < end:
+            while issued < max_requests and time.perf_counter() < end:
                 i = issued
                 issued += 1
                 sent = time.perf_counter()
                 try:
                     response = await client.post("/translate", json=body(i))
                 except httpx.HTTPError as e:
-                    statuses[type(e).__name__] += 1
+                    driven.statuses[type(e).__name__] += 1
                     continue
-                statuses[str(response.status_code)] += 1
+                driven.statuses[str(response.status_code)] += 1
                 if response.status_code == 200:  # a fast 429 or 503 must not flatter p99
-                    latencies.append(time.perf_counter() - sent)
+                    driven.latencies.append(time.perf_counter() - sent)
 
         await asyncio.gather(*(worker(client) for client in clients))
-        seconds = time.perf_counter() - start
-        after = _batch_totals((await clients[0].get("/metrics")).text)
-    batches, segments = after[0] - before[0], after[1] - before[1]
-    ok = statuses.pop("200", 0)
-    return LevelResult(
-        config=config,
-        concurrency=concurrency,
-        requests=ok + sum(statuses.values()),
-        seconds=round(seconds, 3),
-        requests_per_s=round(ok / seconds, 2),
-        p50_ms=percentile_ms(latencies, 50),
-        p95_ms=percentile_ms(latencies, 95),
-        p99_ms=percentile_ms(latencies, 99),
-        errors=dict(statuses + refused),
-        mean_batch_size=round(segments / batches, 2) if batches else 0.0,
-    )
+        driven.seconds = time.perf_counter() - start
+    return driven
 
 
 def _batch_totals(metrics_text: str) -> tuple[float, float]:

@@ -91,7 +91,7 @@ for graphs in false true; do  # the service's --cuda-graphs, through its environ
 done
 TAILN=12 stage load_workers 80 env MT_CUDA_GRAPHS=true MT_WORKERS=${WORKERS:-4} python3 -m benchmarks.load_bench \
   --bundle $B/fp16 --concurrency 1,128,256 --duration 6 --max-requests 30000 --max-batch-size 128 \
-  --texts /tmp/texts.txt --json $RES/load_workers.json
+  --client-processes 4 --texts /tmp/texts.txt --json $RES/load_workers.json
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
 SOAK_SECONDS=${SOAK_SECONDS:-80}
 TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from benchmarks.load_bench import _run_level
+from benchmarks.load_bench import _run_level, _shares
 from benchmarks.servers import free_port
 
 
@@ -69,3 +69,18 @@ def test_refused_warm_up_requests_are_reported_and_the_level_goes_on(refusing_se
     assert result.errors == {"warm-up 503": 5}
     assert result.requests == 20  # the measured ones, all answered
     assert result.requests_per_s > 0 and result.mean_batch_size == 1.0
+
+
+def test_clients_spread_over_processes_add_up(refusing_server: str) -> None:
+    """Four clients in two processes: every measured request counted once, the warm-up's
+    refusals with them, whichever process met them."""
+    args = argparse.Namespace(
+        beam_size=1, warmup_requests=2, duration=30.0, max_requests=21, client_processes=2
+    )
+    result = asyncio.run(
+        _run_level(refusing_server, "test", 4, ["A dog."], {"source": "en", "target": "de"}, args)
+    )
+    assert result.errors == {"warm-up 503": 5}
+    assert result.requests == 21  # 11 + 10
+    assert result.requests_per_s > 0 and result.mean_batch_size == 1.0
+    assert _shares(21, 2) == [11, 10] and _shares(3, 3) == [1, 1, 1]
