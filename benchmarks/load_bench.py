@@ -123,7 +123,7 @@ async def _run_level(
 ) -> LevelResult:
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         before = _batch_totals((await http.get("/metrics")).text)
-        processes = min(getattr(args, "client_processes", 1), concurrency)
+        processes = min(args.client_processes, concurrency)
         if processes <= 1:
             driven = [await _drive(url, concurrency, args.max_requests, texts, pair, args)]
         else:

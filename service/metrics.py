@@ -23,8 +23,6 @@ from prometheus_client import (
     multiprocess,
 )
 
-MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # set for its workers by service/http/workers.py
-
 # Request latency and queue wait (seconds): from a few ms to a minute.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BATCH_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

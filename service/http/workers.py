@@ -14,7 +14,8 @@ from here), and
   for them, at most the drain timeout and a margin, and exits (1 where one had to be killed);
 - starts a new worker when one dies (a crash, the kernel's OOM killer), so the others go on
   serving and the service keeps its size; but when one could not start (exit status 3: a bad
-  bundle, a port in use), it stops the others and exits with that status, as one process would.
+  bundle), it stops the others and exits with that status, as one process would (and as it
+  does itself when the port is taken).
 The workers leave with it: each asks the kernel for a SIGTERM when its parent dies.
 
 Metrics: the workers write them to files in one directory (prometheus_client's multiprocess
@@ -40,13 +41,14 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+import uvicorn
 from prometheus_client import multiprocess
 
-from service.metrics import MULTIPROC_DIR
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
 
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: where each worker writes
 CANNOT_START = 3  # a worker's exit status when its app could not start (server.py)
 _RESTART_DELAY_S = 1.0  # after a worker died soon after its start: no tight restart loop
 _SHUTDOWN_MARGIN_S = 10.0  # past the drain timeout: uvicorn's own shutdown, then a kill
@@ -56,23 +58,24 @@ _PR_SET_PDEATHSIG = 1
 def serve_workers(settings: Settings) -> int:
     """Run `settings.workers` server processes on one socket until a signal stops them; the
     exit status (0, or a worker's that could not start)."""
-    try:
-        listener = listening_socket(settings.host, settings.port, settings.backlog)
-    except OSError as e:
-        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, e)
-        return 1
+    # uvicorn's own binding (it exits with status 3 when the port is taken); each worker's
+    # server listens on it with the backlog.
+    app = "service.http.app:create_app"  # what the workers run; only named here
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level
+    )
+    listener = config.bind_socket()
     directory = tempfile.mkdtemp(prefix="mt-metrics-")
     os.environ[MULTIPROC_DIR] = directory  # the workers inherit it: read at their import
     context = multiprocessing.get_context("spawn")
     stopping: list[int] = []  # the signal that stops the service, once one came
 
-    workers: dict[int, BaseProcess] = {}  # by sentinel: the running ones
-    started: dict[int, float] = {}
+    workers: dict[int, tuple[BaseProcess, float]] = {}  # by sentinel: the running ones, started
 
     def start() -> None:
         process = context.Process(target=_work, args=(settings, listener, os.getpid()))
         process.start()
-        workers[process.sentinel], started[process.sentinel] = process, time.monotonic()
+        workers[process.sentinel] = process, time.monotonic()
         if stopping:  # the signal came while it started: it has not had it
             _signal(process, stopping[0])
 
@@ -80,7 +83,7 @@ def serve_workers(settings: Settings) -> int:
         if not stopping:
             stopping.append(sig)
             log.info("%s: stopping %d workers", signal.Signals(sig).name, len(workers))
-        for process in list(workers.values()):
+        for process, _ in list(workers.values()):
             _signal(process, sig)  # a second signal is a worker's forced stop
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -89,12 +92,11 @@ def serve_workers(settings: Settings) -> int:
         for _ in range(settings.workers):
             if not stopping:
                 start()
-        host, port = listener.getsockname()[:2]
-        log.info("%d workers on %s:%d", settings.workers, host, port)
+        log.info("%d workers", settings.workers)
         while not stopping:
             for ready in wait(list(workers), timeout=1.0):
                 sentinel = int(ready)  # type: ignore[arg-type]  # the sentinels given: ints
-                process = workers.pop(sentinel)
+                process, since = workers.pop(sentinel)
                 process.join()
                 multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
                 if stopping:
@@ -106,44 +108,25 @@ def serve_workers(settings: Settings) -> int:
                     break
                 log.error("worker %d died (exit %s): starting another", process.pid,
                           process.exitcode)  # fmt: skip
-                if time.monotonic() - started.pop(sentinel) < 10 * _RESTART_DELAY_S:
+                if time.monotonic() - since < 10 * _RESTART_DELAY_S:
                     time.sleep(_RESTART_DELAY_S)
                 if not stopping:
                     start()
         end = time.monotonic() + settings.drain_timeout_s + _SHUTDOWN_MARGIN_S
         while workers:
-            sentinel, process = next(iter(workers.items()))
+            process, _ = workers.pop(next(iter(workers)))
             process.join(max(0.0, end - time.monotonic()))
             if process.exitcode is None:
                 log.error("worker %d still running after the drain: killed", process.pid)
                 process.kill()
                 process.join()
                 status = status or 1
-            del workers[sentinel]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         listener.close()
         shutil.rmtree(directory, ignore_errors=True)
     return status
-
-
-def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
-    """The socket every worker accepts on, bound and listening: IPv6 only for an address with a
-    colon (as asyncio binds one), IPv4 otherwise."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    try:
-        listener.bind((host, port))
-    except OSError:
-        listener.close()
-        raise
-    listener.listen(backlog)
-    listener.set_inheritable(True)
-    return listener
 
 
 def _signal(process: BaseProcess, sig: int) -> None:

@@ -61,7 +61,7 @@ def refusing_server() -> Iterator[str]:
 
 def test_refused_warm_up_requests_are_reported_and_the_level_goes_on(refusing_server: str) -> None:
     args = argparse.Namespace(
-        beam_size=1, warmup_requests=2, duration=30.0, max_requests=20
+        beam_size=1, warmup_requests=2, duration=30.0, max_requests=20, client_processes=1
     )  # 4 clients x 2 warm-up requests: 5 of them refused
     result = asyncio.run(
         _run_level(refusing_server, "test", 4, ["A dog."], {"source": "en", "target": "de"}, args)

@@ -248,8 +248,7 @@ class ServerProcess:
         if self.process.poll() is None:
             return "(running)"
         if self._output is None:
-            self._log.seek(0)
-            self._output = self._log.read()
+            self._output = self.written()
             self._log.close()
         return self._output
 
