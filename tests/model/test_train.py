@@ -136,17 +136,23 @@ def _first_train_loss(out: Path) -> float:
 def test_init_from_continues_the_trained_model(trained, tmp_path) -> None:
     """--init-from starts from a trained model's weights, model config and tokenizer: at
     learning rate 0 the result is that model bit for bit; with a small one it starts where the
-    model was, far below the same 25 updates from scratch."""
+    model was, far below the same 25 updates of the same architecture from scratch."""
     d, out, _, (valid_src, valid_tgt) = trained
     recipe = tmp_path / "continue.json"
-    recipe.write_text(json.dumps({"training": {**RECIPE["training"], "warmup_updates": 10}}))
+    continued = {**RECIPE["training"], "warmup_updates": 10}
+    recipe.write_text(json.dumps({"training": continued}))
+    # From scratch the recipe names the model (--init-from takes the trained one's); without
+    # it the default preset would train a 44M-parameter model, 100 s of this test.
+    scratch_recipe = tmp_path / "scratch.json"
+    scratch_recipe.write_text(json.dumps({"model": RECIPE["model"], "training": continued}))
     common = [
         "--src-train", str(d / "rev1.src"), "--tgt-train", str(d / "rev1.tgt"),
         "--src-valid", str(valid_src), "--tgt-valid", str(valid_tgt),
-        "--config", str(recipe), "--max-updates", "25",
+        "--max-updates", "25",
     ]  # fmt: skip
     frozen, tuned, scratch = tmp_path / "frozen", tmp_path / "tuned", tmp_path / "scratch"
-    assert train.main([*common, "--init-from", str(out), "--lr", "0", "--out", str(frozen)]) == 0
+    init = ["--init-from", str(out), "--config", str(recipe)]
+    assert train.main([*common, *init, "--lr", "0", "--out", str(frozen)]) == 0
     before, after = load_file(out / "model.safetensors"), load_file(frozen / "model.safetensors")
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -156,13 +162,15 @@ def test_init_from_continues_the_trained_model(trained, tmp_path) -> None:
     sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     assert config["init_from"] == {"path": str(out), "sha256": sha}
 
-    tune = [*common, "--init-from", str(out), "--lr", "3e-4", "--out", str(tuned)]
+    tune = [*common, *init, "--lr", "3e-4", "--out", str(tuned)]
     assert train.main(tune) == 0
     # Resuming such a run continues from its own saved state, not from the starting model again.
     assert train.main([*tune, "--max-updates", "50", "--resume"]) == 0
     rows = map(json.loads, (tuned / "metrics.jsonl").read_text().splitlines())
     assert [r["update"] for r in rows if r["split"] == "train"] == [25, 50]
-    assert train.main([*common, "--lr", "3e-4", "--out", str(scratch)]) == 0
+    from_scratch = [*common, "--config", str(scratch_recipe), "--lr", "3e-4", "--out", str(scratch)]
+    assert train.main(from_scratch) == 0
+    assert json.loads((scratch / "config.json").read_text())["model"] == config["model"]
     assert _first_train_loss(tuned) < 0.5 * _first_train_loss(scratch)
     tuned_config = json.loads((tuned / "config.json").read_text())
     assert tuned_config["valid_after_averaging"]["bleu"] > 90
