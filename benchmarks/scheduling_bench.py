@@ -10,7 +10,10 @@ scheduler (`--scheduler batch`, `--scheduler step`):
 1. unloaded: short requests one at a time, alone (their p50 is the yardstick);
 2. mixed, closed loop (the issue's measurement): one client sends short requests one at a time
    while --long-clients clients each send paragraphs back to back;
-3. open loop: Poisson arrivals for --duration seconds at each rate in --rates (long requests
+3. long only, closed loop: the same long clients without the short one: the scheduler's
+   capacity for paragraphs (under the mixed load each scheduler also serves the short client,
+   at its own pace: whole batches hold it behind every paragraph, step-level does not);
+4. open loop: Poisson arrivals for --duration seconds at each rate in --rates (long requests
    per second; short ones arrive ten times as often), every request sent at its time whether
    or not earlier ones were answered.
 Per class: requests answered, p50/p99 latency (ms), and throughput (requests/s; for long ones
@@ -110,7 +113,9 @@ async def unloaded(load: Load, requests: int) -> float:
     return time.perf_counter() - start
 
 
-async def closed_mixed(load: Load, long_clients: int, duration: float) -> float:
+async def closed_mixed(
+    load: Load, long_clients: int, duration: float, short_client: bool = True
+) -> float:
     end = time.perf_counter() + duration
 
     async def loop(long: bool) -> None:
@@ -119,7 +124,8 @@ async def closed_mixed(load: Load, long_clients: int, duration: float) -> float:
                 await load.send(client, long)
 
     start = time.perf_counter()
-    await asyncio.gather(loop(False), *(loop(True) for _ in range(long_clients)))
+    shorts = [loop(False)] if short_client else []
+    await asyncio.gather(*shorts, *(loop(True) for _ in range(long_clients)))
     return time.perf_counter() - start
 
 
@@ -155,6 +161,11 @@ def run(args: argparse.Namespace, scheduler: str, texts: list[str]) -> list[Resu
         results.append(
             Result(scheduler, scenario, seconds, load.short.row(seconds), load.long.row(seconds))
         )
+        _print(results[-1])
+        load = Load(server.url, texts, args.paragraph, args.seed)
+        seconds = asyncio.run(closed_mixed(load, args.long_clients, args.duration, False))
+        scenario = f"closed: {args.long_clients} long clients only"
+        results.append(Result(scheduler, scenario, seconds, {}, load.long.row(seconds)))
         _print(results[-1])
         for rate in args.rates:
             load = Load(server.url, texts, args.paragraph, args.seed)
