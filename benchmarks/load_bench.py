@@ -103,6 +103,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+# How long a client process waits for the others' warm-up (a failed one never comes).
+BARRIER_TIMEOUT_S = 300.0
+
+
 @dataclass
 class _Driven:
     """What one process's clients measured at a level."""
@@ -111,6 +115,7 @@ class _Driven:
     statuses: Counter[str]  # of the measured requests
     refused: Counter[str]  # of the warm-up's, reported with them
     seconds: float
+    before: tuple[float, float]  # the server's batch totals once the warm-up was done
 
 
 async def _run_level(
@@ -122,7 +127,6 @@ async def _run_level(
     args: argparse.Namespace,
 ) -> LevelResult:
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        before = _batch_totals((await http.get("/metrics")).text)
         processes = min(args.client_processes, concurrency)
         if processes <= 1:
             driven = [await _drive(url, concurrency, args.max_requests, texts, pair, args)]
@@ -135,7 +139,8 @@ async def _run_level(
             )
             spawn = multiprocessing.get_context("spawn")  # not a fork of this one's threads
             with spawn.Manager() as manager, ProcessPoolExecutor(processes, spawn) as pool:
-                warm = manager.Barrier(processes)  # every process's timed phase starts at once
+                # Every process's timed phase starts at once; one that failed breaks it.
+                warm = manager.Barrier(processes, timeout=BARRIER_TIMEOUT_S)
                 driven = await asyncio.gather(
                     *(
                         loop.run_in_executor(
@@ -145,6 +150,7 @@ async def _run_level(
                     )
                 )
         after = _batch_totals((await http.get("/metrics")).text)
+    before = min(d.before for d in driven)  # the earliest: every warm-up done, none measured
     batches, segments = after[0] - before[0], after[1] - before[1]
     latencies = [latency for d in driven for latency in d.latencies]
     statuses: Counter[str] = sum((d.statuses for d in driven), Counter())
@@ -204,7 +210,8 @@ async def _drive(
             )
             for _ in range(concurrency)
         ]
-        driven = _Driven(latencies=[], statuses=Counter(), refused=Counter(), seconds=0.0)
+        driven = _Driven(latencies=[], statuses=Counter(), refused=Counter(), seconds=0.0,
+                         before=(0.0, 0.0))  # fmt: skip
 
         async def warm_up(client: httpx.AsyncClient) -> None:
             # Connects, so no measured request pays for a TCP handshake. An overloaded server
@@ -221,6 +228,7 @@ async def _drive(
         await asyncio.gather(*(warm_up(client) for client in clients))
         if warm is not None:
             await asyncio.to_thread(warm.wait)
+        driven.before = _batch_totals((await clients[0].get("/metrics")).text)
         issued = 0
         start = time.perf_counter()
         end = start + args.duration

@@ -27,7 +27,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,10 @@ class Class:
     statuses: dict[str, int] = field(default_factory=dict)  # of the errors: status or exception
 
     def row(self, seconds: float) -> dict[str, Any]:
+        """Its figures over `seconds`; {} for a class the scenario sent nothing of."""
         n = len(self.latencies)
+        if not n and not self.errors:
+            return {}
         return {
             "answered": n,
             "errors": self.errors,
@@ -151,32 +154,29 @@ def run(args: argparse.Namespace, scheduler: str, texts: list[str]) -> list[Resu
     results = []
     flags = ["--scheduler", scheduler, "--intra-op-threads", str(args.intra_op_threads)]
     with service(args.bundle, flags) as server:
-        load = Load(server.url, texts, args.paragraph, args.seed)
-        seconds = asyncio.run(unloaded(load, args.unloaded))
-        results.append(Result(scheduler, "unloaded", seconds, load.short.row(seconds), {}))
-        _print(results[-1])
-        load = Load(server.url, texts, args.paragraph, args.seed)
-        seconds = asyncio.run(closed_mixed(load, args.long_clients, args.duration))
-        scenario = f"closed: 1 short + {args.long_clients} long clients"
-        results.append(
-            Result(scheduler, scenario, seconds, load.short.row(seconds), load.long.row(seconds))
-        )
-        _print(results[-1])
-        load = Load(server.url, texts, args.paragraph, args.seed)
-        seconds = asyncio.run(closed_mixed(load, args.long_clients, args.duration, False))
-        scenario = f"closed: {args.long_clients} long clients only"
-        results.append(Result(scheduler, scenario, seconds, {}, load.long.row(seconds)))
-        _print(results[-1])
-        for rate in args.rates:
+
+        def measure(scenario: str, drive: Callable[[Load], Coroutine[Any, Any, float]]) -> None:
             load = Load(server.url, texts, args.paragraph, args.seed)
-            seconds = asyncio.run(open_loop(load, rate, args.duration))
-            scenario = f"open: {rate:g} long/s + {rate * SHORT_PER_LONG:g} short/s"
-            results.append(
-                Result(
-                    scheduler, scenario, seconds, load.short.row(seconds), load.long.row(seconds)
-                )
-            )
+            seconds = asyncio.run(drive(load))
+            short, long = load.short.row(seconds), load.long.row(seconds)
+            results.append(Result(scheduler, scenario, seconds, short, long))
             _print(results[-1])
+
+        clients = args.long_clients
+        measure("unloaded", lambda load: unloaded(load, args.unloaded))
+        measure(
+            f"closed: 1 short + {clients} long clients",
+            lambda load: closed_mixed(load, clients, args.duration),
+        )
+        measure(
+            f"closed: {clients} long clients only",
+            lambda load: closed_mixed(load, clients, args.duration, short_client=False),
+        )
+        for rate in args.rates:
+            measure(
+                f"open: {rate:g} long/s + {rate * SHORT_PER_LONG:g} short/s",
+                lambda load, rate=rate: open_loop(load, rate, args.duration),
+            )
     return results
 
 

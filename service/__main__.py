@@ -24,7 +24,7 @@ from service.bundle.manifest import BundleError
 from service.http.app import create_app
 from service.http.server import DrainingServer, uvicorn_config
 from service.http.workers import serve_workers
-from service.inference.models import shipped_bundles
+from service.inference.models import bundle_directories
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -41,14 +41,15 @@ def main(argv: list[str] | None = None) -> int:
             "MT_SHIPPED_BUNDLES (a directory; now %s)",
             settings.shipped_bundles,
         )
-    if not settings.bundle and not settings.model:
-        # Before the server binds its port: the first start may export the shipped models.
-        try:
-            bundles = shipped_bundles(settings)
-        except BundleError as e:
-            log.error("%s", e)
-            return 2
-        settings = settings.model_copy(update={"bundle": bundles})
+    # Once, before the server binds its port and before any worker starts: the first start may
+    # export the shipped models or import a --model directory (N workers would each do it, and
+    # race to put their bundle in the cache).
+    try:
+        bundles = bundle_directories(settings)
+    except BundleError as e:
+        log.error("%s", e)
+        return 2
+    settings = settings.model_copy(update={"bundle": bundles, "model": []})
     if settings.workers > 1:
         return serve_workers(settings)
     app = create_app(settings)

@@ -36,9 +36,13 @@ class Metrics:
     def __init__(self, *, aggregate: bool = False) -> None:
         """`aggregate`: this process is one of several workers (service/http/workers.py), whose
         values a scrape adds up."""
-        self._aggregate = aggregate
         self.registry = CollectorRegistry()
         r = self.registry
+        # What a scrape renders: this registry, or every worker's values read from their files.
+        self._exposed = r
+        if aggregate:
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed)  # type: ignore[no-untyped-call]
         self.requests = Counter(
             "mt_http_requests", "HTTP requests answered", ["route", "status"], registry=r
         )
@@ -202,11 +206,7 @@ class Metrics:
     def render(self) -> bytes:
         """The exposition: this registry's, or in a worker of several (service/http/workers.py)
         every worker's, added up from their files."""
-        if not self._aggregate:
-            return generate_latest(self.registry)
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return generate_latest(registry)
+        return generate_latest(self._exposed)
 
 
 class RequestRate:

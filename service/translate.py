@@ -176,9 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        # The defaults under the MT_* variables, in one process: as a server of one model's.
-        settings = Settings.model_validate({}).model_copy(update={"workers": 1})
-        threads, spinning = step_threads(settings, 1)
+        settings = Settings.model_validate({})  # the defaults under the MT_* variables
+        threads, spinning = step_threads(settings, 1, 1)  # as one server process of one model
         engine = Engine.load(
             args.bundle,
             device=args.device,

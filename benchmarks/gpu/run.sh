@@ -7,9 +7,9 @@
 # transformer-base Marian checkpoint in the background. `measure` installs, then runs issue
 # 32's checks in priority order, each bounded by its own timeout and by BUDGET seconds in all:
 # $OUT/log.txt (every stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv
-# (GPU memory during the soak). STAGES="name ..." runs only the stages named. The soak's server gets --device cuda
-# --max-batch-size 64 and SOAK_FLAGS (default --cuda-graphs; "" for no graphs), for
-# SOAK_REQUESTS requests or SOAK_SECONDS seconds (20000, 80).
+# (GPU memory during the soak). STAGES="name ..." runs only the stages named. The soak's server
+# gets --device cuda --max-batch-size 64 and SOAK_FLAGS (default --cuda-graphs; "" for no
+# graphs), for SOAK_REQUESTS requests or SOAK_SECONDS seconds (20000, 80).
 set -u
 case "${1:-}" in
 receive)

@@ -13,9 +13,11 @@ from here), and
 - forwards SIGTERM (each worker drains, service/http/server.py) and SIGINT to them, then waits
   for them, at most the drain timeout and a margin, and exits (1 where one had to be killed);
 - starts a new worker when one dies (a crash, the kernel's OOM killer), so the others go on
-  serving and the service keeps its size; but when one could not start (exit status 3: a bad
-  bundle), it stops the others and exits with that status, as one process would (and as it
-  does itself when the port is taken).
+  serving and the service keeps its size; but when one of the first workers could not start
+  (exit status 3: a bad bundle), it stops the others and exits with that status, as one
+  process would (and as it does itself when the port is taken). A later worker that cannot
+  start (memory short after an OOM kill) is started again after a pause while the others
+  serve.
 The workers leave with it: each asks the kernel for a SIGTERM when its parent dies.
 
 Metrics: the workers write them to files in one directory (prometheus_client's multiprocess
@@ -58,11 +60,14 @@ _PR_SET_PDEATHSIG = 1
 def serve_workers(settings: Settings) -> int:
     """Run `settings.workers` server processes on one socket until a signal stops them; the
     exit status (0, or a worker's that could not start)."""
-    # uvicorn's own binding (it exits with status 3 when the port is taken); each worker's
-    # server listens on it with the backlog.
-    app = "service.http.app:create_app"  # what the workers run; only named here
+    # uvicorn's own binding (it exits with status 3 when the port is taken); its app is never
+    # loaded here (each worker makes its own).
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level
+        "service.http.app:create_app",
+        host=settings.host,
+        port=settings.port,
+        backlog=settings.backlog,
+        log_level=settings.log_level,
     )
     listener = config.bind_socket()
     directory = tempfile.mkdtemp(prefix="mt-metrics-")
@@ -71,6 +76,7 @@ def serve_workers(settings: Settings) -> int:
     stopping: list[int] = []  # the signal that stops the service, once one came
 
     workers: dict[int, tuple[BaseProcess, float]] = {}  # by sentinel: the running ones, started
+    first: set[int] = set()  # the pids of the first workers (a bad bundle stops the service)
 
     def start() -> None:
         process = context.Process(target=_work, args=(settings, listener, os.getpid()))
@@ -92,6 +98,7 @@ def serve_workers(settings: Settings) -> int:
         for _ in range(settings.workers):
             if not stopping:
                 start()
+        first.update(process.pid for process, _ in workers.values() if process.pid is not None)
         log.info("%d workers", settings.workers)
         while not stopping:
             for ready in wait(list(workers), timeout=1.0):
@@ -101,14 +108,17 @@ def serve_workers(settings: Settings) -> int:
                 multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]
                 if stopping:
                     continue
-                if process.exitcode == CANNOT_START:
+                if process.exitcode == CANNOT_START and process.pid in first:
                     log.error("worker %d could not start: stopping the service", process.pid)
                     status = CANNOT_START
                     stop(signal.SIGTERM, None)
                     break
                 log.error("worker %d died (exit %s): starting another", process.pid,
                           process.exitcode)  # fmt: skip
-                if time.monotonic() - since < 10 * _RESTART_DELAY_S:
+                if (
+                    process.exitcode == CANNOT_START
+                    or time.monotonic() - since < 10 * _RESTART_DELAY_S
+                ):
                     time.sleep(_RESTART_DELAY_S)
                 if not stopping:
                     start()

@@ -47,11 +47,8 @@ def load_models(settings: Settings) -> list[Engine]:
     # shipped bundle's export and apps built on fakes never need.
     from service.inference.engine import Engine
 
-    directories = [
-        *settings.bundle,
-        *(model_bundle(directory, settings.model_cache) for directory in settings.model),
-    ] or shipped_bundles(settings)
-    threads, spinning = step_threads(settings, len(directories))
+    directories = bundle_directories(settings)
+    threads, spinning = step_threads(settings, len(directories), settings.workers)
     return [
         Engine.load(
             directory,
@@ -67,15 +64,25 @@ def load_models(settings: Settings) -> list[Engine]:
     ]
 
 
-def step_threads(settings: Settings, models: int) -> tuple[int, bool]:
-    """The decoder steps' intra-op threads in a process of `models` models, one of
-    `settings.workers` alike, and whether they spin (`step_threads_spin`): as the settings say,
-    else the default for that (cpus.default_intra_op_threads, the cores shared out among the
-    workers)."""
-    spinning = step_threads_spin(settings, models * settings.workers, cpu_quota())
+def bundle_directories(settings: Settings) -> list[Path]:
+    """The bundles the settings serve: every `bundle`, then every `--model` directory's
+    (`model_bundle`), or, with neither, the shipped checkpoints' (`shipped_bundles`); made on
+    first start."""
+    return [
+        *settings.bundle,
+        *(model_bundle(directory, settings.model_cache) for directory in settings.model),
+    ] or shipped_bundles(settings)
+
+
+def step_threads(settings: Settings, models: int, processes: int) -> tuple[int, bool]:
+    """The decoder steps' intra-op threads in a process of `models` models, one of `processes`
+    alike (a server's workers), and whether they spin (`step_threads_spin`): as the settings
+    say, else the default for that (cpus.default_intra_op_threads, the cores shared out among
+    the processes)."""
+    spinning = step_threads_spin(settings, models * processes, cpu_quota())
     threads = settings.intra_op_threads
     if threads is None:
-        threads = default_intra_op_threads(spinning=spinning, processes=settings.workers)
+        threads = default_intra_op_threads(spinning=spinning, processes=processes)
         log.info(
             "intra-op threads: %d, %s (MT_INTRA_OP_THREADS and MT_INTRA_OP_SPINNING set others)",
             threads,

@@ -164,6 +164,7 @@ class CudaGraphs:
             raise ValueError(f"the CUDA graph limit must be at least 1, got {limit}")
         self.limit = limit
         self._ids: dict[tuple[int, ...], int] = {}
+        self._options: dict[int, ort.RunOptions] = {}  # by graph id, -1 included: made once
 
     @property
     def captured(self) -> int:
@@ -179,6 +180,14 @@ class CudaGraphs:
                 return -1
             graph = self._ids[shape] = len(self._ids) + 1  # 0: ONNX Runtime's default, reserved
         return graph
+
+    def run_options(self, graph: int) -> ort.RunOptions:
+        """The options of a step under this `gpu_graph_id` (-1: none)."""
+        options = self._options.get(graph)
+        if options is None:
+            options = self._options[graph] = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(graph))
+        return options
 
 
 @dataclass
@@ -592,9 +601,7 @@ class StaticCacheState:
         else:
             self._warm.add(shape)
             graph = -1
-        options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(graph))
-        return options
+        return self._graphs.run_options(graph)
 
 
 def wanted_alignment(manifest: Manifest, wanted: bool) -> np.ndarray | None:

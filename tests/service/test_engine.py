@@ -243,6 +243,10 @@ def test_cuda_graphs_are_numbered_by_shape_up_to_their_limit() -> None:
         1, 2, 1, -1, 2, -1
     ]  # fmt: skip
     assert graphs.captured == 2
+    options = graphs.run_options(2)
+    assert options is graphs.run_options(2)  # made once, not at every step
+    assert options.get_run_config_entry("gpu_graph_id") == "2"
+    assert graphs.run_options(-1).get_run_config_entry("gpu_graph_id") == "-1"
     with pytest.raises(ValueError, match="at least 1"):
         step_state.CudaGraphs(0)
 
@@ -613,14 +617,14 @@ def test_cli_takes_one_servers_threads_whatever_mt_workers_says(
     """The file CLI is one process: a server's MT_WORKERS in its environment shares out no
     cores."""
     monkeypatch.setenv("MT_WORKERS", "4")
-    workers: list[int] = []
+    processes: list[int] = []
     step_threads = translate.step_threads
 
-    def spy(settings: Settings, models: int) -> tuple[int, bool]:
-        workers.append(settings.workers)
-        return step_threads(settings, models)
+    def spy(settings: Settings, models: int, sharing: int) -> tuple[int, bool]:
+        processes.append(sharing)
+        return step_threads(settings, models, sharing)
 
     monkeypatch.setattr(translate, "step_threads", spy)
     code, out, _ = _run_cli(monkeypatch, "A dog.\n", "--bundle", str(eos_bundle), "--device", "cpu")
-    assert (code, workers) == (0, [1])
+    assert (code, processes) == (0, [1])
     assert out.strip()

@@ -215,6 +215,31 @@ def test_python_m_service_exits_2_with_a_message_when_there_is_no_model(
     assert "no bundle given (--bundle DIR)" in caplog.text
 
 
+def test_python_m_service_makes_a_model_directorys_bundle_once_before_its_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model DIR --workers N`: the bundle is made (imported, exported) in the supervisor,
+    once, and the workers are handed it; not made by each worker at once, racing for the
+    cache. A directory that is no model stops the start with status 2."""
+    made: list[Path] = []
+
+    def model_bundle(directory: Path, cache: Path) -> Path:
+        made.append(directory)
+        return cache / "made"
+
+    served: list[Settings] = []
+    monkeypatch.setattr(models, "model_bundle", model_bundle)
+    monkeypatch.setattr("service.__main__.serve_workers", lambda s: served.append(s) or 0)
+    cache = tmp_path / "cache"
+    argv = ["--model", str(tmp_path / "m"), "--model-cache", str(cache), "--workers", "3"]
+    assert main(argv) == 0
+    assert made == [tmp_path / "m"]
+    [settings] = served
+    assert (settings.bundle, settings.model, settings.workers) == ([cache / "made"], [], 3)
+    monkeypatch.undo()
+    assert main(["--model", str(tmp_path / "nowhere"), "--workers", "3"]) == 2
+
+
 def test_the_shipped_bundle_is_exported_again_when_the_checkpoint_changes(
     tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -132,3 +132,25 @@ def test_a_worker_that_cannot_start_stops_the_service(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert "could not start: stopping the service" in server.output()
+
+
+def test_a_replacement_that_cannot_start_is_tried_again_while_the_other_serves(
+    eos_bundle: Path, tmp_path: Path
+) -> None:
+    """Only the first workers' failure to start stops the service: a replacement that cannot
+    load its bundle (gone after the start, here) is started again after a pause, and the other
+    worker serves meanwhile."""
+    bundle = shutil.copytree(eos_bundle, tmp_path / "bundle")
+    with server_process(server_args(bundle, "--workers", "2")) as server:
+        first, second = started(server)
+        directory = metrics_dir(first)
+        away = bundle.rename(tmp_path / "away")
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: "died (exit 3): starting another" in server.written(), timeout=60)
+        assert server.process.poll() is None
+        assert translate(server.url, 3) == [200] * 3
+        away.rename(bundle)
+        wait_for(lambda: server.written().count(": ready: ") == 3, timeout=60)
+        assert len(workers_of(server)) == 2 and second in workers_of(server)
+    wait_for(lambda: not alive(second), timeout=30)
+    shutil.rmtree(directory, ignore_errors=True)  # a killed supervisor could not
