@@ -390,7 +390,12 @@ class _Batch:
         self._owner[new] = [search] * k
         self.n += k
         self._searches.append(search)
-        return search, self._drop_ended(search.start(), search)
+        try:
+            started = search.start()
+        except Exception:
+            self.drop(search)  # Running.admit's all or nothing: its slots free again
+            raise
+        return search, self._drop_ended(started, search)
 
     def step(self) -> Finished:
         """One decoder step over every running sentence -> those that finished."""

@@ -88,8 +88,14 @@ class _Pending:
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
     request: object = None  # the same for the segments of one request (fair admission)
     decoding: bool = False  # taken into a batch
+    # Step-level: since when it has been its request's next segment to admit (when its request
+    # submitted it or last had a segment admitted): how long it has waited its turn, STARVING_S.
+    next_since: float = field(init=False)
     # Why nobody wants it any more, as its request said (Batcher._abandon); None until then.
     reason: Literal["deadline", "cancelled"] | None = None
+
+    def __post_init__(self) -> None:
+        self.next_since = self.enqueued
 
     def why(self) -> Literal["deadline", "cancelled"]:
         """Why nobody wants it (or why the engine stopped it): as its request said, or, where
@@ -107,7 +113,8 @@ TURN_S = 0.02
 # free (an encoder run and a search each cost ~1 ms whatever the sentences: 240 sentences at
 # beam 5 through 32 slots took 3.13 s refilled one at a time, 2.75 s eight at a time).
 REFILL_FRACTION = 4
-# Step-level: a running request's segment that has waited this long joins like a new request's.
+# Step-level: a running request's next segment that has waited this long since the request's
+# last admission joins like a new request's (one segment: the next one waits anew).
 STARVING_S = 0.5
 
 # A request still being decoded when its deadline passes.
@@ -250,7 +257,8 @@ class Batcher:
         self._arrived.set()
         drained = True
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            if not self._idle.is_set():  # wait_for(..., 0) times out even on a set event
+                await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
             drained = False
             log.warning("%s: %d segments not finished at shutdown", self._model, self.depth)
@@ -279,6 +287,7 @@ class Batcher:
             self._fail_queued(ErrorType.INTERNAL, "the batcher failed")
             if self._stepper is not None:
                 self._fail_running(self._stepper, [], ErrorType.INTERNAL, "the batcher failed")
+            self._idle.set()  # nothing left: a drain need not wait out its timeout
             raise
 
     async def _loop(self) -> None:
@@ -345,7 +354,9 @@ class Batcher:
         first (a short request does not queue behind the sentences of a long one), then the
         segments of the oldest requests (first come, first finished, as whole batches
         would). The further segments of a request already running join when a fraction of
-        the slots (1 / REFILL_FRACTION) is free, or once they have waited STARVING_S. The
+        the slots (1 / REFILL_FRACTION) is free; its next one that has waited STARVING_S
+        since the request's last admission joins like a new request's (that one: the one
+        after it waits anew, so a long request cannot take the turns of new ones). The
         first segment of a beam size that does not fit holds that beam size back for the
         round: a long one is not passed over by shorter ones that keep arriving."""
         if not self._queue:
@@ -362,7 +373,7 @@ class Batcher:
 
         def rank(i: int, request: object) -> tuple[bool, int, object]:
             """(waits its turn, arrival rank, request): new or starving requests first."""
-            starving = now - waiting[request][0].enqueued >= STARVING_S
+            starving = now - waiting[request][0].next_since >= STARVING_S
             return (request in running and not starving, i, request)
 
         order = [rank(i, r) for i, r in enumerate(waiting)]
@@ -390,6 +401,7 @@ class Batcher:
             taken.append(waiting[request].popleft())
             running.add(request)
             if waiting[request]:
+                waiting[request][0].next_since = now
                 heapq.heappush(order, rank(i, request))
         if taken:
             chosen = set(taken)

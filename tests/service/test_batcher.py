@@ -15,7 +15,7 @@ from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.inference.running import Usage
 from service.metrics import Metrics
-from service.scheduling.batcher import Batcher, BatchLimits
+from service.scheduling.batcher import STARVING_S, Batcher, BatchLimits
 from tests.service.helpers import FakeModel, async_wait_for
 
 pytestmark = pytest.mark.anyio
@@ -332,7 +332,8 @@ async def test_a_dead_worker_refuses_new_work_and_stop_still_cleans_up(
         await asyncio.wait_for(batcher.submit([ids("b")], GREEDY, deadline=FAR), 5)
     assert refused.value.type is ErrorType.UNAVAILABLE
     assert batcher.depth == 0
-    assert await batcher.stop(1.0) is False  # does not re-raise the worker's error
+    # Does not re-raise the worker's error, nor wait out its timeout for work that is gone.
+    assert await asyncio.wait_for(batcher.stop(60), 10) is False
     assert batcher._executor._shutdown  # type: ignore[attr-defined]
 
 
@@ -408,6 +409,13 @@ async def test_a_segment_the_engine_stops_as_its_requests_timer_fires_counts_as_
         lambda: sample(metrics, "mt_stopped_segments_total", **labels, reason="deadline") == 1
     )
     assert sample(metrics, "mt_stopped_segments_total", **labels, reason="cancelled") == 0
+
+
+async def test_stop_without_time_to_drain_an_idle_batcher_has_drained(fake: FakeModel) -> None:
+    batcher = Batcher(fake.generate, model="m", limits=limits(), metrics=Metrics())
+    batcher.start()
+    assert len(await batcher.submit([ids("a")], GREEDY, deadline=FAR)) == 1
+    assert await batcher.stop(0) is True  # the drain time used up, but nothing was left
 
 
 class FakeStepper:
@@ -502,5 +510,26 @@ async def test_step_level_an_engine_failure_fails_the_running_segments_and_goes_
         [nbest] = await batcher.submit([ids("d")], GREEDY, deadline=FAR)  # the worker goes on
         assert nbest[0].ids == ids("d")[:-1]
         assert sample(metrics, "mt_running_segments", model="m") == 0
+    finally:
+        assert await batcher.stop(5)
+
+
+async def test_step_level_a_long_request_waiting_its_turn_does_not_go_before_new_ones() -> None:
+    """A long request's sentences have waited since it came, longer than STARVING_S: that
+    lets one of them in at a time when the running ones keep its turn from it, not all of
+    them before a request that arrives with nothing running."""
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=100, max_wait_s=0, max_queue=2000)
+    batcher = Batcher(
+        FakeModel().generate, model="m", limits=limits, metrics=Metrics(), stepper=FakeStepper()
+    )
+    batcher.start()
+    try:
+        long = asyncio.ensure_future(batcher.submit([ids("ab")] * 1500, GREEDY, deadline=FAR))
+        await asyncio.sleep(STARVING_S + 0.2)
+        assert batcher.depth > 0, "the long request must still be queued (a faster machine?)"
+        [nbest] = await batcher.submit([ids("c")], GREEDY, deadline=FAR)
+        assert nbest[0].ids == ids("c")[:-1]
+        assert batcher.depth > 0  # answered before the long request's queue ran out
+        assert len(await long) == 1500
     finally:
         assert await batcher.stop(5)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.inference import running as running_module
 from service.inference import step_state
 from service.inference.engine import Engine
 from service.inference.running import Running, _Batch
@@ -261,6 +262,33 @@ def test_a_bad_sentence_admits_none(engine: Engine, sentences: list[list[int]]) 
             [Segment(sentences[0], [], DecodingOptions()), Segment(too_long, [], DecodingOptions())]
         )
     assert running.sentences == 0
+
+
+def test_a_search_that_fails_to_start_admits_none(
+    engine: Engine, sentences: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Running.admit is all or nothing even where a search fails at its start, after its
+    batch gave it slots: they are free again, and the batch runs the next ones."""
+    running = Running(engine, slots=4)
+    greedy, beam = DecodingOptions(), DecodingOptions(beam_size=4)
+    running.admit([Segment(sentences[0], [], greedy)])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a search that cannot start (test)")
+        yield  # a generator, as search_steps
+
+    monkeypatch.setattr(running_module, "search_steps", broken)
+    with pytest.raises(RuntimeError):
+        running.admit([Segment(sentences[1], [], beam), Segment(sentences[2], [], greedy)])
+    assert running.load(4)[0] == 0 and running.load(1)[0] == 1  # only the first one runs
+    monkeypatch.undo()
+    segments = [Segment(s, [], o) for s, o in zip(sentences[1:3], (beam, greedy), strict=True)]
+    running.admit(segments)
+    got = {}
+    while running.sentences:
+        got.update({id(s): nbest for s, nbest in running.step()[0]})
+    for segment in segments:
+        assert_same(got[id(segment)], alone(engine, segment), aligned=False)
 
 
 @pytest.mark.anyio
