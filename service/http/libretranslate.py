@@ -4,12 +4,13 @@ the same pipeline as the native routes."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from service.errors import ErrorType, ServiceError
 from service.http.middleware import (
@@ -42,8 +43,24 @@ class LibreTranslateRequest(BaseModel):
     source: str | None = Field(None, description="language code, or auto")
     target: str | None = None
     format: Literal["text", "html"] = "text"
-    alternatives: int = Field(0, ge=0, description="number of alternative translations")
+    alternatives: int = Field(0, description="number of alternative translations")
     api_key: str | None = None
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _text_unless_given(cls, value: Any) -> Any:
+        """As LibreTranslate's `if not text_format`: null or empty is text."""
+        return value or "text"
+
+    @field_validator("alternatives", mode="before")
+    @classmethod
+    def _count(cls, value: Any) -> Any:
+        """As LibreTranslate's `max(0, int(alternatives))`, in JSON too: a string of an integer
+        counts, a negative number is 0; anything else is left for the type to refuse."""
+        if isinstance(value, int | str):
+            with contextlib.suppress(ValueError):
+                return max(0, int(value))
+        return value
 
 
 class LibreTranslateDetectRequest(BaseModel):
@@ -81,7 +98,7 @@ _FORM_SCHEMA = {
         "source": {"type": "string"},
         "target": {"type": "string"},
         "format": {"type": "string", "enum": ["text", "html"]},
-        "alternatives": {"type": "integer", "minimum": 0},
+        "alternatives": {"type": "integer"},
         "api_key": {"type": "string"},
     },
     "required": ["q", "source", "target"],

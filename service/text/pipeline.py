@@ -164,7 +164,7 @@ def prepare(
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
-    layouts = [segment.split(block, language) for block in blocks]
+    layouts = [segment.split(block, language).keeping(_translatable) for block in blocks]
     encode = functools.partial(
         _encoded, model, owners=owners, target=target, source=source,
         max_segment_characters=max_segment_characters, max_segments=max_segments, label=label,
@@ -180,7 +180,9 @@ def prepare(
     }
     if joined:
         layouts = [
-            segment.split(block, language, wraps=False) if b in joined else layout
+            segment.split(block, language, wraps=False).keeping(_translatable)
+            if b in joined
+            else layout
             for b, (block, layout) in enumerate(zip(blocks, layouts, strict=True))
         ]
         origins, numbers, sources = encode(layouts)
@@ -193,6 +195,13 @@ def prepare(
                 "shorter sentences",
             )
     return Prepared(layouts, sources, origins, owners, documents)
+
+
+def _translatable(sentence: str) -> bool:
+    """Whether the model has something to read in a sentence: a letter, once its URLs, e-mail
+    addresses, @mentions and #hashtags are out (what language detection reads). Emoji, digits,
+    punctuation or a URL alone come back as they are."""
+    return segment.LETTER.search(markup.without_items(sentence)) is not None
 
 
 def _parse(
@@ -269,10 +278,11 @@ def assemble(
     """Each text's translation from its sentences' n-best lists (`nbest[i]` for sentence i).
 
     A text's k-th alternative joins each sentence's k-th hypothesis (its last if it has fewer).
-    A text without sentences (empty or only whitespace) translates to "". With `alignments`,
-    the best translation's word alignment comes along (the hypotheses must carry theirs). A
-    markup document is rendered from its blocks' best translations, its inline elements
-    re-placed through their alignments (its one text; n > 1 is for plain text)."""
+    A text without sentences translates to "" when it is empty, or only whitespace, control
+    and format characters, else to itself (emoji, digits, a URL: nothing to translate). With
+    `alignments`, the best translation's word alignment comes along (the hypotheses must carry
+    theirs). A markup document is rendered from its blocks' best translations, its inline
+    elements re-placed through their alignments (its one text; n > 1 is for plain text)."""
     per_block: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
     for (block, _), hypotheses in zip(prepared.origins, nbest, strict=True):
         per_block[block].append(hypotheses)
@@ -322,7 +332,12 @@ def _assemble(
     alignments: bool,
 ) -> TextTranslation:
     if not layout.segments:
-        return TextTranslation([""] * n, [None] * n, [], TextAlignment([]) if alignments else None)
+        # Nothing the model reads: "" for whitespace and format characters alone, else (emoji,
+        # digits, a URL alone: `_translatable`) the text as it was sent.
+        kept = layout.join([])
+        text = kept if segment.VISIBLE.search(kept) else ""
+        alignment = TextAlignment([]) if alignments else None
+        return TextTranslation([text] * n, [None] * n, [], alignment)
     texts, scores = [], []
     best: list[segment.Rewrapped] = []
     for k in range(n):

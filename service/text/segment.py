@@ -45,10 +45,27 @@ is wrapped as evenly as the input was.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+# Format characters (Unicode category Cf: byte order mark U+FEFF, zero-width space U+200B,
+# joiners U+200C and U+200D, word joiner U+2060, soft hyphen U+00AD, bidi controls...) show
+# nothing: a line of them and whitespace has nothing to translate (the model would invent a
+# sentence for it), nor has a run of markup (service/text/markup.py). Planes 2-3 hold only
+# ideographs, 4-13 nothing, 15-16 private use: Cf is in planes 0, 1 and 14.
+FORMAT = "".join(
+    chr(c)
+    for c in (*range(0x20000), *range(0xE0000, 0xF0000))
+    if unicodedata.category(chr(c)) == "Cf"
+)
+# A character to translate: neither whitespace, nor a format or a control character.
+VISIBLE = re.compile(rf"[^\s{FORMAT}\x00-\x1f\x7f-\x9f]")
+# A letter of any script (a word character that is neither a digit nor "_"): a sentence, a
+# markup run or a text without one (emoji, digits, punctuation) has nothing to translate or to
+# detect (the model would make up a sentence for it).
+LETTER = re.compile(r"[^\W\d_]")
 # Everything `str.splitlines` breaks on: a segment spans two lines only where a sentence is
 # hard-wrapped (module docstring).
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
@@ -162,8 +179,9 @@ class Rewrapped:
 class Layout:
     """A text as separators and segments, alternating: `separators[0] + segments[0] +
     separators[1] + ... + segments[-1] + separators[-1]` is the original text. Segments are
-    non-empty, start and end with a non-space character, and hold a line break only where a
-    sentence is hard-wrapped (module docstring)."""
+    non-empty, start and end with a `VISIBLE` character (a line's whitespace and format
+    characters at its edges, a byte order mark, are in the separators), and hold a line break
+    only where a sentence is hard-wrapped (module docstring)."""
 
     segments: tuple[str, ...]
     separators: tuple[str, ...]
@@ -184,6 +202,18 @@ class Layout:
             _rewrap(source, translation)
             for source, translation in zip(self.segments, translations, strict=True)
         ]
+
+    def keeping(self, translatable: Callable[[str], bool]) -> Layout:
+        """The layout with each segment that is not `translatable` moved into the separator
+        before it: it comes back as it is, never read by the model."""
+        segments, separators = [], [self.separators[0]]
+        for segment, separator in zip(self.segments, self.separators[1:], strict=True):
+            if translatable(segment):
+                segments.append(segment)
+                separators.append(separator)
+            else:
+                separators[-1] += segment + separator
+        return Layout(tuple(segments), tuple(separators))
 
     def join(self, translations: Sequence[str]) -> str:
         """The layout with each segment replaced by its translation."""
@@ -310,10 +340,9 @@ def _sentences(
         if "".join(pieces) != text[first:last]:
             raise AssertionError("CRFCut's sentences do not make up its text")
         for piece in pieces:
-            words = piece.strip()
-            if words:
-                at = first + len(piece) - len(piece.lstrip())
-                yield at, at + len(words)
+            at, to = _trimmed(text, first, first + len(piece))
+            if at < to:
+                yield at, to
             first += len(piece)
 
 
@@ -321,10 +350,7 @@ def _marked(
     text: str, start: int, end: int, abbreviations: _Abbreviations
 ) -> Iterator[tuple[int, int]]:
     """(start, end) of each sentence that end marks end in text[start:end]."""
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
+    start, end = _trimmed(text, start, end)
     if start == end:
         return
     for match in _SENTENCE_END.finditer(text, start, end):
@@ -342,6 +368,15 @@ def _marked(
             yield start, match.start("space")
         start = match.end()
     yield start, end
+
+
+def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
+    """text[start:end] without the whitespace and format characters at its edges."""
+    while start < end and not VISIBLE.match(text, start):
+        start += 1
+    while end > start and not VISIBLE.match(text, end - 1):
+        end -= 1
+    return start, end
 
 
 def _abbreviated(

@@ -506,6 +506,46 @@ async def test_libretranslate_form_and_query_bodies(client: httpx.AsyncClient) -
         assert response.json() == {"translatedText": "LÄUFT + SS"}, body
 
 
+async def test_libretranslate_reads_format_and_alternatives_as_it_does(
+    client: httpx.AsyncClient,
+) -> None:
+    """As LibreTranslate's `if not text_format` and `max(0, int(alternatives))`, in JSON too:
+    a null or empty format is text, alternatives may be a string, a negative count is 0."""
+    for fields in ({"format": None}, {"format": ""}, {"alternatives": -1}):
+        response = await client.post(f"{LT}/translate", json={"q": "A dog.", **EN_DE, **fields})
+        assert response.json() == {"translatedText": "A DOG."}, fields
+    for fields in ({"format": ""}, {"alternatives": "-1"}):
+        response = await client.post(f"{LT}/translate", data={"q": "A dog.", **EN_DE, **fields})
+        assert response.json() == {"translatedText": "A DOG."}, fields
+    response = await client.post(
+        f"{LT}/translate", json={"q": "A dog.", **EN_DE, "alternatives": "1"}
+    )
+    assert response.json() == {"translatedText": "A DOG.", "alternatives": ["A DOG.~"]}
+
+
+async def test_text_with_nothing_to_translate_comes_back_as_sent(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    """A text or sentence without a letter (emoji, digits, punctuation, a URL) never reaches
+    the model, which would make up a sentence for it: it comes back as it was sent, through
+    either API and whatever the source; errors still name texts by their index."""
+    calls = len(fake.calls)  # the warm-up
+    texts = ["🙂", "123", "A dog. 🙂", "!!! https://example.com", "  \u200b "]
+    response = await client.post(f"{LT}/translate", json={"q": texts, **EN_DE})
+    assert response.json() == {
+        "translatedText": ["🙂", "123", "A DOG. 🙂", "!!! https://example.com", ""]
+    }
+    [(sources, _)] = fake.calls[calls:]
+    assert len(sources) == 1  # "A dog." alone
+    response = await client.post(f"{LT}/translate", json={"q": "🙂", **EN_DE, "alternatives": 1})
+    assert response.json() == {"translatedText": "🙂", "alternatives": []}
+    response = await client.post("/translate", json={"text": ["2024", "— 5 —"], **EN_DE})
+    assert [t["text"] for t in response.json()["translations"]] == ["2024", "— 5 —"]
+    assert len(fake.calls) == calls + 1
+    response = await client.post(f"{LT}/translate", json={"q": ["🙂", "x" * 300], **EN_DE})
+    assert response.status_code == 400 and response.json()["error"].startswith("text 1,")
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [

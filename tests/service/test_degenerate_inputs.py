@@ -24,7 +24,7 @@ CASES = {
     "one word 60 times": ("dog " * 60, 200),
     "one word 300 times": ("dog " * 300, 422),  # 301 tokens: over the model's 256
     "50 emoji": ("\U0001f600" * 50, 200),
-    "5,000 emoji": ("\U0001f600" * 5000, 422),  # over max_segment_characters
+    "5,000 emoji": ("\U0001f600" * 5000, 200),  # nothing to translate: comes back as sent
     "zero-width and bidi controls": (
         "A man\u200b rides\u200d a \u202ebike\u202c \u2066today\u2069 \ufeff.",
         200,
@@ -67,6 +67,25 @@ def test_a_degenerate_input_gets_a_bounded_answer_or_a_clear_4xx(
             # Its own limit: 3 x its source tokens (</s> too) + 10, the defaults.
             assert len(sentence["target_tokens"]) <= 3 * (len(sentence["source_tokens"]) + 1) + 10
     assert httpx.get(f"{server.url}/ready").status_code == 200
+
+
+def test_invisible_characters_alone_are_not_translated(server: ServerProcess) -> None:
+    """The model invented a sentence for a line or block of a zero-width space, and a leading
+    byte order mark changed the translation after it: neither is read, both come back as
+    sent."""
+    texts = [
+        "A dog runs.",
+        "A cat sleeps.",
+        "A dog runs.\n\u200b\nA cat sleeps.",
+        "\ufeffA dog runs.",
+    ]
+    response, _ = translate(server.url, {"text": texts})
+    dog, cat, lines, bom = (t["text"] for t in response.json()["translations"])
+    assert lines == f"{dog}\n\u200b\n{cat}"
+    assert bom == f"\ufeff{dog}"
+    html = "\ufeff<p>A dog runs.</p><p>&#8203;</p>"
+    response, _ = translate(server.url, {"text": html, "format": "html"})
+    assert response.json()["translations"][0]["text"] == f"\ufeff<p>{dog}</p><p>\u200b</p>"
 
 
 def test_a_word_repeated_stops_at_its_own_limit_not_at_the_models(server: ServerProcess) -> None:

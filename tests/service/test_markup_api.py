@@ -185,6 +185,87 @@ async def test_html_alignments_are_the_blocks_sentences(markup_client: httpx.Asy
 
 
 @pytest.mark.parametrize(
+    ("format", "text", "read", "translation"),
+    [
+        # A line or block of format characters (a zero-width space) and a leading byte order
+        # mark: not read (a real model invents a sentence for them), back as sent.
+        (
+            "text",
+            "\ufeffA dog runs.\n\u200b\nA cat sleeps.",
+            ["A dog runs.", "A cat sleeps."],
+            "\ufeffA DOG RUNS.\n\u200b\nA CAT SLEEPS.",
+        ),
+        (
+            "html",
+            "\ufeff<p>A dog runs.</p><p>&#8203;</p>",
+            ["A dog runs."],
+            "\ufeff<p>A DOG RUNS.</p><p>\u200b</p>",
+        ),
+        # Nothing to translate (no letter): a sentence, a line, a cell or a paragraph of
+        # emoji, digits or punctuation is not read (a real model invents a sentence for it).
+        ("text", "Hello! 🙂\n123\n— 🙂 —", ["Hello!"], "HELLO! 🙂\n123\n— 🙂 —"),
+        (
+            "html",
+            "<table><tr><td>2024</td><td>A dog.</td></tr></table><p>🙂 <b>5</b></p>",
+            ["A dog."],
+            "<table><tbody><tr><td>2024</td><td>A DOG.</td></tr></tbody></table><p>🙂 <b>5</b></p>",
+        ),
+        # The space an element holds parts the words on either side ("manrides" before).
+        (
+            "html",
+            "<p>A man<span> </span>rides a bike.</p>",
+            ["A man rides a bike."],
+            "<p>A MAN<span> </span> RIDES A BIKE.</p>",
+        ),
+    ],
+)
+async def test_what_the_model_reads_of_invisible_characters_spaces_and_no_letters(
+    format: str, text: str, read: list[str], translation: str
+) -> None:
+    fake = FakeModel()
+    async with running(create_app(fast_settings(), models=[fake])) as client:
+        fake.calls.clear()  # the warm-up's
+        response = await client.post("/translate", json={"text": text, **EN_DE, "format": format})
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"][0]["text"] == translation
+    assert ["".join(map(chr, ids[:-1])) for sources, _ in fake.calls for ids in sources] == read
+
+
+@pytest.mark.parametrize(
+    ("html", "translation"),
+    [
+        # An element's edge inside a whitespace word: the element takes its piece of the word
+        # (a run of letters and digits), not the whole word ("HOME|ABOUT", "PARK.[1" before);
+        # punctuation at the piece's edges stays outside, as around a word (<b>bike.</b>).
+        (
+            '<p><a href="/a">Home</a>|<a href="/b">About</a></p>',
+            '<p><a href="/a">HOME</a>|<a href="/b">ABOUT</a></p>',
+        ),
+        (
+            '<p>A dog runs.<sup><a href="#cite-1">[1]</a></sup> A cat sleeps.</p>',
+            '<p>A DOG RUNS.[<sup><a href="#cite-1">1</a></sup>] A CAT SLEEPS.</p>',
+        ),
+        # A URL or mention taken out of its brackets comes back inside them.
+        (
+            "<p>See (https://example.com/docs) here.</p>",
+            "<p>SEE (https://example.com/docs) HERE.</p>",
+        ),
+        ("<p>A man (@bob) rides.</p>", "<p>A MAN (@bob) RIDES.</p>"),
+        # Inside a run of letters, the run is still read whole.
+        ("<p>A <b>man</b><i>woman</i> rides.</p>", "<p>A <b>MANWOMAN</b><i></i> RIDES.</p>"),
+    ],
+)
+async def test_an_element_inside_a_word_takes_its_piece_of_the_word(
+    markup_client: httpx.AsyncClient, html: str, translation: str
+) -> None:
+    response = await markup_client.post(
+        "/translate", json={"text": html, **EN_DE, "format": "html"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["translations"][0]["text"] == translation
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
         ({"format": "html", "num_hypotheses": 2, "beam_size": 2}, "are for format text"),

@@ -48,6 +48,15 @@ REPO = Path(__file__).resolve().parents[2]
         ("「はい。」そして帰った。", ["「はい。」", "そして帰った。"]),  # not a quotative
         ('好。"你呢？"', ["好。", '"你呢？"']),  # a straight quote opens the next one
         ("我喜欢。 iPad 也好。", ["我喜欢。", "iPad 也好。"]),  # lower case after 。 too
+        # Format characters (Cf) alone are nothing to translate, at a line's edges not read;
+        # inside a sentence (a soft hyphen, an emoji's joiner) they stay.
+        ("\u200b\u2060 \ufeff\u200c\u200d", []),
+        ("A dog runs.\n\u200b\nA cat sleeps.", ["A dog runs.", "A cat sleeps."]),
+        ("\ufeffA dog runs.\u200b ", ["A dog runs."]),
+        (
+            "A co\u00adop \U0001f468\u200d\U0001f467 runs.",
+            ["A co\u00adop \U0001f468\u200d\U0001f467 runs."],
+        ),
     ],
 )
 def test_split_examples(text: str, segments: list[str]) -> None:
@@ -227,7 +236,7 @@ def test_split_join_round_trips_any_text(text: str, language: str) -> None:
     assert layout.join([r.text for r in layout.rewrap(layout.inputs)]) == text
     assert len(layout.separators) == len(layout.segments) + 1
     for s, model_input in zip(layout.segments, layout.inputs, strict=True):
-        assert s and not s[0].isspace() and not s[-1].isspace()
+        assert segment.VISIBLE.match(s[0]) and segment.VISIBLE.match(s[-1])
         assert len(s.splitlines()) == len(segment._WRAP.findall(s)) + 1  # only wraps inside
         assert len(model_input.splitlines()) == 1 and len(model_input) == len(s)
 
