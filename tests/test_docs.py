@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -147,27 +149,49 @@ def test_documented_command_accepts_its_flags(module: str) -> None:
     assert not unknown, f"python -m {module} --help does not list {unknown}"
 
 
-def _relative_links(page: Path) -> list[str]:
-    links: list[str] = []
+def _prose(page: Path) -> Iterator[str]:
+    """A page's lines outside its code blocks."""
     in_code = False
     for line in page.read_text(encoding="utf-8").splitlines():
         if _FENCE.match(line):
             in_code = not in_code
-            continue
-        if in_code:
-            continue
-        for target in _LINK.findall(_INLINE_CODE.sub("", line)):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-                continue  # a URL, or an anchor on the same page
-            links.append(target)
-    return links
+        elif not in_code:
+            yield line
+
+
+def _relative_links(page: Path) -> list[str]:
+    """Its links that are not URLs: files, files with anchors, and anchors on the page."""
+    return [
+        target
+        for line in _prose(page)
+        for target in _LINK.findall(_INLINE_CODE.sub("", line))
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target)
+    ]
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: in lower case, without the punctuation
+    but "-" and "_", spaces as "-"; a repeated heading's with "-1", "-2"..."""
+    anchors: set[str] = set()
+    seen: Counter[str] = Counter()
+    for line in _prose(page):
+        heading = re.match(r"#{1,6}\s+(.*?)\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading[1].lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if seen[slug] else slug)
+            seen[slug] += 1
+    return anchors
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
-def test_relative_links_lead_to_files(page: Path) -> None:
-    broken = [
-        target
-        for target in _relative_links(page)
-        if not (page.parent / target.split("#", 1)[0]).exists()
-    ]
-    assert not broken, f"{page.relative_to(ROOT)} links to missing files: {broken}"
+def test_relative_links_lead_to_files_and_headings(page: Path) -> None:
+    missing, unanchored = [], []
+    for target in _relative_links(page):
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        if not linked.exists():
+            missing.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            unanchored.append(target)
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+    assert not unanchored, f"{page.relative_to(ROOT)} links to no heading: {unanchored}"
