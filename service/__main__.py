@@ -14,10 +14,12 @@ time, and open connections in number (service/http/connections.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 
+from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from service.bundle.manifest import BundleError
@@ -25,13 +27,17 @@ from service.http.app import create_app
 from service.http.server import DrainingServer, uvicorn_config
 from service.http.workers import serve_workers
 from service.inference.models import bundle_directories
-from service.settings import Settings
+from service.settings import Settings, invalid_settings
 
 log = logging.getLogger("service")
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = CliApp.run(Settings, cli_args=sys.argv[1:] if argv is None else argv)
+    try:
+        settings = CliApp.run(Settings, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as e:  # a value out of range, of the wrong type, inconsistent ones
+        print(f"python -m service: {invalid_settings(e)}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -54,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_workers(settings)
     app = create_app(settings)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
-    server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)
+    # uvicorn raises a SIGINT (Ctrl-C) again once it has shut down: the shutdown is done, and
+    # ends with status 0 as in `--workers` mode, not a traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()  # exits with status 3 itself when the app cannot start (a bad bundle)
     return 0
 
 

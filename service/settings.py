@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Device = Literal["auto", "cpu", "cuda"]  # ONNX Runtime's device: "auto" takes CUDA when it can
@@ -263,6 +263,11 @@ class Settings(BaseSettings):
             raise ValueError("an API key is empty or only whitespace")
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value  # INFO as well as info
+
     @field_validator("libretranslate_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
@@ -279,3 +284,14 @@ class Settings(BaseSettings):
                 f"{self.max_beam_size}"
             )
         return self
+
+
+def invalid_settings(error: ValidationError) -> str:
+    """What is wrong with the settings, each by its flag and variable: "--port (MT_PORT): Input
+    should be less than or equal to 65535"."""
+    problems = []
+    for problem in error.errors():
+        name = str(problem["loc"][0]) if problem["loc"] else ""
+        where = f"--{name.replace('_', '-')} (MT_{name.upper()})" if name else "settings"
+        problems.append(f"{where}: {problem['msg']}")
+    return "invalid settings: " + "; ".join(problems)

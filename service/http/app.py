@@ -84,6 +84,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+            expose_headers=["Retry-After"],  # when a page's script may retry a 429 or 503
         )
     app.add_middleware(ResponseHeadersMiddleware)
     routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}

@@ -98,7 +98,9 @@ def install_error_handlers(app: FastAPI, renderer: ErrorRenderer) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         type = _HTTP_STATUS_TYPES.get(exc.status_code, ErrorType.INVALID_REQUEST)
-        return renderer.response(request.url.path, type, str(exc.detail))
+        response = renderer.response(request.url.path, type, str(exc.detail))
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
 
     @app.exception_handler(ClientDisconnect)
     async def client_disconnect(request: Request, exc: ClientDisconnect) -> JSONResponse:

@@ -91,7 +91,9 @@ async def read_json(request: Request) -> dict[str, Any]:
     object, or holding a lone surrogate (an escape such as \\ud800: not text)."""
     body = await request.body()
     try:
-        data = json.loads(body, parse_constant=_no_constant)
+        # Decoded here (a leading byte order mark allowed): json.loads would take UTF-16 and
+        # UTF-32 bytes as well.
+        data = json.loads(body.decode("utf-8-sig"), parse_constant=_no_constant)
     except RecursionError:
         raise ServiceError(
             ErrorType.INVALID_REQUEST, "the JSON body is nested too deeply"
@@ -167,7 +169,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 class HttpMetricsMiddleware:
-    """Counts every response by route and status and times it; unknown paths share one label."""
+    """Counts every response by route and status and times it: a route by its template
+    (`/models/{name}/card`), as the router matched it; unknown paths share one label."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
@@ -176,7 +179,6 @@ class HttpMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in self.routes else "other"
         status = 500  # if the app fails before answering, the server answers 500
 
         async def send_and_record(message: Message) -> None:
@@ -189,6 +191,10 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
+            # The router leaves the route it matched in the scope (a request refused before
+            # routing, a 413 say, is labelled by its path).
+            route = getattr(scope.get("route"), "path", scope["path"])
+            route = route if route in self.routes else "other"
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
 

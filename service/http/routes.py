@@ -203,9 +203,13 @@ async def languages(runtime: RuntimeDep) -> list[LanguagePair]:
     return [LanguagePair(source=s, target=t, model=m.name) for (s, t), m in runtime.models.items()]
 
 
-@router.get("/health", response_model=Status)
-async def health() -> Status:
-    """The process answers (liveness)."""
+@router.get("/health", response_model=Status, responses={503: {"model": ErrorBody}})
+async def health(request: Request) -> Status:
+    """The process answers (liveness), unless a batcher's worker stopped (a bug, logged): then
+    nothing answers its model's requests until a restart, which the probe asks for."""
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
+    if runtime is not None and runtime.broken:
+        raise ServiceError(ErrorType.UNAVAILABLE, "a translation worker stopped; restart")
     return Status(status="ok")
 
 

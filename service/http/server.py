@@ -3,10 +3,11 @@ SIGTERM that drains, and an access log with API keys redacted. `python -m servic
 module's __main__) builds the app and runs it here.
 
 SIGTERM drains: /ready turns 503 and new requests get 503 while every accepted request is
-translated and answered; then the server exits, all within `--drain-timeout-s`. A SIGTERM or
-SIGINT during the drain (or during uvicorn's own shutdown) stops at once: open connections are
-not waited for, and the process dies of that signal. A first SIGINT is uvicorn's own graceful
-shutdown, bounded by `--drain-timeout-s` too.
+translated and answered; then the server exits, all within `--drain-timeout-s`; a request still
+open when that time is up is answered 503 (Retry-After) before the connections close. A SIGTERM
+or SIGINT during the drain (or during uvicorn's own shutdown) stops at once: open connections
+are not waited for nor answered, and the process dies of that signal. A first SIGINT is
+uvicorn's own graceful shutdown, bounded by `--drain-timeout-s` too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import socket
 import time
 from types import FrameType
+from urllib.parse import unquote_plus
 
 import uvicorn
 from fastapi import FastAPI
@@ -50,10 +52,10 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self.should_exit:
             # A second signal: uvicorn's own handler would only set should_exit again, and its
-            # wait for open connections has no bound until the drain sets one. Stop now; the
-            # signal, recorded by uvicorn, is raised again once the server is down.
-            super().handle_exit(sig, frame)
-            self.should_exit = self.force_exit = True
+            # wait for open connections has no bound until the drain sets one; and its forced
+            # exit answers open requests 500 on its way down. Die of the signal now.
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
             return
         if sig == signal.SIGTERM and self._loop is not None:
             self._draining = True
@@ -84,16 +86,23 @@ _SPARE_FILES = 256
 
 class RedactApiKeys(logging.Filter):
     """Access-log lines show `api_key=***` for a key sent in the query string (LibreTranslate
-    clients may send it there): a key must not end up in log storage."""
+    clients may send it there): a key must not end up in log storage. A parameter is a key by
+    its decoded name, in any case (`API_KEY`, and `%61pi_key`, which the route reads as a key)."""
 
-    _KEY = re.compile(r"((?:^|[?&])api(?:_|%5f)key=)[^&]*", re.IGNORECASE)
+    _PARAMETER = re.compile(r"([?&][^=&#]*)=([^&#]*)")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(
-                self._KEY.sub(r"\1***", arg) if isinstance(arg, str) else arg for arg in record.args
+                self._PARAMETER.sub(self._redacted, arg) if isinstance(arg, str) else arg
+                for arg in record.args
             )
         return True
+
+    @staticmethod
+    def _redacted(parameter: re.Match[str]) -> str:
+        name = parameter[1]
+        return f"{name}=***" if unquote_plus(name[1:]).lower() == "api_key" else parameter[0]
 
 
 def fit_open_files(max_connections: int) -> int:

@@ -67,7 +67,10 @@ def load_models(settings: Settings) -> list[Engine]:
 def bundle_directories(settings: Settings) -> list[Path]:
     """The bundles the settings serve: every `bundle`, then every `--model` directory's
     (`model_bundle`), or, with neither, the shipped checkpoints' (`shipped_bundles`); made on
-    first start."""
+    first start. A `bundle` that is not a directory is a BundleError."""
+    for bundle in settings.bundle:
+        if not bundle.is_dir():
+            raise BundleError(f"--bundle {bundle}: no such directory")
     return [
         *settings.bundle,
         *(model_bundle(directory, settings.model_cache) for directory in settings.model),

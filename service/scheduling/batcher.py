@@ -138,7 +138,7 @@ class Batcher:
         None: whole batches through `generate`."""
         self._generate = generate
         self._stepper = stepper
-        self._decoding: set[_Pending] = set()  # step-level: admitted, not finished
+        self._decoding: set[_Pending] = set()  # taken into a batch, not finished
         self._wake = threading.Event()  # step-level: something arrived (read between steps)
         self._model = model
         self._limits = limits
@@ -249,6 +249,16 @@ class Batcher:
                     self._metrics.dropped.labels(reason=reason).inc()
             self._queue = kept
             self._queue_changed()
+
+    def give_up(self, message: str) -> None:
+        """The drain's time is up: every segment queued or being decoded fails now with 503
+        (`message`), so that its request is answered before the server closes its connection;
+        those being decoded leave their batch at its next step. New segments are refused."""
+        self._closed = True
+        for item in self._decoding:
+            item.reason, item.deadline = "cancelled", -math.inf
+        _fail(self._decoding, ErrorType.UNAVAILABLE, message)
+        self._fail_queued(ErrorType.UNAVAILABLE, message)
 
     async def stop(self, timeout: float) -> bool:
         """Refuse new work, finish what is queued within `timeout` seconds, then stop. Segments
@@ -518,6 +528,7 @@ class Batcher:
         for item in batch:
             item.decoding = True
             self._metrics.queue_wait_seconds.labels(model).observe(start - item.enqueued)
+        self._decoding.update(batch)
         self._metrics.batch_segments.labels(model).observe(len(batch))
         self._metrics.batch_tokens.labels(model).observe(sum(len(s) for s in sources))
         loop = asyncio.get_running_loop()
@@ -540,6 +551,7 @@ class Batcher:
             _fail(batch, ErrorType.INTERNAL, "the translation engine failed")
             return
         finally:
+            self._decoding.difference_update(batch)
             self._metrics.engine_seconds.labels(model).observe(time.monotonic() - start)
         self._metrics.input_tokens.labels(model).inc(sum(len(s) for s in sources))
         self._metrics.generated_tokens.labels(model).inc(

@@ -161,6 +161,13 @@ class Runtime:
         running = all(b.running for b in self.batchers.values())
         return self.warmed_up and running and not self.draining
 
+    @property
+    def broken(self) -> bool:
+        """A batcher's worker stopped while serving (a bug, logged): its model's requests get
+        503 until the process is restarted."""
+        running = all(b.running for b in self.batchers.values())
+        return self.warmed_up and not running and not self.draining
+
     def describe(self) -> str:
         """The served pairs for a log line: each pair, a multilingual model's in a count."""
         by_model: dict[str, list[tuple[str, str]]] = {}
@@ -219,9 +226,14 @@ class Runtime:
             self.draining = True
             self._drain_end = time.monotonic() + timeout
         try:
-            await asyncio.wait_for(self._no_requests.wait(), self._drain_left())
+            if not self._no_requests.is_set():  # wait_for(..., 0) times out even on a set event
+                await asyncio.wait_for(self._no_requests.wait(), self._drain_left())
         except TimeoutError:
-            log.warning("%d requests still open at the drain timeout", self._in_flight)
+            # Answered now, 503 with Retry-After (a proxy or client tries another replica),
+            # rather than cut off with a 500 when the server closes their connections.
+            log.warning("%d requests still open at the drain timeout: 503", self._in_flight)
+            for batcher in self.batchers.values():
+                batcher.give_up("the service shut down before the translation was done; retry")
             return False
         return True
 

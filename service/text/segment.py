@@ -330,7 +330,11 @@ def _sentences(
 ) -> Iterator[tuple[int, int]]:
     """(start, end) of each sentence of the line text[start:end], without surrounding space:
     those that end marks end, each cut by CRFCut where it holds Thai."""
-    for first, last in _marked(text, start, end, abbreviations):
+    for marked in _marked(text, start, end, abbreviations):
+        # Without what shows nothing at its edges (after a full-width mark, say: no space).
+        first, last = _trimmed(text, *marked)
+        if first == last:
+            continue
         if _THAI.search(text, first, last) is None:
             yield first, last
             continue

@@ -132,6 +132,23 @@ async def test_languages_health_ready(client: httpx.AsyncClient) -> None:
     assert "/translate" in (await client.get("/openapi.json")).json()["paths"]
 
 
+async def test_a_stopped_batcher_worker_fails_liveness(fake: FakeModel) -> None:
+    """Nothing answers the model's requests any more (a bug stopped its worker): /health asks
+    the orchestrator for a restart instead of passing forever while /ready fails."""
+    app = create_app(fast_settings(), models=[fake])
+    async with running(app) as client:
+        assert (await client.get("/health")).status_code == 200
+        runtime: Runtime = app.state.runtime
+        [batcher] = runtime.batchers.values()
+        worker = batcher._worker
+        assert worker is not None
+        worker.cancel()
+        await async_wait_for(lambda: not batcher.running)
+        health = await client.get("/health")
+        assert health.status_code == 503 and error_of(health)["type"] == "unavailable"
+        assert (await client.get("/ready")).status_code == 503
+
+
 async def test_several_bundles_are_routed_by_language_pair() -> None:
     en_de, de_en = FakeModel("en", "de"), FakeModel("de", "en")
     async with running(create_app(fast_settings(), models=[en_de, de_en])) as client:
@@ -235,6 +252,17 @@ async def test_unknown_path_and_wrong_method(client: httpx.AsyncClient) -> None:
     assert response.status_code == 404 and error_of(response)["type"] == "not_found"
     response = await client.get("/translate")
     assert response.status_code == 405 and error_of(response)["type"] == "method_not_allowed"
+    assert response.headers["allow"] == "POST"  # RFC 9110: a 405 says what is allowed
+
+
+async def test_requests_are_counted_by_their_route_template(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    assert (await client.get(f"/models/{fake.name}/card")).status_code == 200
+    assert (await client.get("/nowhere")).status_code == 404
+    metrics = (await client.get("/metrics")).text
+    assert 'mt_http_requests_total{route="/models/{name}/card",status="200"} 1.0' in metrics
+    assert 'mt_http_requests_total{route="other",status="404"} 1.0' in metrics
 
 
 async def test_a_body_over_the_limit_is_413(fake: FakeModel) -> None:
@@ -381,6 +409,8 @@ async def test_cors(fake: FakeModel) -> None:
         )
         assert response.status_code == 200
         assert response.headers["access-control-allow-origin"] == "https://app.example"
+        response = await client.get("/health", headers={"Origin": "https://app.example"})
+        assert response.headers["access-control-expose-headers"] == "Retry-After"
         response = await client.get("/health", headers={"Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in response.headers
 

@@ -83,6 +83,8 @@ async def test_deep_nesting_is_refused_cheaply(client: httpx.AsyncClient) -> Non
 async def test_not_json_is_a_clear_error(client: httpx.AsyncClient) -> None:
     for content, phrase in (
         (b"\xff\xfe{}", "not valid JSON"),
+        # UTF-16 (which json.loads would take from bytes) is not UTF-8.
+        ('{"text": "A dog.", "source": "en", "target": "de"}'.encode("utf-16"), "not valid JSON"),
         (b'{"text": NaN, "source": "en", "target": "de"}', "NaN is not JSON"),
         (b"[1]", "must be an object"),
         (b"", "not valid JSON"),
@@ -90,6 +92,9 @@ async def test_not_json_is_a_clear_error(client: httpx.AsyncClient) -> None:
         response = await client.post("/translate", content=content, headers=JSON)
         assert response.status_code == 422, response.text
         assert phrase in response.json()["error"]["message"]
+    with_bom = '\ufeff{"text": "A dog.", "source": "en", "target": "de"}'.encode()
+    response = await client.post("/translate", content=with_bom, headers=JSON)
+    assert response.status_code == 200, response.text  # UTF-8 may start with its BOM
 
 
 @pytest.mark.anyio
@@ -283,13 +288,20 @@ def test_query_string_keys_are_redacted_in_the_access_log() -> None:
         __file__,
         1,
         '%s - "%s %s HTTP/%s" %d',
-        ("1.2.3.4:5", "POST", "/lt/translate?q=x&API_KEY=s3cret&b=1&api%5Fkey=other", "1.1", 200),
+        (
+            "1.2.3.4:5",
+            "POST",
+            "/lt/translate?q=x&API_KEY=s3cret&b=1&api%5Fkey=other&%61pi_key=third",
+            "1.1",
+            200,
+        ),
         None,
     )
     assert RedactApiKeys().filter(record)
     line = record.getMessage()
     assert "s3cret" not in line and "API_KEY=***&b=1" in line and "?q=x" in line
     assert "other" not in line and "api%5Fkey=***" in line
+    assert "third" not in line and "%61pi_key=***" in line  # a key by its decoded name
 
 
 def test_the_cli_names_a_bad_byte_instead_of_a_traceback(eos_bundle: Path) -> None:

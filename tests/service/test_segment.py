@@ -53,6 +53,8 @@ REPO = Path(__file__).resolve().parents[2]
         ("\u200b\u2060 \ufeff\u200c\u200d", []),
         ("A dog runs.\n\u200b\nA cat sleeps.", ["A dog runs.", "A cat sleeps."]),
         ("\ufeffA dog runs.\u200b ", ["A dog runs."]),
+        # After a full-width mark the next sentence starts at once: not with what shows nothing.
+        ("他很好。\u200b她也好。", ["他很好。", "她也好。"]),
         (
             "A co\u00adop \U0001f468\u200d\U0001f467 runs.",
             ["A co\u00adop \U0001f468\u200d\U0001f467 runs."],

@@ -156,28 +156,67 @@ def test_sigterm_answers_every_accepted_request_then_exits(eos_bundle: Path) -> 
     assert "finishing accepted requests" in server.output()
 
 
-def test_a_second_sigterm_during_the_drain_stops_at_once(eos_bundle: Path) -> None:
-    # A 60 s batching window keeps a short request open, so the drain would last 60 s. The
-    # warm-up sentence (12 tokens) fills the 8-token budget alone, so it does not wait.
-    args = server_args(
-        eos_bundle,
+def held_request(bundle: Path, drain_timeout_s: int) -> list[str]:
+    """A server whose 60 s batching window keeps a short request open, so that a drain would
+    last 60 s. The warm-up sentence (12 tokens) fills the 8-token budget alone: it does not
+    wait."""
+    return server_args(
+        bundle,
         *("--scheduler", "batch", "--max-wait-ms", "60000", "--max-batch-tokens", "8"),
-        *("--drain-timeout-s", "60"),
+        *("--drain-timeout-s", str(drain_timeout_s)),
     )
-    with server_process(args) as server:
 
-        def post() -> None:
-            with contextlib.suppress(httpx.HTTPError):  # the forced stop drops the connection
-                httpx.post(f"{server.url}/translate", json={"text": "A.", **EN_DE}, timeout=90)
 
-        client = threading.Thread(target=post, daemon=True)
-        client.start()
-        wait_for(lambda: metric(server.url, "mt_queue_depth_segments") == 1)
+def post_in_background(server: ServerProcess, answers: list[httpx.Response]) -> threading.Thread:
+    def post() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # a forced stop drops the connection
+            answer = httpx.post(f"{server.url}/translate", json={"text": "A.", **EN_DE}, timeout=90)
+            answers.append(answer)
+
+    client = threading.Thread(target=post, daemon=True)
+    client.start()
+    wait_for(lambda: metric(server.url, "mt_queue_depth_segments") == 1)
+    return client
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_during_the_drain_stops_at_once(
+    eos_bundle: Path, second: signal.Signals
+) -> None:
+    """The open request is not answered (SIGINT's forced exit used to answer it a plain 500)
+    and the process dies of the second signal."""
+    with server_process(held_request(eos_bundle, 60)) as server:
+        answers: list[httpx.Response] = []
+        client = post_in_background(server, answers)
         server.terminate()
         wait_for(lambda: httpx.get(f"{server.url}/ready", timeout=5).status_code == 503)
         assert server.process.poll() is None  # draining: the request is still open
-        server.terminate()
+        server.process.send_signal(second)
         # Hang detection, not a timing: without the fix the process waits out the 60 s window.
-        assert server.process.wait(20) == -signal.SIGTERM
+        assert server.process.wait(20) == -second
         client.join(20)
+        assert answers == []
     assert "finishing accepted requests" in server.output()
+
+
+def test_a_request_open_at_the_drain_timeout_is_answered_503(eos_bundle: Path) -> None:
+    """Not cut off with uvicorn's plain-text 500 when it closes the connections: a 503 with
+    Retry-After, which a proxy or client retries on another replica."""
+    with server_process(held_request(eos_bundle, 2)) as server:
+        answers: list[httpx.Response] = []
+        client = post_in_background(server, answers)
+        server.terminate()
+        client.join(30)
+        [answer] = answers
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["type"] == "unavailable"
+        assert "retry-after" in answer.headers
+        assert server.process.wait(20) == 0
+    assert "1 requests still open at the drain timeout" in server.output()
+
+
+def test_sigint_shuts_down_without_a_traceback(eos_bundle: Path) -> None:
+    with server_process(server_args(eos_bundle)) as server:
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(20) == 0
+    assert "Traceback" not in server.output()

@@ -215,6 +215,46 @@ def test_python_m_service_exits_2_with_a_message_when_there_is_no_model(
     assert "no bundle given (--bundle DIR)" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--port", "70000"], {}, "--port (MT_PORT): Input should be less than or equal to 65535"),
+        (
+            [],
+            {"MT_MAX_TEXTS": "abc"},
+            "--max-texts (MT_MAX_TEXTS): Input should be a valid integer",
+        ),
+        (["--default-beam-size", "9"], {}, "default_beam_size 9 exceeds max_beam_size 8"),
+    ],
+)
+def test_python_m_service_names_an_invalid_setting_and_exits_2(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A message naming the setting by its flag and variable, not pydantic's traceback."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
+
+
+def test_python_m_service_exits_2_for_a_bundle_that_is_not_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR):
+        assert main(["--bundle", str(tmp_path / "nowhere")]) == 2
+    assert f"--bundle {tmp_path / 'nowhere'}: no such directory" in caplog.text
+
+
+def test_the_log_level_may_be_written_in_capitals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MT_LOG_LEVEL", "INFO")
+    assert Settings().log_level == "info"
+
+
 def test_python_m_service_makes_a_model_directorys_bundle_once_before_its_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
