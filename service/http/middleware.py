@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
@@ -170,10 +171,21 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 class HttpMetricsMiddleware:
     """Counts every response by route and status and times it: a route by its template
-    (`/models/{name}/card`), as the router matched it; unknown paths share one label."""
+    (`/models/{name}/card`); unknown paths share one label."""
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
+        self.templates = [
+            (re.compile("".join(map(_template_part, re.split(r"(\{[^}]*\})", route)))), route)
+            for route in sorted(routes)
+            if "{" in route
+        ]
+
+    def label(self, path: str) -> str:
+        if path in self.routes:
+            return path
+        matched = (route for pattern, route in self.templates if pattern.fullmatch(path))
+        return next(matched, "other")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -191,12 +203,14 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            # The router leaves the route it matched in the scope (a request refused before
-            # routing, a 413 say, is labelled by its path).
-            route = getattr(scope.get("route"), "path", scope["path"])
-            route = route if route in self.routes else "other"
+            route = self.label(scope["path"])
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+
+def _template_part(part: str) -> str:
+    """A route template's part as a pattern: a parameter (`{name}`) is one path segment."""
+    return "[^/]+" if part.startswith("{") else re.escape(part)
 
 
 class ResponseHeadersMiddleware:

@@ -250,8 +250,8 @@ class Document:
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """A node kept whole inside a run; `spaced`: an element without words whose text holds
-    whitespace (`<span> </span>`), which parts the words on either side of it."""
+    """A node kept whole inside a run; `spaced`: an element whose text is whitespace and nothing
+    else (`<span> </span>`), which parts the words on either side of it."""
 
     node: int
     spaced: bool = False
@@ -289,9 +289,10 @@ def _settle(
     text = _plain(parts)
     if text is None or _has_words(text):
         return _Inline(index, children, text)
-    if _WORD.search(text):
+    visible = _WORD.search(text) is not None
+    if visible:
         del found[mark:]
-    return _Kept(index, _SPACE.search(text) is not None)
+    return _Kept(index, spaced=not visible and _SPACE.search(text) is not None)
 
 
 def _has_words(text: str) -> bool:
@@ -447,7 +448,7 @@ class _Collector:
             for name, value in values:
                 if name in _TRANSLATED_ATTRIBUTES and value:
                     text = _collapse(value)
-                    if _WORD.search(text):
+                    if LETTER.search(_SPECIAL.sub(" ", text)):  # else nothing to translate
                         into.append(_Found(node, name, text))
 
     def add_attributes(self, found: list[_Found]) -> None:

@@ -164,7 +164,7 @@ def prepare(
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
-    layouts = [segment.split(block, language).keeping(_translatable) for block in blocks]
+    layouts = [_layout(block, language, format) for block in blocks]
     encode = functools.partial(
         _encoded, model, owners=owners, target=target, source=source,
         max_segment_characters=max_segment_characters, max_segments=max_segments, label=label,
@@ -180,9 +180,7 @@ def prepare(
     }
     if joined:
         layouts = [
-            segment.split(block, language, wraps=False).keeping(_translatable)
-            if b in joined
-            else layout
+            _layout(block, language, format, wraps=False) if b in joined else layout
             for b, (block, layout) in enumerate(zip(blocks, layouts, strict=True))
         ]
         origins, numbers, sources = encode(layouts)
@@ -197,11 +195,18 @@ def prepare(
     return Prepared(layouts, sources, origins, owners, documents)
 
 
-def _translatable(sentence: str) -> bool:
-    """Whether the model has something to read in a sentence: a letter, once its URLs, e-mail
-    addresses, @mentions and #hashtags are out (what language detection reads). Emoji, digits,
-    punctuation or a URL alone come back as they are."""
-    return segment.LETTER.search(markup.without_items(sentence)) is not None
+def _layout(block: str, language: str, format: Format, *, wraps: bool = True) -> segment.Layout:
+    """A block's sentences (segment.split). In plain text, a sentence with nothing for the
+    model to read comes back as it is: one without a letter once its URLs, e-mail addresses,
+    @mentions and #hashtags are out (what language detection reads: emoji, digits, punctuation
+    or a URL alone). A markup block keeps them as sentences: its tags are placed by their
+    word alignments (its runs without a letter are no blocks at all, markup.py)."""
+    layout = segment.split(block, language, wraps=wraps)
+    if format != "text":
+        return layout
+    return layout.keeping(
+        lambda sentence: segment.LETTER.search(markup.without_items(sentence)) is not None
+    )
 
 
 def _parse(
@@ -333,7 +338,7 @@ def _assemble(
 ) -> TextTranslation:
     if not layout.segments:
         # Nothing the model reads: "" for whitespace and format characters alone, else (emoji,
-        # digits, a URL alone: `_translatable`) the text as it was sent.
+        # digits, a URL alone: `_layout`) the text as it was sent.
         kept = layout.join([])
         text = kept if segment.VISIBLE.search(kept) else ""
         alignment = TextAlignment([]) if alignments else None

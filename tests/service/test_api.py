@@ -260,9 +260,13 @@ async def test_requests_are_counted_by_their_route_template(
 ) -> None:
     assert (await client.get(f"/models/{fake.name}/card")).status_code == 200
     assert (await client.get("/nowhere")).status_code == 404
+    assert (await client.get(f"{LT}/languages")).status_code == 200
     metrics = (await client.get("/metrics")).text
     assert 'mt_http_requests_total{route="/models/{name}/card",status="200"} 1.0' in metrics
     assert 'mt_http_requests_total{route="other",status="404"} 1.0' in metrics
+    # Under its prefix, not the native route of the same name.
+    assert f'mt_http_requests_total{{route="{LT}/languages",status="200"}} 1.0' in metrics
+    assert 'route="/languages"' not in metrics
 
 
 async def test_a_body_over_the_limit_is_413(fake: FakeModel) -> None:
@@ -560,10 +564,10 @@ async def test_text_with_nothing_to_translate_comes_back_as_sent(
     the model, which would make up a sentence for it: it comes back as it was sent, through
     either API and whatever the source; errors still name texts by their index."""
     calls = len(fake.calls)  # the warm-up
-    texts = ["🙂", "123", "A dog. 🙂", "!!! https://example.com", "  \u200b "]
+    texts = ["🙂", "123", "A dog. 🙂", "!!! https://example.com", "  \u200b ", "½ ① Ⅻ²"]
     response = await client.post(f"{LT}/translate", json={"q": texts, **EN_DE})
     assert response.json() == {
-        "translatedText": ["🙂", "123", "A DOG. 🙂", "!!! https://example.com", ""]
+        "translatedText": ["🙂", "123", "A DOG. 🙂", "!!! https://example.com", "", "½ ① Ⅻ²"]
     }
     [(sources, _)] = fake.calls[calls:]
     assert len(sources) == 1  # "A dog." alone
