@@ -265,12 +265,8 @@ class Batcher:
         still queued after that fail with 503. True when everything finished in time."""
         self._closed = True
         self._arrived.set()
-        drained = True
-        try:
-            if not self._idle.is_set():  # wait_for(..., 0) times out even on a set event
-                await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            drained = False
+        drained = await set_within(self._idle, timeout)
+        if not drained:
             log.warning("%s: %d segments not finished at shutdown", self._model, self.depth)
         try:
             worker = self._worker
@@ -580,6 +576,18 @@ class _Turn:
     steps: list[tuple[int, float]] = field(default_factory=list)  # rows, seconds of each step
     first_step_end: float = 0.0  # time.monotonic()
     refused: Exception | None = None  # the admission's failure (it admitted nothing)
+
+
+async def set_within(event: asyncio.Event, timeout: float) -> bool:
+    """Whether `event` is set, or gets set within `timeout` seconds (`wait_for(..., 0)` alone
+    times out even on an event already set)."""
+    if event.is_set():
+        return True
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _iterate(

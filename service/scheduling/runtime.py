@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics, RequestRate
-from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper
+from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
 from service.settings import Settings
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
@@ -158,15 +158,17 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        running = all(b.running for b in self.batchers.values())
-        return self.warmed_up and running and not self.draining
+        return self.warmed_up and self._batchers_running and not self.draining
 
     @property
     def broken(self) -> bool:
         """A batcher's worker stopped while serving (a bug, logged): its model's requests get
         503 until the process is restarted."""
-        running = all(b.running for b in self.batchers.values())
-        return self.warmed_up and not running and not self.draining
+        return self.warmed_up and not self._batchers_running and not self.draining
+
+    @property
+    def _batchers_running(self) -> bool:
+        return all(b.running for b in self.batchers.values())
 
     def describe(self) -> str:
         """The served pairs for a log line: each pair, a multilingual model's in a count."""
@@ -225,10 +227,7 @@ class Runtime:
         if not self.draining:
             self.draining = True
             self._drain_end = time.monotonic() + timeout
-        try:
-            if not self._no_requests.is_set():  # wait_for(..., 0) times out even on a set event
-                await asyncio.wait_for(self._no_requests.wait(), self._drain_left())
-        except TimeoutError:
+        if not await set_within(self._no_requests, self._drain_left()):
             # Answered now, 503 with Retry-After (a proxy or client tries another replica),
             # rather than cut off with a 500 when the server closes their connections.
             log.warning("%d requests still open at the drain timeout: 503", self._in_flight)

@@ -448,7 +448,7 @@ class _Collector:
             for name, value in values:
                 if name in _TRANSLATED_ATTRIBUTES and value:
                     text = _collapse(value)
-                    if LETTER.search(_SPECIAL.sub(" ", text)):  # else nothing to translate
+                    if translatable(text):
                         into.append(_Found(node, name, text))
 
     def add_attributes(self, found: list[_Found]) -> None:
@@ -465,7 +465,7 @@ class _Collector:
         children: list[_Child] = []
         flattener.feed(raws, children)
         text = "".join(flattener.parts)
-        if LETTER.search(text):  # else nothing to translate: it stays as it is
+        if translatable(text):  # else it stays as it is
             self.runs.append(
                 _Run(
                     len(self.blocks),
@@ -804,6 +804,13 @@ def parse(markup: str, format: Format, *, translate_attributes: bool = False) ->
         tuple(collector.runs),
         tuple(collector.attributes),
     )
+
+
+def translatable(text: str) -> bool:
+    """Whether `text` has something for the model to read: a letter once its URLs, e-mail
+    addresses, @mentions and #hashtags are out (emoji, numbers, punctuation or a URL alone have
+    nothing: the model would make up a sentence for them)."""
+    return LETTER.search(without_items(text)) is not None
 
 
 def without_items(text: str) -> str:

@@ -197,16 +197,11 @@ def prepare(
 
 def _layout(block: str, language: str, format: Format, *, wraps: bool = True) -> segment.Layout:
     """A block's sentences (segment.split). In plain text, a sentence with nothing for the
-    model to read comes back as it is: one without a letter once its URLs, e-mail addresses,
-    @mentions and #hashtags are out (what language detection reads: emoji, digits, punctuation
-    or a URL alone). A markup block keeps them as sentences: its tags are placed by their
-    word alignments (its runs without a letter are no blocks at all, markup.py)."""
+    model to read (not `markup.translatable`: emoji, numbers, punctuation or a URL alone) comes
+    back as it is. A markup block keeps them as sentences: its tags are placed by their word
+    alignments (its runs without a letter are no blocks at all, markup.py)."""
     layout = segment.split(block, language, wraps=wraps)
-    if format != "text":
-        return layout
-    return layout.keeping(
-        lambda sentence: segment.LETTER.search(markup.without_items(sentence)) is not None
-    )
+    return layout.keeping(markup.translatable) if format == "text" else layout
 
 
 def _parse(

@@ -45,37 +45,23 @@ is wrapped as evenly as the input was.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+import regex
 
-def _by_category(*categories: str) -> dict[str, str]:
-    """Every character of these Unicode categories, by category, in one pass over planes 0, 1
-    and 14 (2-3 hold only ideographs, 4-13 nothing, 15-16 private use)."""
-    found: dict[str, list[str]] = {category: [] for category in categories}
-    for code in (*range(0x20000), *range(0xE0000, 0xF0000)):
-        character = chr(code)
-        category = unicodedata.category(character)
-        if category in found:
-            found[category].append(character)
-    return {category: "".join(characters) for category, characters in found.items()}
-
-
-_CHARACTERS = _by_category("Cf", "No", "Nl")
-
-# Format characters (Unicode category Cf: byte order mark U+FEFF, zero-width space U+200B,
-# joiners U+200C and U+200D, word joiner U+2060, soft hyphen U+00AD, bidi controls...) show
+# A character to translate: neither whitespace, nor a control character, nor a format
+# character (Unicode category Cf: byte order mark U+FEFF, zero-width space U+200B, joiners
+# U+200C and U+200D, word joiner U+2060, soft hyphen U+00AD, bidi controls...), which shows
 # nothing: a line of them and whitespace has nothing to translate (the model would invent a
-# sentence for it), nor has a run of markup (service/text/markup.py).
-FORMAT = _CHARACTERS["Cf"]
-# A character to translate: neither whitespace, nor a format or a control character.
-VISIBLE = re.compile(rf"[^\s{FORMAT}\x00-\x1f\x7f-\x9f]")
-# A letter of any script (a word character that is no number, "_" or digit: `\d` alone would
-# leave "½", "²", "①", "Ⅻ"): a sentence, a markup run or a text without one (emoji, digits,
-# punctuation) has nothing to translate or to detect (the model would make up a sentence).
-LETTER = re.compile(rf"[^\W\d_{_CHARACTERS['No']}{_CHARACTERS['Nl']}]")
+# sentence for it), nor has a run of markup (service/text/markup.py). (`regex` for Unicode's
+# categories, which `re` has no class for.)
+VISIBLE = regex.compile(r"[^\s\p{Cc}\p{Cf}]")
+# A letter of any script (category L: not "½", "²", "①" or "Ⅻ", which `[^\W\d_]` takes): a
+# sentence, a markup run or a text without one (emoji, numbers, punctuation) has nothing to
+# translate or to detect (the model would make up a sentence for it).
+LETTER = regex.compile(r"\p{L}")
 # Everything `str.splitlines` breaks on: a segment spans two lines only where a sentence is
 # hard-wrapped (module docstring).
 _LINE = re.compile(r"[^\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]+")
