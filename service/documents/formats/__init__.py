@@ -1,0 +1,1 @@
+"""One module per family of file formats, each a filter over service/documents/base.py."""
