@@ -5,6 +5,13 @@ then started again on its port and waited for until ready) while they do.
 
     python -m benchmarks.rolling_restart --bundle bundles/multi30k-en-de \\
         [--replicas 3] [--clients 8] [--rounds 1] [--pause 2] [--beam-size 1] [--json OUT]
+    python -m benchmarks.rolling_restart --compose PROJECT [--engine docker|podman] \\
+        [--url http://127.0.0.1:8000] [--clients 8] ...
+
+With --compose, the replicas are the `mt` containers of a running docker-compose.yml stack
+(project PROJECT), loaded through its nginx at --url: each is stopped (SIGTERM, the drain),
+started again, waited for until ready, and nginx is reloaded so that it resolves `mt` anew (a
+restarted container may get another address), as docs/operations.md says to do by hand.
 
 Reports the requests sent, answered (200), retried by nginx (answered after a first try on a
 replica that was draining or gone: its access log's upstream list), and lost (anything but a
@@ -51,7 +58,7 @@ class Result:
     seconds: float  # the restarts, first SIGTERM to last replica ready
     sent: int
     answered: int
-    retried: int  # answered after nginx tried another replica first
+    retried: int | None  # answered after nginx tried another replica first (None: not known)
     lost: int  # not answered with 200
     failures: dict[str, int]  # what the lost ones got
     exit_codes: list[int]  # of each drained replica
@@ -59,13 +66,19 @@ class Result:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    if nginx_binary() is None:
+    if args.compose is not None:
+        result = run_compose(args)
+    elif args.bundle is None:
+        raise SystemExit("--bundle or --compose is needed")
+    elif nginx_binary() is None:
         raise SystemExit("nginx not found (Debian: apt-get install nginx)")
-    result = run(args)
+    else:
+        result = run(args)
+    retried = "" if result.retried is None else f"retried {result.retried}, "
     print(
         f"{result.replicas} replicas, {result.clients} clients, {result.restarts} restarts in "
-        f"{result.seconds:.1f} s: sent {result.sent}, answered {result.answered}, retried "
-        f"{result.retried}, lost {result.lost} {result.failures or ''} (goal: 0 lost); "
+        f"{result.seconds:.1f} s: sent {result.sent}, answered {result.answered}, {retried}"
+        f"lost {result.lost} {result.failures or ''} (goal: 0 lost); "
         f"drained replicas exited with {sorted(set(result.exit_codes))}"
     )
     if args.json is not None:
@@ -78,7 +91,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks.rolling_restart",
         description="Restart replicas behind nginx one by one under load; count what is lost.",
     )
-    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--bundle", type=Path, help="the model the replicas (processes) serve")
+    p.add_argument("--compose", metavar="PROJECT", help="restart this compose stack's replicas")
+    p.add_argument("--engine", default="docker", help="with --compose: docker or podman")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="with --compose: its nginx")
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--clients", type=int, default=8, help="concurrent clients, one connection each")
     p.add_argument("--rounds", type=int, default=1, help="times every replica is restarted")
@@ -124,6 +140,74 @@ def run(args: argparse.Namespace) -> Result:
         failures=dict(statuses),
         exit_codes=exit_codes,
     )
+
+
+def run_compose(args: argparse.Namespace) -> Result:
+    replicas = _containers(args, "mt")
+    (proxy,) = _containers(args, "nginx")
+    exit_codes: list[int] = []
+    statuses, seconds = asyncio.run(
+        _under_load(args.url, args, lambda: _restart_containers(args, replicas, proxy, exit_codes))
+    )
+    answered = statuses.pop("200", 0)
+    return Result(
+        replicas=len(replicas),
+        clients=args.clients,
+        restarts=args.rounds * len(replicas),
+        seconds=round(seconds, 2),
+        sent=answered + sum(statuses.values()),
+        answered=answered,
+        retried=None,  # nginx's access log is the container's output
+        lost=sum(statuses.values()),
+        failures=dict(statuses),
+        exit_codes=exit_codes,
+    )
+
+
+def _engine(args: argparse.Namespace, *command: str) -> str:
+    done = subprocess.run(
+        [args.engine, *command], capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{args.engine} {' '.join(command)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _containers(args: argparse.Namespace, service: str) -> list[str]:
+    """The running containers of a compose service (both compose tools label them so)."""
+    labels = [f"com.docker.compose.project={args.compose}", f"com.docker.compose.service={service}"]
+    found = _engine(args, "ps", "--quiet", *(f"--filter=label={label}" for label in labels))
+    if not found:
+        raise SystemExit(f"no running {service} container in compose project {args.compose}")
+    return sorted(found.split())
+
+
+def _restart_containers(
+    args: argparse.Namespace, replicas: list[str], proxy: str, exit_codes: list[int]
+) -> None:
+    """Each replica in turn, `rounds` times: stop (SIGTERM; the drain), start, wait until its
+    /ready answers inside the container, reload nginx (it resolves `mt` at load), pause."""
+    ready = ["-e", "MT_HEALTH_URL=http://127.0.0.1:8000/ready"]
+    for _ in range(args.rounds):
+        for replica in replicas:
+            _engine(args, "stop", "--time", "60", replica)
+            exit_codes.append(
+                int(_engine(args, "inspect", "--format", "{{.State.ExitCode}}", replica))
+            )
+            _engine(args, "start", replica)
+            end = time.monotonic() + 300
+            while True:
+                try:
+                    _engine(
+                        args, "exec", *ready, replica, "python", "/app/deploy/docker/healthcheck.py"
+                    )
+                    break
+                except RuntimeError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.5)
+            _engine(args, "exec", proxy, "nginx", "-s", "reload")
+            time.sleep(args.pause)
 
 
 def _restart_all(

@@ -2,6 +2,7 @@
 # Container entrypoint: pick the bundle for the device, then exec `python -m service`.
 #
 #   MT_BUNDLE          set: used as it is (comma-separated bundle dirs); nothing below applies.
+#   MT_DEVICE          auto (default) | cpu | cuda: auto with no GPU visible becomes cpu.
 #   MT_PRECISION       auto (default) | fp32 | fp16: which prebuilt bundle to serve.
 #                      auto: fp16 when a GPU is visible (/dev/nvidiaN, as `docker run --gpus`
 #                      and the Kubernetes device plugin provide) and MT_DEVICE is not cpu;
@@ -31,6 +32,11 @@ if [ -z "${MT_BUNDLE:-}" ]; then
                 break
             fi
         done
+    fi
+    if [ "$gpu" = no ] && [ "${MT_DEVICE:-auto}" = "auto" ]; then
+        # No GPU visible: the CPU, said outright, so that the gpu image's onnxruntime-gpu does
+        # not try (and fail, loudly) to open a CUDA session first.
+        export MT_DEVICE=cpu
     fi
     case "$precision" in
         auto) variant=$([ "$gpu" = yes ] && echo fp16 || echo fp32) ;;

@@ -28,6 +28,7 @@ intra-op threads do the parallel work. `encode` and `decode` need no lock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -620,10 +621,20 @@ def _session_options(intra_op_threads: int | None, spinning: bool) -> ort.Sessio
     return options
 
 
+@functools.cache
+def _load_cuda_libraries() -> None:
+    """Load CUDA's and cuDNN's libraries before the CUDA provider needs them, once a process:
+    from the nvidia-* wheels that onnxruntime-gpu's `cuda` and `cudnn` extras install (the
+    image's way: no CUDA base image), else from the system's library path. The provider links
+    them by name with no search path of its own, so without this it finds only a system CUDA."""
+    ort.preload_dlls()
+
+
 def _providers(device: Device, device_id: int, cuda_graphs: bool) -> list[Any]:
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device != "cpu" and CUDA_PROVIDER in ort.get_available_providers():
+        _load_cuda_libraries()
         cuda_options: dict[str, Any] = {"arena_extend_strategy": "kSameAsRequested"}
         if device_id:
             # ONNX Runtime >= 1.26 looks for a plugin EP device first and warns, at every

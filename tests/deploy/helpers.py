@@ -2,8 +2,7 @@
 YAML loading, a small Dockerfile reader (stages, COPY, ENV), a small nginx configuration reader
 and the serving requirements list.
 
-No Docker engine runs in CI, so the Dockerfile is read, linted (hadolint) and its runtime stage
-rehearsed in a venv (test_runtime_stage.py) rather than built."""
+The images themselves are built and run by .ci/images and test_image.py."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DOCKERFILE = REPO / "Dockerfile"
-REQUIREMENTS = DEPLOY / "requirements-serve.txt"
 K8S = DEPLOY / "k8s"
 
 
@@ -148,8 +146,10 @@ def requirement_name(line: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def serve_requirements() -> list[str]:
-    lines = [line.split("#", 1)[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
+def requirements(name: str = "serve") -> list[str]:
+    """deploy/requirements-`name`.txt's requirement lines."""
+    path = DEPLOY / f"requirements-{name}.txt"
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
     return [line for line in lines if line]
 
 

@@ -42,62 +42,82 @@ def test_hadolint_can_fail(tmp_path: Path) -> None:
     assert "DL3013" in done.stdout  # unpinned pip install
 
 
-def test_two_stages_build_then_runtime(stages: dict[str, Stage]) -> None:
-    assert list(stages) == ["build", "runtime"]
-    assert stages["runtime"].base.startswith("nvidia/cuda:")
-    assert "cudnn-runtime" in stages["runtime"].base
+def test_stages_and_targets(stages: dict[str, Stage]) -> None:
+    assert list(stages) == ["python", "export", "venv", "venv-cpu", "venv-gpu", "app", "cpu", "gpu"]
+    # One plain base for everything (no CUDA base image), a build argument.
+    for name in ("python", "app"):
+        assert stages[name].base == "python:3.11-slim-bookworm"
+    # gpu is the default target (the last stage): `docker build .` as the README says.
+    assert list(stages)[-1] == "gpu"
 
 
-def test_torch_is_pinned_in_build_stage_only(stages: dict[str, Stage]) -> None:
-    build_runs = " ".join(i.args for i in stages["build"].all("RUN"))
-    assert "torch==2.13.0" in build_runs
-    assert "download.pytorch.org/whl/cpu" in build_runs
-    runtime_runs = " ".join(i.args for i in stages["runtime"].all("RUN"))
-    assert "torch" not in runtime_runs
-    assert "[train]" not in runtime_runs and "[dev]" not in runtime_runs
-    assert "-r deploy/requirements-serve.txt" in runtime_runs
-    assert "--no-deps ." in runtime_runs
+def test_torch_only_in_the_export_stage_and_pinned(stages: dict[str, Stage]) -> None:
+    export_runs = " ".join(i.args for i in stages["export"].all("RUN"))
+    assert "-r deploy/requirements-export.txt" in export_runs
+    assert '--extra-index-url "$TORCH_INDEX"' in export_runs
+    for name in ("venv", "venv-cpu", "venv-gpu", "app", "cpu", "gpu"):
+        runs = " ".join(i.args for i in stages[name].all("RUN"))
+        assert "torch" not in runs and "[train]" not in runs and "[dev]" not in runs, name
+    assert "-r deploy/requirements-serve.txt" in " ".join(i.args for i in stages["venv"].all("RUN"))
+    for target in ("cpu", "gpu"):
+        runs = " ".join(i.args for i in stages[f"venv-{target}"].all("RUN"))
+        assert f"-r deploy/requirements-{target}.txt" in runs
+        assert "pip uninstall --yes pip setuptools" in runs
+    # Wheels only: nothing is compiled in any stage.
+    assert stages["python"].env()["PIP_ONLY_BINARY"] == ":all:"
 
 
-def test_build_stage_exports_fp32_and_fp16(stages: dict[str, Stage]) -> None:
-    build_runs = " ".join(i.args for i in stages["build"].all("RUN"))
-    for name in ("multi30k-en-de", "multi30k-de-en"):  # both shipped directions
-        for dtype in ("fp32", "fp16"):
-            assert f"--out /bundles/{name}-{dtype} --dtype {dtype}" in build_runs
-        # fp32 on CUDA needs the gather cache (fp16 exports it by default)
-        assert f"--out /bundles/{name}-fp32-cuda --dtype fp32 --cache gather" in build_runs
-    handed = [(src, dst) for stage, src, dst in stages["runtime"].copies() if stage == "build"]
-    env = stages["runtime"].env()
-    assert handed == [("/bundles/", env["MT_BUNDLES_DIR"] + "/")]
+def test_export_stage_exports_fp32_and_fp16(stages: dict[str, Stage]) -> None:
+    (export,) = [
+        " ".join(i.args.split()) for i in stages["export"].all("RUN") if "-m export" in i.args
+    ]
+    assert "for name in multi30k-en-de multi30k-de-en" in export  # both shipped directions
+    assert '--out "/bundles/$name-fp32" --dtype fp32' in export
+    assert '--out "/bundles/$name-fp32-cuda" --dtype fp32 --cache gather' in export
+    assert '--out "/bundles/$name-fp16" --dtype fp16' in export
+    bundles = stages["app"].env()["MT_BUNDLES_DIR"]
+    cpu = [(src, dst) for stage, src, dst in stages["cpu"].copies() if stage == "export"]
+    assert cpu == [
+        (f"/bundles/{name}-fp32/", f"{bundles}/{name}-fp32/")
+        for name in ("multi30k-en-de", "multi30k-de-en")
+    ]
+    gpu = [(src, dst) for stage, src, dst in stages["gpu"].copies() if stage == "export"]
+    assert gpu == [("/bundles/", bundles + "/")]
 
 
-def test_runtime_stage_copies_no_training_code(stages: dict[str, Stage]) -> None:
-    sources = [src for stage, src, _ in stages["runtime"].copies() if stage is None]
-    assert "service/" in sources
-    assert not {"model/", "export/", "checkpoints/", "tests/"} & set(sources)
+def test_images_copy_no_training_code(stages: dict[str, Stage]) -> None:
+    for name in ("venv", "venv-cpu", "venv-gpu", "app", "cpu", "gpu"):
+        sources = [src for stage, src, _ in stages[name].copies() if stage is None]
+        assert not {"model/", "export/", "checkpoints/", "tests/"} & set(sources), name
+    assert "service/" in [src for _, src, _ in stages["app"].copies()]
+    for target in ("cpu", "gpu"):
+        venvs = [src for stage, src, _ in stages[target].copies() if stage == f"venv-{target}"]
+        assert venvs == ["/opt/venv/"]
 
 
-def test_runtime_runs_as_non_root(stages: dict[str, Stage]) -> None:
-    users = stages["runtime"].all("USER")
-    assert users, "no USER in the runtime stage"
-    user = users[-1].args.split(":")[0]
-    assert user not in {"root", "0"}
-    # The uid is created in the image (useradd) and matches the Kubernetes securityContext.
-    runs = " ".join(i.args for i in stages["runtime"].all("RUN"))
-    assert f"--uid {user}" in runs
+def test_images_run_as_non_root(stages: dict[str, Stage]) -> None:
+    runs = " ".join(i.args for i in stages["app"].all("RUN"))
+    for target in ("cpu", "gpu"):
+        users = stages[target].all("USER")
+        assert users, f"no USER in {target}"
+        user = users[-1].args.split(":")[0]
+        assert user not in {"root", "0"}
+        # The uid is created in the image (useradd) and matches the Kubernetes securityContext.
+        assert f"--uid {user}" in runs
 
 
-def test_runtime_serves_on_all_interfaces_on_the_exposed_port(stages: dict[str, Stage]) -> None:
-    env = stages["runtime"].env()
+def test_images_serve_on_all_interfaces_on_the_exposed_port(stages: dict[str, Stage]) -> None:
+    env = stages["app"].env()
     assert env["MT_HOST"] == "0.0.0.0"
-    assert [i.args for i in stages["runtime"].all("EXPOSE")] == [env["MT_PORT"]]
+    assert [i.args for i in stages["app"].all("EXPOSE")] == [env["MT_PORT"]]
+    assert stages["cpu"].env()["MT_DEVICE"] == "cpu"
 
 
 def test_healthcheck_uses_the_shipped_script(stages: dict[str, Stage]) -> None:
-    (check,) = stages["runtime"].all("HEALTHCHECK")
+    (check,) = stages["app"].all("HEALTHCHECK")
     assert "/app/deploy/docker/healthcheck.py" in check.args
     assert "/health" in HEALTHCHECK.read_text()
-    (entry,) = stages["runtime"].all("ENTRYPOINT")
+    (entry,) = stages["app"].all("ENTRYPOINT")
     assert "/app/deploy/docker/entrypoint.sh" in entry.args
     assert os.access(ENTRYPOINT, os.X_OK), "entrypoint.sh must be executable"
 
@@ -190,7 +210,9 @@ def run_entrypoint(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedP
     stub_dir = tmp_path / "bin"
     stub_dir.mkdir(exist_ok=True)
     stub = stub_dir / "python"
-    stub.write_text('#!/bin/sh\necho "python $* MT_BUNDLE=$MT_BUNDLE"\n')
+    stub.write_text(
+        '#!/bin/sh\necho "python $* MT_BUNDLE=$MT_BUNDLE"\necho "MT_DEVICE=$MT_DEVICE" >&2\n'
+    )
     stub.chmod(0o755)
     bundles = tmp_path / "bundles"
     for name in ("multi30k-en-de", "multi30k-de-en"):
@@ -233,6 +255,14 @@ def test_entrypoint_picks_bundle(tmp_path: Path, env: dict[str, str], dtype: str
     ]
     served = ",".join(map(str, bundles))  # both shipped directions
     assert done.stdout.strip() == f"python -m service --log-level info MT_BUNDLE={served}"
+
+
+@pytest.mark.skipif(has_gpu_device(), reason="a GPU is visible here")
+def test_entrypoint_without_a_gpu_serves_on_the_cpu(tmp_path: Path) -> None:
+    """auto with no GPU visible is said as cpu: the gpu image's onnxruntime-gpu would try a CUDA
+    session first and log its failure."""
+    assert run_entrypoint(tmp_path, {}).stderr.endswith("MT_DEVICE=cpu\n")
+    assert run_entrypoint(tmp_path, {"MT_DEVICE": "cuda"}).stderr.endswith("MT_DEVICE=cuda\n")
 
 
 def test_entrypoint_keeps_an_explicit_bundle(tmp_path: Path) -> None:

@@ -123,12 +123,22 @@ def test_gpu_and_security(objects: dict[str, dict[str, Any]], stages: dict[str, 
     assert server["resources"]["requests"]["cpu"]  # the HPA's CPU fallback needs a request
     pod_security = objects["Deployment"]["spec"]["template"]["spec"]["securityContext"]
     assert pod_security["runAsNonRoot"] is True
-    image_user = stages["runtime"].all("USER")[-1].args.split(":")[0]
+    image_user = stages["gpu"].all("USER")[-1].args.split(":")[0]
     assert str(pod_security["runAsUser"]) == image_user
     security = server["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
     assert "/tmp" in {m["mountPath"] for m in server["volumeMounts"]}
+
+
+def test_image_is_the_gpu_target_as_built(
+    objects: dict[str, dict[str, Any]], stages: dict[str, Stage]
+) -> None:
+    """The Deployment runs what `docker build --target gpu -t transformer-mt:gpu .` makes
+    (docs/operations.md), the target whose image has CUDA: it asks for a GPU."""
+    name, tag = container(objects)["image"].split(":")
+    assert (name, tag) == ("transformer-mt", "gpu") and tag in stages
+    assert "--target gpu -t transformer-mt:gpu" in (REPO / "docs" / "operations.md").read_text()
 
 
 def test_env_names_are_settings(objects: dict[str, dict[str, Any]]) -> None:

@@ -91,5 +91,5 @@ def test_compose_scrapes_the_compose_service() -> None:
     assert {r["target_label"] for r in job["relabel_configs"]} == {"namespace", "pod"}
     # The service itself, inside the compose network (not nginx in front of it): exposed there,
     # not published to the host.
-    assert compose["services"][host]["build"] == "."
+    assert compose["services"][host]["build"]["context"] == "."
     assert port in [str(p) for p in compose["services"][host]["expose"]]

@@ -30,6 +30,7 @@ from service.inference.engine import (
     CPU_PROVIDER,
     Engine,
     InputTooLongError,
+    _load_cuda_libraries,
     _providers,
     encoder_chunks,
 )
@@ -167,6 +168,28 @@ def test_cuda_provider_options_name_a_device_only_past_the_first(
     [(_, second), _] = _providers("cuda", 1, cuda_graphs=True)
     assert second["device_id"] == 1 and second["enable_cuda_graph"] == "1"
     assert _providers("cpu", 1, cuda_graphs=True) == [CPU_PROVIDER]
+
+
+def test_cuda_libraries_are_preloaded_once_before_the_first_cuda_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA provider links CUDA and cuDNN by name with no search path: the gpu image's
+    libraries are the nvidia-* wheels' in site-packages, which onnxruntime.preload_dlls() loads.
+    Once a process, and never for the CPU."""
+    loads: list[None] = []
+    monkeypatch.setattr(ort, "preload_dlls", lambda: loads.append(None))
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    _load_cuda_libraries.cache_clear()
+    _providers("auto", 0, cuda_graphs=False)
+    assert loads == []  # no CUDA provider in this ONNX Runtime
+    available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: available)
+    _providers("cpu", 0, cuda_graphs=False)
+    assert loads == []
+    _providers("auto", 0, cuda_graphs=False)
+    _providers("cuda", 1, cuda_graphs=True)
+    assert loads == [None]
+    _load_cuda_libraries.cache_clear()
 
 
 def test_auto_picks_the_cpu_without_a_warning(
