@@ -7,17 +7,19 @@ from __future__ import annotations
 import contextlib
 import time
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from service.errors import ErrorType, ServiceError
+from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.middleware import (
     PresentedKey,
     RuntimeDep,
     check_api_key,
     check_text,
+    form_items,
+    is_json,
     read_json,
     unless_disconnected,
     validate,
@@ -27,7 +29,7 @@ from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
 
 # English names for the codes LibreTranslate clients display; others show their code.
-_LANGUAGE_NAMES = {
+LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
     "en": "English", "es": "Spanish", "fi": "Finnish", "fr": "French", "hi": "Hindi",
     "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
@@ -122,6 +124,16 @@ def _openapi_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> d
             },
         }
     }
+
+
+def libretranslate_face(prefix: str) -> ErrorFace:
+    """LibreTranslate's error body, `{"error": message}`, and its statuses for the two the
+    native API uses and it does not: 422 -> 400, 401 -> 403."""
+    statuses = {
+        **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
+        ErrorType.UNAUTHORIZED: 403,
+    }
+    return ErrorFace((prefix,), statuses, lambda message: {"error": message})
 
 
 _LIBRETRANSLATE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -232,8 +244,7 @@ async def _libretranslate_fields(
     strings). JSON when the client says so, else query parameters and form fields as Flask's
     `request.values` in LibreTranslate: the query string first, then the form, and the first
     value of a repeated name wins (line endings made \\n)."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json" or content_type.endswith("+json"):
+    if is_json(request):
         try:
             return await read_json(request), True
         except ServiceError as e:
@@ -241,17 +252,9 @@ async def _libretranslate_fields(
             # problem, in LibreTranslate's words and ours.
             check_api_key(runtime, header_key)
             raise ServiceError(e.type, f"Invalid JSON format: {e.message}") from None
-    if content_type == "application/x-www-form-urlencoded":
-        # As werkzeug reads it for LibreTranslate: UTF-8, escaped or not (curl -d 'q=läuft'
-        # sends the raw bytes, which starlette's parser would read as Latin-1).
-        body = (await request.body()).decode("utf-8", errors="replace")
-        form_items: list[tuple[str, Any]] = parse_qsl(body, keep_blank_values=True)
-    else:
-        form_items = list((await request.form()).multi_items())
     fields: dict[str, Any] = {}
-    for key, value in [*request.query_params.multi_items(), *form_items]:
-        if isinstance(value, str):  # uploaded files are not fields
-            fields.setdefault(key, value)
+    for key, value in await form_items(request):
+        fields.setdefault(key, value)
     if "q" in fields:
         fields["q"] = "\n".join(fields["q"].splitlines())
     check_text(fields)
@@ -288,7 +291,7 @@ async def libretranslate_languages(runtime: RuntimeDep) -> list[LibreTranslateLa
         targets.setdefault(target, [])
     return [
         LibreTranslateLanguage(
-            code=code, name=_LANGUAGE_NAMES.get(code, code), targets=sorted(targets[code])
+            code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(targets[code])
         )
         for code in sorted(targets)
     ]

@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Awaitable
 from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -51,10 +52,10 @@ async def presented_key(
 ) -> str | None:
     """The API key from `X-API-Key: KEY` or `Authorization: Bearer KEY`."""
     key = header_key if header_key is not None else bearer.credentials if bearer else None
-    return None if key is None else _utf8_header(key)
+    return None if key is None else utf8_header(key)
 
 
-def _utf8_header(value: str) -> str:
+def utf8_header(value: str) -> str:
     """A header value as the UTF-8 the client sent (HTTP hands header bytes over as Latin-1),
     so that a non-ASCII key matches the same key sent in a body."""
     try:
@@ -105,6 +106,27 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise ServiceError(ErrorType.INVALID_REQUEST, "the JSON body must be an object")
     check_text(data)
     return data
+
+
+def is_json(request: Request) -> bool:
+    """Whether the client says its body is JSON."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+async def form_items(request: Request) -> list[tuple[str, str]]:
+    """The query parameters, then the form fields of the body, in order (uploaded files are
+    not fields). A urlencoded body is read as UTF-8, escaped or not (`curl -d 'q=läuft'` sends
+    the raw bytes, which starlette's parser would read as Latin-1), as werkzeug reads it for
+    LibreTranslate and DeepL's servers read theirs."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/x-www-form-urlencoded":
+        body = (await request.body()).decode("utf-8", errors="replace")
+        form: list[tuple[str, Any]] = parse_qsl(body, keep_blank_values=True)
+    else:
+        form = list((await request.form()).multi_items())
+    items = [*request.query_params.multi_items(), *form]
+    return [(key, value) for key, value in items if isinstance(value, str)]
 
 
 def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = None) -> M:

@@ -285,6 +285,8 @@ class Runtime:
             label=label,
             format=form.format,
             translate_attributes=form.translate_attributes,
+            splitting=form.splitting,
+            ignored_tags=form.ignored_tags,
         )
 
     async def _prepare(

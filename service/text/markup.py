@@ -496,8 +496,8 @@ def _html_first(tree: LexborHTMLParser) -> LexborNode | None:
     return tree.root
 
 
-def _html_kept(tag: str, attributes: dict[str, str | None]) -> bool:
-    if tag in _KEPT:
+def _html_kept(tag: str, attributes: dict[str, str | None], ignored: frozenset[str]) -> bool:
+    if tag in _KEPT or tag in ignored:
         return True
     translate = attributes.get("translate")
     if translate is not None and translate.strip().lower() == "no":
@@ -507,8 +507,15 @@ def _html_kept(tag: str, attributes: dict[str, str | None]) -> bool:
 
 
 class _HtmlWalker:
-    def __init__(self, tree: LexborHTMLParser, fragment: bool, collector: _Collector) -> None:
+    def __init__(
+        self,
+        tree: LexborHTMLParser,
+        fragment: bool,
+        collector: _Collector,
+        ignored: frozenset[str],
+    ) -> None:
         self.collector = collector
+        self.ignored = frozenset(tag.lower() for tag in ignored)  # HTML's names are lower case
         self.index: dict[int, int] = {}
         self.has_block: set[int] = set()
         first = _html_first(tree)
@@ -541,7 +548,7 @@ class _HtmlWalker:
                 continue
             attributes = child.attributes
             block = tag in _BLOCK or child.mem_id in self.has_block
-            if _html_kept(tag, attributes) or depth >= _MAX_DEPTH:
+            if _html_kept(tag, attributes, self.ignored) or depth >= _MAX_DEPTH:
                 if block:
                     self.collector.add_run(place, raws, found)
                     place, raws = [], []
@@ -585,7 +592,8 @@ class _HtmlWalker:
                 children.append(_Kept(child_index))
             else:
                 child_attributes = child.attributes
-                if _html_kept(child_tag, child_attributes) or depth >= _MAX_DEPTH:
+                kept = _html_kept(child_tag, child_attributes, self.ignored)
+                if kept or depth >= _MAX_DEPTH:
                     children.append(_Kept(child_index))
                     continue
                 raw = self.inline(child, child_index, child_tag, child_attributes, depth + 1, found)
@@ -666,18 +674,23 @@ def _parse_xml(source: str) -> Any:
         raise MarkupError(message, line, column) from None
 
 
-def _xml_kept(element: Any) -> bool:
+def _xml_kept(element: Any, ignored: frozenset[str]) -> bool:
     if not isinstance(element.tag, str):  # comment, processing instruction, entity
         return True
     if element.get("translate") == "no" or element.get(_ITS_TRANSLATE) == "no":
         return True
     tag: str = element.tag
+    if etree.QName(tag).localname in ignored:
+        return True
     return tag.startswith(_XHTML) and tag[len(_XHTML) :] in _KEPT
 
 
 class _XmlWalker:
-    def __init__(self, tree: Any, source: str, collector: _Collector) -> None:
+    def __init__(
+        self, tree: Any, source: str, collector: _Collector, ignored: frozenset[str]
+    ) -> None:
         self.collector = collector
+        self.ignored = ignored
         root = tree.getroot()
         # Every node by its traversal order, as render finds them again. lxml's Python objects
         # are the same for a node only while one is alive: the list keeps them.
@@ -687,7 +700,7 @@ class _XmlWalker:
         self.element(root, 0)
 
     def element(self, element: Any, depth: int) -> None:
-        if _xml_kept(element) or depth >= _MAX_DEPTH:
+        if _xml_kept(element, self.ignored) or depth >= _MAX_DEPTH:
             return
         index = self.index[element]
         found: list[_Found] = []
@@ -710,7 +723,7 @@ class _XmlWalker:
 
     def inline(self, element: Any, depth: int, found: list[_Found]) -> _Raw:
         index = self.index[element]
-        if _xml_kept(element) or depth >= _MAX_DEPTH:
+        if _xml_kept(element, self.ignored) or depth >= _MAX_DEPTH:
             return _Kept(index)
         mark = len(found)
         self.collector.find_attributes(index, element.items(), found)
@@ -783,17 +796,25 @@ def _render_xml(document: Document, translations: Sequence[tuple[str, Projection
 # --- Parse and render --------------------------------------------------------------------------
 
 
-def parse(markup: str, format: Format, *, translate_attributes: bool = False) -> Document:
+def parse(
+    markup: str,
+    format: Format,
+    *,
+    translate_attributes: bool = False,
+    ignored_tags: frozenset[str] = frozenset(),
+) -> Document:
     """The blocks of `markup` to translate. HTML never fails (the HTML5 algorithm repairs
     anything); malformed XML raises MarkupError. `translate_attributes`: alt and title values
-    become blocks of their own (plain text) and come back translated."""
+    become blocks of their own (plain text) and come back translated. `ignored_tags`: element
+    names (XML: local names, without a namespace) kept untranslated with their subtree, as
+    `translate="no"` is (DeepL's ignore_tags)."""
     collector = _Collector(translate_attributes)
     if format == "html":
         fragment = not _DOCUMENT.match(markup)
-        _HtmlWalker(_parse_html(markup, fragment), fragment, collector)
+        _HtmlWalker(_parse_html(markup, fragment), fragment, collector, ignored_tags)
     elif format == "xml":
         fragment = False
-        _XmlWalker(_parse_xml(markup), markup, collector)
+        _XmlWalker(_parse_xml(markup), markup, collector, ignored_tags)
     else:
         raise ValueError(f"unknown markup format {format!r}: 'html' or 'xml'")
     return Document(

@@ -1,0 +1,492 @@
+"""DeepL's API (mounted under `deepl_prefix`, DeepL's own paths by default): /v2/translate,
+/v2/languages and /v2/usage with DeepL's field names, language codes, form and JSON bodies,
+authentication (`Authorization: DeepL-Auth-Key KEY`, or the deprecated `auth_key` field),
+statuses and error body (`{"message": ...}`), over the same pipeline as the native routes.
+
+Glossaries, documents and quotas are DeepL faces of the service's own (other modules): their
+routes join `deepl_router`'s, read their fields with `deepl_fields`, authenticate with
+`deepl_key`, and answer errors through `deepl_face` (every path under /v2 and /v3). A glossary
+named in a translation is looked up by `_glossary`, which knows none yet.
+
+What each field does, honoured or accepted and ignored, is in docs/api.md#deepls-api.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Protocol, cast
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
+
+from service.errors import ErrorType, ServiceError
+from service.http.errors import ERROR_TABLE, ErrorFace
+from service.http.libretranslate import LANGUAGE_NAMES
+from service.http.middleware import (
+    PresentedKey,
+    RuntimeDep,
+    check_api_key,
+    check_text,
+    form_items,
+    is_json,
+    read_json,
+    unless_disconnected,
+    utf8_header,
+)
+from service.scheduling.runtime import Runtime
+from service.text.pipeline import Form, TextTranslation
+from service.text.segment import Splitting
+
+# DeepL's regional variants of a served language, which a target code may name (a source code
+# never does): each is the served language, and says so in /v2/languages?type=target.
+_VARIANTS = {
+    "EN-GB": "English (British)",
+    "EN-US": "English (American)",
+    "PT-BR": "Portuguese (Brazilian)",
+    "PT-PT": "Portuguese (European)",
+    "ZH-HANS": "Chinese (simplified)",
+}
+# What DeepL's usage answers as the limit of an account without one.
+NO_CHARACTER_LIMIT = 1_000_000_000_000
+_SPLITTING: dict[str, Splitting] = {"1": "lines", "nonewlines": "sentences", "0": "none"}
+_FORMALITIES = ("default", "more", "less", "prefer_more", "prefer_less")
+_MODEL_TYPES = ("quality_optimized", "prefer_quality_optimized", "latency_optimized")
+# Fields that may come as a list (JSON) or repeated (form); the tag lists also comma-separated.
+_LISTS = ("text", "ignore_tags", "non_splitting_tags", "splitting_tags")
+
+
+def deepl_face(prefix: str) -> ErrorFace:
+    """DeepL's error body, `{"message": ...}`, and its statuses: 400 for what the native API
+    answers 422, 403 for a missing or wrong key, 413 for a request too large in bytes or in
+    characters (and a sentence over the model's limit)."""
+    statuses = {
+        **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
+        ErrorType.UNAUTHORIZED: 403,
+        ErrorType.INPUT_TOO_LONG: 413,
+    }
+    return ErrorFace(
+        (f"{prefix}/v2", f"{prefix}/v3"), statuses, lambda message: {"message": message}
+    )
+
+
+def _bad(message: str) -> ServiceError:
+    return ServiceError(ErrorType.INVALID_REQUEST, message)
+
+
+def _not_supported(name: str) -> ServiceError:
+    return _bad(f"Value for '{name}' not supported.")
+
+
+# --- Usage -------------------------------------------------------------------------------------
+
+
+class CharacterUsage(Protocol):
+    """Characters translated for each key (None: the service takes no keys) and each key's
+    limit (None: none)."""
+
+    def record(self, key: str | None, characters: int) -> None: ...
+
+    def count(self, key: str | None) -> int: ...
+
+    def limit(self, key: str | None) -> int | None: ...
+
+
+class InProcessUsage:
+    """Counts in this process, since it started, without limits: a worker's own counts (shared
+    quotas replace it)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str | None, int] = {}
+
+    def record(self, key: str | None, characters: int) -> None:
+        self._counts[key] = self._counts.get(key, 0) + characters
+
+    def count(self, key: str | None) -> int:
+        return self._counts.get(key, 0)
+
+    def limit(self, key: str | None) -> int | None:
+        return None
+
+
+# --- Fields and key ----------------------------------------------------------------------------
+
+
+async def deepl_fields(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> dict[str, Any]:
+    """The request's fields: a JSON body's, else the query's and a form body's (`text` and the
+    tag lists as lists of every value given, other fields their first value). A body that is
+    not JSON is answered after the header's key was checked: no key, nothing learnt."""
+    if is_json(request):
+        try:
+            return await read_json(request)
+        except ServiceError:
+            check_api_key(runtime, header_key)
+            raise
+    fields: dict[str, Any] = {}
+    for name, value in await form_items(request):
+        if name in _LISTS:
+            fields.setdefault(name, []).append(value)
+        else:
+            fields.setdefault(name, value)
+    check_text(fields)
+    return fields
+
+
+async def _header_key(request: Request, service_key: PresentedKey) -> str | None:
+    """`Authorization: DeepL-Auth-Key KEY`, else the service's own headers' key (X-API-Key,
+    Bearer)."""
+    scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "deepl-auth-key":
+        return utf8_header(key.strip())
+    return service_key
+
+
+HeaderKey = Annotated[str | None, Depends(_header_key)]
+
+
+def deepl_key(runtime: Runtime, fields: Mapping[str, Any], header_key: str | None) -> str | None:
+    """The key a request authenticates with (the header's, else the deprecated `auth_key`
+    field's), checked; None when the service takes no keys (usage then counts for everyone
+    together: a key nobody checks names nobody)."""
+    field = fields.get("auth_key")
+    key = header_key if header_key is not None or not isinstance(field, str) else field
+    check_api_key(runtime, key)
+    return key if runtime.settings.api_keys else None
+
+
+# --- Values ------------------------------------------------------------------------------------
+
+
+def _text(fields: Mapping[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _not_supported(name)
+    return value
+
+
+def _choice(fields: Mapping[str, Any], name: str, allowed: Collection[str]) -> str | None:
+    value = fields.get(name)
+    if isinstance(value, int) and not isinstance(value, bool):  # JSON's split_sentences: 0
+        value = str(value)
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise _not_supported(name)
+    return value.lower()
+
+
+def _flag(fields: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean: JSON's true/false, or 0/1 and true/false as form values."""
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | str) and str(value).lower() in ("0", "1", "true", "false"):
+        return str(value).lower() in ("1", "true")
+    raise _not_supported(name)
+
+
+def _tags(fields: Mapping[str, Any], name: str) -> frozenset[str]:
+    """A tag list: a list (JSON) or values (form), each of which may be comma-separated."""
+    value = fields.get(name)
+    if value is None:
+        return frozenset()
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise _not_supported(name)
+    return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
+
+
+def _texts(fields: Mapping[str, Any]) -> list[str]:
+    value = fields.get("text")
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise _bad("Parameter 'text' not specified.")
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise _not_supported("text")
+    return texts
+
+
+@dataclass(frozen=True)
+class _Languages:
+    """The served languages by their DeepL codes (upper case), and back."""
+
+    sources: dict[str, str]
+    targets: dict[str, str]
+
+    @classmethod
+    def of(cls, runtime: Runtime) -> _Languages:
+        sources = {source.upper(): source for source, _ in runtime.models}
+        targets = {target.upper(): target for _, target in runtime.models}
+        for variant in _VARIANTS:
+            base = variant.partition("-")[0]
+            if base in targets:
+                targets[variant] = targets[base]
+        return cls(sources, targets)
+
+
+def _target(languages: _Languages, fields: Mapping[str, Any]) -> tuple[str, str]:
+    """The target as DeepL named it (upper case) and as the models name it."""
+    code = _text(fields, "target_lang")
+    if not code:
+        raise _bad("Parameter 'target_lang' not specified.")
+    served = languages.targets.get(code.upper())
+    if served is None:
+        raise _not_supported("target_lang")
+    return code.upper(), served
+
+
+def _source(languages: _Languages, fields: Mapping[str, Any]) -> str | None:
+    """The source as the models name it; None: detect each text's."""
+    code = _text(fields, "source_lang")
+    if not code:
+        return None
+    served = languages.sources.get(code.upper())
+    if served is None:
+        raise _not_supported("source_lang")
+    return served
+
+
+def _glossary(glossary_id: str, source: str | None, target: str) -> None:
+    """The seam where a translation's glossary is found (the terminology work adds the store):
+    there is none yet, so every id is DeepL's not found."""
+    raise ServiceError(ErrorType.NOT_FOUND, f"Glossary '{glossary_id}' not found.")
+
+
+@dataclass(frozen=True)
+class _Translate:
+    """A /v2/translate request, checked."""
+
+    texts: list[str]
+    source: str | None
+    target: str
+    target_code: str
+    form: Form
+    billed: bool
+    model_type: str | None
+
+
+def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translate:
+    texts = _texts(fields)
+    languages = _Languages.of(runtime)
+    target_code, target = _target(languages, fields)
+    source = _source(languages, fields)
+    tag_handling = cast(
+        Literal["html", "xml"] | None, _choice(fields, "tag_handling", ("html", "xml"))
+    )
+    default_splitting = "nonewlines" if tag_handling else "1"
+    splitting = _SPLITTING[_choice(fields, "split_sentences", _SPLITTING) or default_splitting]
+    formality = _choice(fields, "formality", _FORMALITIES)
+    if formality in ("more", "less"):  # no served model has formality
+        raise _bad(f"Target language '{target_code}' doesn't support formality.")
+    model_type = _choice(fields, "model_type", _MODEL_TYPES)
+    # Accepted, with nothing to do (docs/api.md): the layout is always kept; blocks are the
+    # markup's own (outline detection); no model reads context.
+    _flag(fields, "preserve_formatting", False)
+    _flag(fields, "outline_detection", True)
+    _choice(fields, "tag_handling_version", ("v1", "v2"))
+    _tags(fields, "splitting_tags")
+    _tags(fields, "non_splitting_tags")
+    _text(fields, "context")
+    glossary_id = _text(fields, "glossary_id")
+    if glossary_id:
+        _glossary(glossary_id, source, target)
+    if len(texts) > runtime.settings.max_texts:
+        raise _bad(f"Too many texts: {len(texts)}; the limit is {runtime.settings.max_texts}.")
+    form = Form(
+        tag_handling or "text", splitting=splitting, ignored_tags=_tags(fields, "ignore_tags")
+    )
+    billed = _flag(fields, "show_billed_characters", False)
+    return _Translate(texts, source, target, target_code, form, billed, model_type)
+
+
+# --- Answers -----------------------------------------------------------------------------------
+
+
+class DeepLTranslation(BaseModel):
+    detected_source_language: str
+    text: str
+    billed_characters: int | None = None
+    model_type_used: str | None = None
+
+
+class DeepLTranslateResponse(BaseModel):
+    translations: list[DeepLTranslation]
+
+
+class DeepLLanguage(BaseModel):
+    language: str
+    name: str
+    supports_formality: bool | None = None
+
+
+class DeepLUsage(BaseModel):
+    character_count: int
+    character_limit: int
+
+
+class DeepLError(BaseModel):
+    message: str
+
+
+_DEEPL_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": DeepLError} for status in (400, 403, 404, 413, 429, 500, 503, 504)
+}
+_FORM = "application/x-www-form-urlencoded"
+
+
+def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The request body DeepL documents: JSON or form fields (read by hand)."""
+    schema = {"type": "object", "properties": properties, "required": required}
+    return {
+        "requestBody": {
+            "content": {"application/json": {"schema": schema}, _FORM: {"schema": schema}}
+        }
+    }
+
+
+_STRING = {"type": "string"}
+_STRINGS = {"oneOf": [_STRING, {"type": "array", "items": _STRING}]}
+_TRANSLATE_FIELDS = {
+    "text": _STRINGS,
+    "source_lang": _STRING,
+    "target_lang": _STRING,
+    "split_sentences": {"type": "string", "enum": list(_SPLITTING)},
+    "preserve_formatting": {"type": "boolean"},
+    "tag_handling": {"type": "string", "enum": ["xml", "html"]},
+    "ignore_tags": _STRINGS,
+    "non_splitting_tags": _STRINGS,
+    "splitting_tags": _STRINGS,
+    "outline_detection": {"type": "boolean"},
+    "formality": {"type": "string", "enum": list(_FORMALITIES)},
+    "glossary_id": _STRING,
+    "context": _STRING,
+    "model_type": {"type": "string", "enum": list(_MODEL_TYPES)},
+    "show_billed_characters": {"type": "boolean"},
+    "auth_key": _STRING,
+}
+
+
+def deepl_router(usage: CharacterUsage) -> APIRouter:
+    """DeepL's routes, counting the characters translated in `usage`."""
+    router = APIRouter(tags=["DeepL"])
+
+    @router.post(
+        "/v2/translate",
+        response_model=DeepLTranslateResponse,
+        response_model_exclude_none=True,
+        responses=_DEEPL_ERRORS,
+        openapi_extra=_body(_TRANSLATE_FIELDS, ["text", "target_lang"]),
+    )
+    async def deepl_translate(
+        request: Request, runtime: RuntimeDep, header_key: HeaderKey
+    ) -> DeepLTranslateResponse:
+        """DeepL's /v2/translate: one text or many, from a given or detected language."""
+        deadline = time.monotonic() + runtime.settings.request_timeout_s
+        with runtime.accept():
+            fields = await deepl_fields(request, runtime, header_key)
+            key = deepl_key(runtime, fields, header_key)
+            body = _translate_request(runtime, fields)
+            texts, source, target = body.texts, body.source, body.target
+            if source is None:
+                detecting = runtime.translate_detected(
+                    texts, target, {}, deadline=deadline, form=body.form
+                )
+                found = await unless_disconnected(request, detecting)
+                results = [d.translation for d in found]
+                detected = [d.detected.language for d in found]
+            else:
+                pair = (source, target)
+                runtime.model(*pair)  # a pair no model serves is refused before any work
+                options = runtime.decoding_options(pair)
+                work = runtime.translate(texts, pair, options, deadline=deadline, form=body.form)
+                results = await unless_disconnected(request, work)
+                detected = [source] * len(texts)
+        usage.record(key, sum(len(text) for text in texts))
+        return DeepLTranslateResponse(
+            translations=[
+                _translation(body, text, result, language)
+                for text, result, language in zip(texts, results, detected, strict=True)
+            ]
+        )
+
+    async def languages(
+        request: Request, runtime: RuntimeDep, header_key: HeaderKey
+    ) -> list[DeepLLanguage]:
+        """The served languages with DeepL's codes: as sources, or (`type=target`) as targets,
+        English and Portuguese also by their regional variants; no model has formality."""
+        fields = await deepl_fields(request, runtime, header_key)
+        deepl_key(runtime, fields, header_key)
+        kind = fields.get("type", "source")
+        if kind not in ("source", "target"):
+            raise _bad("Parameter 'type' is invalid. 'source' and 'target' are valid values.")
+        served = _Languages.of(runtime)
+        if kind == "source":
+            return [
+                DeepLLanguage(language=code, name=_name(code, language))
+                for code, language in sorted(served.sources.items())
+            ]
+        return [
+            DeepLLanguage(language=code, name=_name(code, language), supports_formality=False)
+            for code, language in sorted(served.targets.items())
+        ]
+
+    for method in ("GET", "POST"):  # one route each: one OpenAPI operation each
+        router.add_api_route(
+            "/v2/languages",
+            languages,
+            methods=[method],
+            response_model=list[DeepLLanguage],
+            response_model_exclude_none=True,
+            responses=_DEEPL_ERRORS,
+        )
+
+    async def deepl_usage(
+        request: Request, runtime: RuntimeDep, header_key: HeaderKey
+    ) -> DeepLUsage:
+        """The characters translated with this key (this process's count, docs/api.md) and
+        its limit."""
+        key = deepl_key(runtime, await deepl_fields(request, runtime, header_key), header_key)
+        limit = usage.limit(key)
+        return DeepLUsage(
+            character_count=usage.count(key),
+            character_limit=NO_CHARACTER_LIMIT if limit is None else limit,
+        )
+
+    for method in ("GET", "POST"):
+        router.add_api_route(
+            "/v2/usage",
+            deepl_usage,
+            methods=[method],
+            response_model=DeepLUsage,
+            responses=_DEEPL_ERRORS,
+        )
+    return router
+
+
+def _name(code: str, language: str) -> str:
+    return _VARIANTS.get(code) or LANGUAGE_NAMES.get(language, code)
+
+
+def _translation(
+    body: _Translate, text: str, result: TextTranslation, language: str
+) -> DeepLTranslation:
+    """One text's answer: the language it was translated from (UND: nothing to detect), and
+    the fields a request asked for."""
+    model_type = None
+    if body.model_type is not None:
+        model_type = (
+            "latency_optimized" if body.model_type == "latency_optimized" else "quality_optimized"
+        )
+    return DeepLTranslation(
+        detected_source_language=language.upper(),
+        text=result.texts[0],
+        billed_characters=len(text) if body.billed else None,
+        model_type_used=model_type,
+    )
