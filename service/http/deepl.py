@@ -54,7 +54,7 @@ _SPLITTING: dict[str, Splitting] = {"1": "lines", "nonewlines": "sentences", "0"
 _FORMALITIES = ("default", "more", "less", "prefer_more", "prefer_less")
 _MODEL_TYPES = ("quality_optimized", "prefer_quality_optimized", "latency_optimized")
 # Fields that may come as a list (JSON) or repeated (form); the tag lists also comma-separated.
-_LISTS = ("text", "ignore_tags", "non_splitting_tags", "splitting_tags")
+_LISTS = ("text", "ignore_tags", "non_splitting_tags", "splitting_tags", "glossary_ids")
 
 
 def deepl_face(prefix: str) -> ErrorFace:
@@ -192,15 +192,16 @@ def _flag(fields: Mapping[str, Any], name: str, default: bool) -> bool:
     raise _not_supported(name)
 
 
-def _tags(fields: Mapping[str, Any], name: str) -> frozenset[str]:
-    """A tag list: a list (JSON) or values (form), each of which may be comma-separated."""
+def _names(fields: Mapping[str, Any], name: str) -> list[str]:
+    """A list of names (tags, glossary ids), in order: a list (JSON) or values (form), each of
+    which may be comma-separated."""
     value = fields.get(name)
     if value is None:
-        return frozenset()
+        return []
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise _not_supported(name)
-    return frozenset(tag.strip() for v in values for tag in v.split(",") if tag.strip())
+    return [part.strip() for v in values for part in v.split(",") if part.strip()]
 
 
 def _texts(fields: Mapping[str, Any]) -> list[str]:
@@ -291,16 +292,18 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translat
     _flag(fields, "preserve_formatting", False)
     _flag(fields, "outline_detection", True)
     _choice(fields, "tag_handling_version", ("v1", "v2"))
-    _tags(fields, "splitting_tags")
-    _tags(fields, "non_splitting_tags")
+    _names(fields, "splitting_tags")
+    _names(fields, "non_splitting_tags")
     _text(fields, "context")
     glossary_id = _text(fields, "glossary_id")
-    if glossary_id:
-        _glossary(glossary_id, source, target)
+    for glossary in ([glossary_id] if glossary_id else []) + _names(fields, "glossary_ids"):
+        _glossary(glossary, source, target)
     if len(texts) > runtime.settings.max_texts:
         raise _bad(f"Too many texts: {len(texts)}; the limit is {runtime.settings.max_texts}.")
     form = Form(
-        tag_handling or "text", splitting=splitting, ignored_tags=_tags(fields, "ignore_tags")
+        tag_handling or "text",
+        splitting=splitting,
+        ignored_tags=frozenset(_names(fields, "ignore_tags")),
     )
     billed = _flag(fields, "show_billed_characters", False)
     return _Translate(texts, source, target, target_code, form, billed, model_type)

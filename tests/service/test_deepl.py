@@ -115,6 +115,8 @@ async def test_english_variants_are_the_served_english(
          "Value for 'model_type' not supported."),
         ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_id": "g1"}, 404,
          "Glossary 'g1' not found."),
+        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_ids": "g2,g3"}, 404,
+         "Glossary 'g2' not found."),
     ],
 )  # fmt: skip
 async def test_bad_parameters_get_deepls_status_and_message(
