@@ -49,7 +49,8 @@ zero-width space, U+FEFF...) is not a block and stays as it is.
 What is never translated and comes back byte for byte (as the serialiser writes it): script,
 style, pre, code, kbd, samp, var, textarea, svg, math, template, iframe, object, embed, video,
 audio, canvas, rt, rp (in XML, those of the XHTML namespace); anything with `translate="no"`
-(`its:translate` in XML) or class `notranslate`, with its subtree; comments, processing
+(`its:translate` in XML) or class `notranslate`, or named in `parse`'s `ignored_tags` (DeepL's
+ignore_tags), with its subtree; comments, processing
 instructions, entity references, CDATA (lxml cannot tell CDATA from the text around it, so an
 XML run holding CDATA is kept whole); attribute values (but see `translate_attributes`); void
 elements (img, input, wbr...); URLs, e-mail addresses, @mentions and #hashtags in the text, and
