@@ -31,12 +31,13 @@ from service.http.middleware import (
     check_text,
     form_items,
     is_json,
+    json_or_form_body,
     read_json,
-    unless_disconnected,
+    translate_texts,
     utf8_header,
 )
-from service.scheduling.runtime import Runtime
-from service.text.pipeline import Form, TextTranslation
+from service.scheduling.runtime import DetectedTranslation, Runtime
+from service.text.pipeline import Form
 from service.text.segment import Splitting
 
 # DeepL's regional variants of a served language, which a target code may name (a source code
@@ -341,17 +342,6 @@ class DeepLError(BaseModel):
 _DEEPL_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": DeepLError} for status in (400, 403, 404, 413, 429, 500, 503, 504)
 }
-_FORM = "application/x-www-form-urlencoded"
-
-
-def _body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    """The request body DeepL documents: JSON or form fields (read by hand)."""
-    schema = {"type": "object", "properties": properties, "required": required}
-    return {
-        "requestBody": {
-            "content": {"application/json": {"schema": schema}, _FORM: {"schema": schema}}
-        }
-    }
 
 
 _STRING = {"type": "string"}
@@ -374,6 +364,11 @@ _TRANSLATE_FIELDS = {
     "show_billed_characters": {"type": "boolean"},
     "auth_key": _STRING,
 }
+_TRANSLATE_SCHEMA = {
+    "type": "object",
+    "properties": _TRANSLATE_FIELDS,
+    "required": ["text", "target_lang"],
+}
 
 
 def deepl_router(usage: CharacterUsage) -> APIRouter:
@@ -385,7 +380,7 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         response_model=DeepLTranslateResponse,
         response_model_exclude_none=True,
         responses=_DEEPL_ERRORS,
-        openapi_extra=_body(_TRANSLATE_FIELDS, ["text", "target_lang"]),
+        openapi_extra=json_or_form_body(_TRANSLATE_SCHEMA, _TRANSLATE_SCHEMA),
     )
     async def deepl_translate(
         request: Request, runtime: RuntimeDep, header_key: HeaderKey
@@ -396,27 +391,14 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
             fields = await deepl_fields(request, runtime, header_key)
             key = deepl_key(runtime, fields, header_key)
             body = _translate_request(runtime, fields)
-            texts, source, target = body.texts, body.source, body.target
-            if source is None:
-                detecting = runtime.translate_detected(
-                    texts, target, {}, deadline=deadline, form=body.form
-                )
-                found = await unless_disconnected(request, detecting)
-                results = [d.translation for d in found]
-                detected = [d.detected.language for d in found]
-            else:
-                pair = (source, target)
-                runtime.model(*pair)  # a pair no model serves is refused before any work
-                options = runtime.decoding_options(pair)
-                work = runtime.translate(texts, pair, options, deadline=deadline, form=body.form)
-                results = await unless_disconnected(request, work)
-                detected = [source] * len(texts)
+            texts = body.texts
+            found = await translate_texts(
+                request, runtime, texts, body.source, body.target, {},
+                deadline=deadline, form=body.form,
+            )  # fmt: skip
         usage.record(key, sum(len(text) for text in texts))
         return DeepLTranslateResponse(
-            translations=[
-                _translation(body, text, result, language)
-                for text, result, language in zip(texts, results, detected, strict=True)
-            ]
+            translations=[_translation(body, t, d) for t, d in zip(texts, found, strict=True)]
         )
 
     async def languages(
@@ -477,9 +459,7 @@ def _name(code: str, language: str) -> str:
     return _VARIANTS.get(code) or LANGUAGE_NAMES.get(language, code)
 
 
-def _translation(
-    body: _Translate, text: str, result: TextTranslation, language: str
-) -> DeepLTranslation:
+def _translation(body: _Translate, text: str, done: DetectedTranslation) -> DeepLTranslation:
     """One text's answer: the language it was translated from (UND: nothing to detect), and
     the fields a request asked for."""
     model_type = None
@@ -488,8 +468,8 @@ def _translation(
             "latency_optimized" if body.model_type == "latency_optimized" else "quality_optimized"
         )
     return DeepLTranslation(
-        detected_source_language=language.upper(),
-        text=result.texts[0],
+        detected_source_language=done.detected.language.upper(),
+        text=done.translation.texts[0],
         billed_characters=len(text) if body.billed else None,
         model_type_used=model_type,
     )

@@ -20,8 +20,9 @@ from service.http.middleware import (
     check_text,
     form_items,
     is_json,
+    json_or_form_body,
     read_json,
-    unless_disconnected,
+    translate_texts,
     validate,
 )
 from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
@@ -112,20 +113,6 @@ _DETECT_SCHEMA = {
 }
 
 
-def _openapi_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> dict[str, Any]:
-    """The request body LibreTranslate documents: JSON or form fields (parsed by hand)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": json_schema},
-                "application/x-www-form-urlencoded": {"schema": form_schema},
-                "multipart/form-data": {"schema": form_schema},
-            },
-        }
-    }
-
-
 def libretranslate_face(prefix: str) -> ErrorFace:
     """LibreTranslate's error body, `{"error": message}`, and its statuses for the two the
     native API uses and it does not: 422 -> 400, 401 -> 403."""
@@ -148,7 +135,7 @@ libretranslate_router = APIRouter(tags=["LibreTranslate"])
     response_model=LibreTranslateResponse,
     response_model_exclude_none=True,
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra=_openapi_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
+    openapi_extra=json_or_form_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
 )
 async def libretranslate_translate(
     request: Request, runtime: RuntimeDep, header_key: PresentedKey
@@ -184,22 +171,15 @@ async def libretranslate_translate(
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
         form = Form(body.format)
-        detected: list[DetectedLanguage] | None = None
-        untranslated: list[Untranslated | None] = []
-        if source == "auto":
-            # Each text's own language, not one for the batch as LibreTranslate does.
-            detecting = runtime.translate_detected(
-                texts, target, requested, deadline=deadline, form=form
-            )
-            found = await unless_disconnected(request, detecting)
-            results = [d.translation for d in found]
-            detected = [_detected(d.detected) for d in found]
-            untranslated = [d.untranslated for d in found]
-        else:
-            pair = (source, target)
-            options = runtime.decoding_options(pair, requested)
-            work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
-            results = await unless_disconnected(request, work)
+        # With auto, each text's own language, not one for the batch as LibreTranslate does.
+        auto = source == "auto"
+        found = await translate_texts(
+            request, runtime, texts, None if auto else source, target, requested,
+            deadline=deadline, form=form,
+        )  # fmt: skip
+        results = [d.translation for d in found]
+        detected = [_detected(d.detected) for d in found] if auto else None
+        untranslated = [d.untranslated for d in found]
     single = isinstance(body.q, str)
 
     def each(values: list[Any]) -> Any:
@@ -265,7 +245,7 @@ async def _libretranslate_fields(
     "/detect",
     response_model=list[DetectedLanguage],
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra=_openapi_body(_DETECT_SCHEMA, _DETECT_SCHEMA),
+    openapi_extra=json_or_form_body(_DETECT_SCHEMA, _DETECT_SCHEMA),
 )
 async def libretranslate_detect(
     request: Request, runtime: RuntimeDep, header_key: PresentedKey

@@ -9,7 +9,7 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl
 
@@ -23,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import ErrorType, ServiceError
 from service.http.errors import ErrorRenderer, describe_validation_errors
 from service.metrics import Metrics
-from service.scheduling.runtime import Runtime
+from service.scheduling.runtime import DetectedTranslation, Runtime
+from service.text.detect import Candidate
+from service.text.pipeline import Form
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -129,6 +131,21 @@ async def form_items(request: Request) -> list[tuple[str, str]]:
     return [(key, value) for key, value in items if isinstance(value, str)]
 
 
+def json_or_form_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI request body of JSON or form fields (LibreTranslate's, DeepL's), which the
+    route reads by hand (`form_items`, `read_json`)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": json_schema},
+                "application/x-www-form-urlencoded": {"schema": form_schema},
+                "multipart/form-data": {"schema": form_schema},
+            },
+        }
+    }
+
+
 def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = None) -> M:
     """`fields` as a `model`, or a ServiceError listing every invalid field."""
     try:
@@ -186,6 +203,34 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     task.cancel()
     await asyncio.wait({task})  # its segments are out of the queue before we answer
     raise ServiceError(ErrorType.CLIENT_DISCONNECTED, "the client closed the connection")
+
+
+async def translate_texts(
+    request: Request,
+    runtime: Runtime,
+    texts: Sequence[str],
+    source: str | None,
+    target: str,
+    requested: Mapping[str, Any],
+    *,
+    deadline: float,
+    form: Form,
+) -> list[DetectedTranslation]:
+    """Each text translated into `target` from `source`, or with None from its own detected
+    language (Runtime.translate_detected), with the options `requested`, cancelled if the
+    client leaves (the compatible APIs' translation). With a source, each text's `detected`
+    is that source, at confidence 1."""
+    if source is None:
+        detecting = runtime.translate_detected(
+            texts, target, requested, deadline=deadline, form=form
+        )
+        return await unless_disconnected(request, detecting)
+    pair = (source, target)
+    model = runtime.model(*pair)  # a pair no model serves is refused before any work
+    options = runtime.decoding_options(pair, requested)
+    work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+    results = await unless_disconnected(request, work)
+    return [DetectedTranslation(r, Candidate(source, 1.0), model.name, None) for r in results]
 
 
 # --- Middlewares -------------------------------------------------------------------------------
