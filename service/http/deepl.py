@@ -14,10 +14,12 @@ What each field does, honoured or accepted and ignored, is in docs/api.md#deepls
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+import weakref
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol, cast
 
+import pycountry
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
@@ -37,6 +39,7 @@ from service.http.middleware import (
     utf8_header,
 )
 from service.scheduling.runtime import DetectedTranslation, Runtime
+from service.text.detect import detector_label
 from service.text.pipeline import Form
 from service.text.segment import Splitting
 
@@ -49,6 +52,9 @@ _VARIANTS = {
     "PT-PT": "Portuguese (European)",
     "ZH-HANS": "Chinese (simplified)",
 }
+# The detected source language of a text with nothing to detect (emoji, digits): ISO 639's
+# "undetermined", as the native API's "und".
+UNDETERMINED_CODE = "UND"
 # What DeepL's usage answers as the limit of an account without one.
 NO_CHARACTER_LIMIT = 1_000_000_000_000
 _SPLITTING: dict[str, Splitting] = {"1": "lines", "nonewlines": "sentences", "0": "none"}
@@ -215,44 +221,76 @@ def _texts(fields: Mapping[str, Any]) -> list[str]:
     return texts
 
 
+def _deepl_codes(language: str) -> list[str]:
+    """DeepL's codes for a served language: its ISO 639-1 code in upper case (NLLB's FLORES
+    codes through the detector's labels: "deu_Latn" is DE), Chinese by its script."""
+    if language == "zho_Hans":
+        return ["ZH", "ZH-HANS"]
+    if language == "zho_Hant":
+        return ["ZH-HANT"]
+    return [detector_label(language).upper()]
+
+
+def _by_code(languages: Iterable[str]) -> dict[str, list[str]]:
+    """The served languages each DeepL code names, ISO codes before FLORES codes (a bilingual
+    model's "de" before NLLB's "deu_Latn")."""
+    codes: dict[str, list[str]] = {}
+    for language in sorted(set(languages), key=lambda code: ("_" in code, code)):
+        for code in _deepl_codes(language):
+            codes.setdefault(code, []).append(language)
+    return codes
+
+
 @dataclass(frozen=True)
 class _Languages:
-    """The served languages by their DeepL codes (upper case), and back."""
+    """The served languages by DeepL's codes (each code's served languages, the preferred
+    first), and each served language's DeepL code."""
 
-    sources: dict[str, str]
-    targets: dict[str, str]
+    sources: dict[str, list[str]]
+    targets: dict[str, list[str]]
+    codes: dict[str, str]
 
     @classmethod
     def of(cls, runtime: Runtime) -> _Languages:
-        sources = {source.upper(): source for source, _ in runtime.models}
-        targets = {target.upper(): target for _, target in runtime.models}
-        for variant in _VARIANTS:
-            base = variant.partition("-")[0]
-            if base in targets:
-                targets[variant] = targets[base]
-        return cls(sources, targets)
+        known = _LANGUAGES.get(runtime)
+        if known is None:  # once per runtime: NLLB serves 40,602 pairs
+            sources = _by_code(source for source, _ in runtime.models)
+            targets = _by_code(target for _, target in runtime.models)
+            for variant in _VARIANTS:
+                base = variant.partition("-")[0]
+                if base in targets:
+                    targets.setdefault(variant, targets[base])
+            codes = {
+                language: code
+                for by_code in (targets, sources)
+                for code, languages in by_code.items()
+                for language in languages
+                if code not in _VARIANTS
+            }
+            known = _LANGUAGES[runtime] = cls(sources, targets, codes)
+        return known
 
 
-def _target(languages: _Languages, fields: Mapping[str, Any]) -> tuple[str, str]:
-    """The target as DeepL named it (upper case) and as the models name it."""
-    code = _text(fields, "target_lang")
+_LANGUAGES: weakref.WeakKeyDictionary[Runtime, _Languages] = weakref.WeakKeyDictionary()
+
+
+def _code(languages: Mapping[str, list[str]], fields: Mapping[str, Any], name: str) -> list[str]:
+    """The served languages the DeepL code in field `name` names ([]: none given)."""
+    code = _text(fields, name)
     if not code:
-        raise _bad("Parameter 'target_lang' not specified.")
-    served = languages.targets.get(code.upper())
+        return []
+    served = languages.get(code.upper())
     if served is None:
-        raise _not_supported("target_lang")
-    return code.upper(), served
-
-
-def _source(languages: _Languages, fields: Mapping[str, Any]) -> str | None:
-    """The source as the models name it; None: detect each text's."""
-    code = _text(fields, "source_lang")
-    if not code:
-        return None
-    served = languages.sources.get(code.upper())
-    if served is None:
-        raise _not_supported("source_lang")
+        raise _not_supported(name)
     return served
+
+
+def _pair(runtime: Runtime, sources: list[str], targets: list[str]) -> tuple[str, str]:
+    """The first pair a model serves of the codes' languages; else the first pair, which
+    `Runtime.model` refuses with the served pairs."""
+    pairs = [(source, target) for source in sources for target in targets]
+    served = [pair for pair in pairs if pair in runtime.models]
+    return (served or pairs)[0]
 
 
 def _glossary(glossary_id: str, source: str | None, target: str) -> None:
@@ -277,8 +315,12 @@ class _Translate:
 def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translate:
     texts = _texts(fields)
     languages = _Languages.of(runtime)
-    target_code, target = _target(languages, fields)
-    source = _source(languages, fields)
+    if not _text(fields, "target_lang"):
+        raise _bad("Parameter 'target_lang' not specified.")
+    targets = _code(languages.targets, fields, "target_lang")
+    sources = _code(languages.sources, fields, "source_lang")
+    source, target = _pair(runtime, sources, targets) if sources else (None, targets[0])
+    target_code = str(fields["target_lang"]).upper()
     tag_handling = cast(
         Literal["html", "xml"] | None, _choice(fields, "tag_handling", ("html", "xml"))
     )
@@ -398,7 +440,10 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
             )  # fmt: skip
         usage.record(key, sum(len(text) for text in texts))
         return DeepLTranslateResponse(
-            translations=[_translation(body, t, d) for t, d in zip(texts, found, strict=True)]
+            translations=[
+                _translation(body, t, d, _Languages.of(runtime).codes)
+                for t, d in zip(texts, found, strict=True)
+            ]
         )
 
     async def languages(
@@ -414,12 +459,11 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         served = _Languages.of(runtime)
         if kind == "source":
             return [
-                DeepLLanguage(language=code, name=_name(code, language))
-                for code, language in sorted(served.sources.items())
+                DeepLLanguage(language=code, name=_name(code)) for code in sorted(served.sources)
             ]
         return [
-            DeepLLanguage(language=code, name=_name(code, language), supports_formality=False)
-            for code, language in sorted(served.targets.items())
+            DeepLLanguage(language=code, name=_name(code), supports_formality=False)
+            for code in sorted(served.targets)
         ]
 
     for method in ("GET", "POST"):  # one route each: one OpenAPI operation each
@@ -455,20 +499,30 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
     return router
 
 
-def _name(code: str, language: str) -> str:
-    return _VARIANTS.get(code) or LANGUAGE_NAMES.get(language, code)
+def _name(code: str) -> str:
+    """A DeepL code's English name: the regional variants' DeepL's, else the one LibreTranslate
+    clients show, else ISO 639's (pycountry's), else the code."""
+    if code in _VARIANTS or code == "ZH-HANT":
+        return _VARIANTS.get(code, "Chinese (traditional)")
+    if code.lower() in LANGUAGE_NAMES:
+        return LANGUAGE_NAMES[code.lower()]
+    kind = "alpha_2" if len(code) == 2 else "alpha_3"
+    found = pycountry.languages.get(**{kind: code.lower()})
+    return str(getattr(found, "name", code))
 
 
-def _translation(body: _Translate, text: str, done: DetectedTranslation) -> DeepLTranslation:
-    """One text's answer: the language it was translated from (UND: nothing to detect), and
-    the fields a request asked for."""
+def _translation(
+    body: _Translate, text: str, done: DetectedTranslation, codes: Mapping[str, str]
+) -> DeepLTranslation:
+    """One text's answer: the DeepL code of the language it was translated from (UND: nothing
+    to detect), and the fields a request asked for."""
     model_type = None
     if body.model_type is not None:
         model_type = (
             "latency_optimized" if body.model_type == "latency_optimized" else "quality_optimized"
         )
     return DeepLTranslation(
-        detected_source_language=done.detected.language.upper(),
+        detected_source_language=codes.get(done.detected.language, UNDETERMINED_CODE),
         text=done.translation.texts[0],
         billed_characters=len(text) if body.billed else None,
         model_type_used=model_type,

@@ -212,6 +212,28 @@ async def test_languages_as_sources_and_as_targets(deepl: httpx.AsyncClient) -> 
     assert "'source' and 'target'" in message(response, 400)
 
 
+async def test_nllbs_codes_are_deepls() -> None:
+    """FLORES codes as DeepL's: ISO 639-1, Chinese by script."""
+    model = FakeModel("eng_Latn", "deu_Latn", more_targets=("zho_Hans", "zho_Hant"))
+    async with running(create_app(fast_settings(), models=[model])) as client:
+        response = await client.get("/v2/languages?type=target")
+        assert [(lang["language"], lang["name"]) for lang in response.json()] == [
+            ("DE", "German"),
+            ("ZH", "Chinese"),
+            ("ZH-HANS", "Chinese (simplified)"),
+            ("ZH-HANT", "Chinese (traditional)"),
+        ]
+        for target, served in (("de", "deu_Latn"), ("ZH", "zho_Hans"), ("zh-hant", "zho_Hant")):
+            form = {"text": "A dog.", "source_lang": "EN", "target_lang": target}
+            response = await client.post("/v2/translate", data=form)
+            assert response.json()["translations"] == [
+                {"detected_source_language": "EN", "text": "A DOG."}
+            ]
+            assert model.encoded_for[-1] == served
+        response = await client.post("/v2/translate", data={"text": "A dog.", "target_lang": "DE"})
+        assert response.json()["translations"][0]["detected_source_language"] == "EN"
+
+
 async def test_usage_counts_each_keys_characters(deepl: httpx.AsyncClient) -> None:
     await deepl.post(
         "/v2/translate", data={"text": ["A dog.", "Hi"], "target_lang": "DE"}, headers=KEY
