@@ -326,8 +326,11 @@ class Runtime:
         finally:
             self._preparing -= 1
 
-    def _detect_now(self, texts: Sequence[str], format: Format) -> list[list[Candidate] | None]:
-        return [self.detector.rank(text) for text in pipeline.detectable(texts, format)]
+    def _detect_now(
+        self, texts: Sequence[str], format: Format, ignored_tags: frozenset[str] = frozenset()
+    ) -> list[list[Candidate] | None]:
+        readable = pipeline.detectable(texts, format, ignored_tags)
+        return [self.detector.rank(text) for text in readable]
 
     async def detect(
         self, texts: Sequence[str], format: Format = "text"
@@ -395,7 +398,9 @@ class Runtime:
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
                 f"no model translates into {target}; served: {self._served()}",
             )
-        found = await self.detect(texts, form.format)
+        found = await self._text_work(
+            texts, self._detect_now, texts, form.format, form.ignored_tags
+        )
         best: list[Candidate] = []  # each text's language
         routes: dict[tuple[str, str], list[int]] = {}  # pair -> its texts, in order
         for i, candidates in enumerate(found):

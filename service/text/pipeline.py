@@ -236,12 +236,16 @@ def _parse(
     return documents
 
 
-def detectable(texts: Sequence[str], format: Format) -> list[str]:
+def detectable(
+    texts: Sequence[str], format: Format, ignored_tags: frozenset[str] = frozenset()
+) -> list[str]:
     """What language detection reads of each text: the words the model would see, without
-    URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line)."""
+    URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line,
+    without the elements `ignored_tags` names)."""
     if format == "text":
         return [markup.without_items(text) for text in texts]
-    return ["\n".join(d.blocks) for d in _parse(texts, format, False, text_label)]
+    documents = _parse(texts, format, False, text_label, ignored_tags)
+    return ["\n".join(d.blocks) for d in documents]
 
 
 def _encoded(

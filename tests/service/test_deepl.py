@@ -173,6 +173,15 @@ async def test_html_and_xml_keep_their_tags_and_ignore_tags(deepl: httpx.AsyncCl
     )
     response = await deepl.post("/v2/translate", data={**form, "text": "<a>"}, headers=KEY)
     assert "text 0" in message(response, 400)
+    # Detection reads no ignored element: German quoted in an English document.
+    quoted = "<doc><p>Two dogs play.</p><q>Ein Mann fährt mit dem Fahrrad durch den Park.</q></doc>"
+    form = {"text": quoted, "target_lang": "DE", "tag_handling": "xml", "ignore_tags": "q"}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert response.json()["translations"] == [
+        {"detected_source_language": "EN", "text": quoted.replace("Two dogs play", "TWO DOGS PLAY")}
+    ]
+    response = await deepl.post("/v2/translate", data={**form, "ignore_tags": []}, headers=KEY)
+    assert response.json()["translations"] == [{"detected_source_language": "DE", "text": quoted}]
 
 
 async def test_the_key_in_the_header_or_the_auth_key_field(deepl: httpx.AsyncClient) -> None:
