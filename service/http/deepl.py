@@ -52,6 +52,7 @@ _VARIANTS = {
     "PT-PT": "Portuguese (European)",
     "ZH-HANS": "Chinese (simplified)",
 }
+_NAMES = {**_VARIANTS, "ZH-HANT": "Chinese (traditional)"}  # NLLB's zho_Hant
 # The detected source language of a text with nothing to detect (emoji, digits): ISO 639's
 # "undetermined", as the native API's "und".
 UNDETERMINED_CODE = "UND"
@@ -123,21 +124,26 @@ class InProcessUsage:
 async def deepl_fields(
     request: Request, runtime: Runtime, header_key: str | None
 ) -> dict[str, Any]:
-    """The request's fields: a JSON body's, else the query's and a form body's (`text` and the
-    tag lists as lists of every value given, other fields their first value). A body that is
-    not JSON is answered after the header's key was checked: no key, nothing learnt."""
+    """The request's fields, as DeepL reads them: a JSON body's over the query's, else the
+    query's and a form body's (`text` and the lists as lists of every value given, other
+    fields their first value). A body that is not JSON is answered after the header's key was
+    checked: no key, nothing learnt."""
     if is_json(request):
         try:
-            return await read_json(request)
+            body = await read_json(request)
         except ServiceError:
             check_api_key(runtime, header_key)
             raise
+        items = list(request.query_params.multi_items())
+    else:
+        body, items = {}, await form_items(request)
     fields: dict[str, Any] = {}
-    for name, value in await form_items(request):
+    for name, value in items:
         if name in _LISTS:
             fields.setdefault(name, []).append(value)
         else:
             fields.setdefault(name, value)
+    fields.update(body)
     check_text(fields)
     return fields
 
@@ -502,8 +508,8 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
 def _name(code: str) -> str:
     """A DeepL code's English name: the regional variants' DeepL's, else the one LibreTranslate
     clients show, else ISO 639's (pycountry's), else the code."""
-    if code in _VARIANTS or code == "ZH-HANT":
-        return _VARIANTS.get(code, "Chinese (traditional)")
+    if code in _NAMES:
+        return _NAMES[code]
     if code.lower() in LANGUAGE_NAMES:
         return LANGUAGE_NAMES[code.lower()]
     kind = "alpha_2" if len(code) == 2 else "alpha_3"

@@ -188,6 +188,8 @@ async def test_the_key_in_the_header_or_the_auth_key_field(deepl: httpx.AsyncCli
     form = {"text": "A dog.", "target_lang": "DE"}
     assert (await deepl.post("/v2/translate", data={**form, "auth_key": "k2"})).status_code == 200
     assert (await deepl.post("/v2/translate?auth_key=k2", data=form)).status_code == 200
+    response = await deepl.post("/v2/translate?auth_key=k2", json={**form, "text": ["A dog."]})
+    assert response.status_code == 200  # a JSON body's fields over the query's
     for headers in ({}, {"Authorization": "DeepL-Auth-Key nope"}, {"Authorization": "k1"}):
         response = await deepl.post("/v2/translate", data=form, headers=headers)
         assert message(response, 403)
