@@ -40,6 +40,7 @@ from service.http.middleware import (
 )
 from service.scheduling.runtime import DetectedTranslation, Runtime
 from service.text.detect import detector_label
+from service.text.markup import Tags
 from service.text.pipeline import Form
 from service.text.segment import Splitting
 
@@ -61,8 +62,10 @@ NO_CHARACTER_LIMIT = 1_000_000_000_000
 _SPLITTING: dict[str, Splitting] = {"1": "lines", "nonewlines": "sentences", "0": "none"}
 _FORMALITIES = ("default", "more", "less", "prefer_more", "prefer_less")
 _MODEL_TYPES = ("quality_optimized", "prefer_quality_optimized", "latency_optimized")
-# Fields that may come as a list (JSON) or repeated (form); the tag lists also comma-separated.
-_LISTS = ("text", "ignore_tags", "non_splitting_tags", "splitting_tags", "glossary_ids")
+# DeepL's tag lists, as markup.Tags holds them.
+_TAG_LISTS = ("ignore_tags", "splitting_tags", "non_splitting_tags")
+# Fields that may come as a list (JSON) or repeated (form); the lists also comma-separated.
+_LISTS = ("text", *_TAG_LISTS, "glossary_ids")
 
 
 def deepl_face(prefix: str) -> ErrorFace:
@@ -337,12 +340,10 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translat
         raise _bad(f"Target language '{target_code}' doesn't support formality.")
     model_type = _choice(fields, "model_type", _MODEL_TYPES)
     # Accepted, with nothing to do (docs/api.md): the layout is always kept; blocks are the
-    # markup's own (outline detection); no model reads context.
+    # markup's own and its tag lists' (outline detection); no model reads context.
     _flag(fields, "preserve_formatting", False)
     _flag(fields, "outline_detection", True)
     _choice(fields, "tag_handling_version", ("v1", "v2"))
-    _names(fields, "splitting_tags")
-    _names(fields, "non_splitting_tags")
     _text(fields, "context")
     glossary_id = _text(fields, "glossary_id")
     for glossary in ([glossary_id] if glossary_id else []) + _names(fields, "glossary_ids"):
@@ -352,7 +353,7 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translat
     form = Form(
         tag_handling or "text",
         splitting=splitting,
-        ignored_tags=frozenset(_names(fields, "ignore_tags")),
+        tags=Tags(*(frozenset(_names(fields, name)) for name in _TAG_LISTS)),
     )
     billed = _flag(fields, "show_billed_characters", False)
     return _Translate(texts, source, target, target_code, form, billed, model_type)

@@ -31,6 +31,7 @@ from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, 
 from service.settings import Settings
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
+from service.text.markup import NO_TAGS, Tags
 from service.text.pipeline import PLAIN, Form, Format, TextModel, TextTranslation
 
 if TYPE_CHECKING:
@@ -286,7 +287,7 @@ class Runtime:
             format=form.format,
             translate_attributes=form.translate_attributes,
             splitting=form.splitting,
-            ignored_tags=form.ignored_tags,
+            tags=form.tags,
         )
 
     async def _prepare(
@@ -327,9 +328,9 @@ class Runtime:
             self._preparing -= 1
 
     def _detect_now(
-        self, texts: Sequence[str], format: Format, ignored_tags: frozenset[str] = frozenset()
+        self, texts: Sequence[str], format: Format, tags: Tags = NO_TAGS
     ) -> list[list[Candidate] | None]:
-        readable = pipeline.detectable(texts, format, ignored_tags)
+        readable = pipeline.detectable(texts, format, tags)
         return [self.detector.rank(text) for text in readable]
 
     async def detect(
@@ -398,9 +399,7 @@ class Runtime:
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
                 f"no model translates into {target}; served: {self._served()}",
             )
-        found = await self._text_work(
-            texts, self._detect_now, texts, form.format, form.ignored_tags
-        )
+        found = await self._text_work(texts, self._detect_now, texts, form.format, form.tags)
         best: list[Candidate] = []  # each text's language
         routes: dict[tuple[str, str], list[int]] = {}  # pair -> its texts, in order
         for i, candidates in enumerate(found):

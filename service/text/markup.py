@@ -49,7 +49,7 @@ zero-width space, U+FEFF...) is not a block and stays as it is.
 What is never translated and comes back byte for byte (as the serialiser writes it): script,
 style, pre, code, kbd, samp, var, textarea, svg, math, template, iframe, object, embed, video,
 audio, canvas, rt, rp (in XML, those of the XHTML namespace); anything with `translate="no"`
-(`its:translate` in XML) or class `notranslate`, or named in `parse`'s `ignored_tags` (DeepL's
+(`its:translate` in XML) or class `notranslate`, or named in `parse`'s `tags.ignored` (DeepL's
 ignore_tags), with its subtree; comments, processing
 instructions, entity references, CDATA (lxml cannot tell CDATA from the text around it, so an
 XML run holding CDATA is kept whole); attribute values (but see `translate_attributes`); void
@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from lxml import etree
@@ -146,6 +146,25 @@ _XHTML = "{http://www.w3.org/1999/xhtml}"
 # Deeper elements are kept untranslated: bounds every recursion below (two frames a level at
 # most) well inside Python's 1,000. Real pages nest a few dozen deep.
 _MAX_DEPTH = 200
+
+
+@dataclass(frozen=True)
+class Tags:
+    """Element names a request gives (DeepL's tag lists; XML's by local name, HTML's in any
+    case). `ignored`: kept untranslated with their subtree, as `translate="no"` is.
+    `splitting`: HTML, each ends a run as a block element does. `non_splitting`: HTML, a block
+    element so named (but <br>, a line break) is read as inline; XML, an element with such a
+    child (its own text or not) is a paragraph, its subtree inline."""
+
+    ignored: frozenset[str] = frozenset()
+    splitting: frozenset[str] = frozenset()
+    non_splitting: frozenset[str] = frozenset()
+
+    def lower(self) -> Tags:
+        return Tags(*(frozenset(n.lower() for n in names) for names in astuple(self)))
+
+
+NO_TAGS = Tags()
 
 
 class MarkupError(ValueError):
@@ -513,10 +532,12 @@ class _HtmlWalker:
         tree: LexborHTMLParser,
         fragment: bool,
         collector: _Collector,
-        ignored: frozenset[str],
+        tags: Tags,
     ) -> None:
         self.collector = collector
-        self.ignored = frozenset(tag.lower() for tag in ignored)  # HTML's names are lower case
+        tags = tags.lower()  # HTML's names are lower case
+        self.ignored = tags.ignored
+        self.blocks = (_BLOCK | tags.splitting) - (tags.non_splitting - {"br"})
         self.index: dict[int, int] = {}
         self.has_block: set[int] = set()
         first = _html_first(tree)
@@ -524,7 +545,7 @@ class _HtmlWalker:
             return
         for i, node in enumerate(first.traverse(include_text=True)):
             self.index[node.mem_id] = i
-            if node.tag in _BLOCK:
+            if node.tag in self.blocks:
                 parent = node.parent
                 while parent is not None and parent.mem_id not in self.has_block:
                     self.has_block.add(parent.mem_id)
@@ -548,7 +569,7 @@ class _HtmlWalker:
                 raws.append(_Kept(index))
                 continue
             attributes = child.attributes
-            block = tag in _BLOCK or child.mem_id in self.has_block
+            block = tag in self.blocks or child.mem_id in self.has_block
             if _html_kept(tag, attributes, self.ignored) or depth >= _MAX_DEPTH:
                 if block:
                     self.collector.add_run(place, raws, found)
@@ -681,17 +702,18 @@ def _xml_kept(element: Any, ignored: frozenset[str]) -> bool:
     if element.get("translate") == "no" or element.get(_ITS_TRANSLATE) == "no":
         return True
     tag: str = element.tag
-    if etree.QName(tag).localname in ignored:
-        return True
-    return tag.startswith(_XHTML) and tag[len(_XHTML) :] in _KEPT
+    return _local(element) in ignored or (tag.startswith(_XHTML) and tag[len(_XHTML) :] in _KEPT)
+
+
+def _local(element: Any) -> str | None:
+    """An element's name without its namespace (None: a comment, a processing instruction)."""
+    return etree.QName(element.tag).localname if isinstance(element.tag, str) else None
 
 
 class _XmlWalker:
-    def __init__(
-        self, tree: Any, source: str, collector: _Collector, ignored: frozenset[str]
-    ) -> None:
+    def __init__(self, tree: Any, source: str, collector: _Collector, tags: Tags) -> None:
         self.collector = collector
-        self.ignored = ignored
+        self.ignored, self.non_splitting = tags.ignored, tags.non_splitting
         root = tree.getroot()
         # Every node by its traversal order, as render finds them again. lxml's Python objects
         # are the same for a node only while one is alive: the list keeps them.
@@ -708,8 +730,10 @@ class _XmlWalker:
         self.collector.find_attributes(index, element.items(), found)
         self.collector.add_attributes(found)
         children = list(element)
-        if not _WORD.search(element.text or "") and not any(
-            _WORD.search(child.tail or "") for child in children
+        if not (
+            _WORD.search(element.text or "")
+            or any(_WORD.search(child.tail or "") for child in children)
+            or any(_local(child) in self.non_splitting for child in children)
         ):
             for child in children:
                 self.element(child, depth + 1)
@@ -802,20 +826,19 @@ def parse(
     format: Format,
     *,
     translate_attributes: bool = False,
-    ignored_tags: frozenset[str] = frozenset(),
+    tags: Tags = NO_TAGS,
 ) -> Document:
     """The blocks of `markup` to translate. HTML never fails (the HTML5 algorithm repairs
     anything); malformed XML raises MarkupError. `translate_attributes`: alt and title values
-    become blocks of their own (plain text) and come back translated. `ignored_tags`: element
-    names (XML: local names, without a namespace) kept untranslated with their subtree, as
-    `translate="no"` is (DeepL's ignore_tags)."""
+    become blocks of their own (plain text) and come back translated. `tags`: the elements a
+    request ignores, and where its runs end (`Tags`)."""
     collector = _Collector(translate_attributes)
     if format == "html":
         fragment = not _DOCUMENT.match(markup)
-        _HtmlWalker(_parse_html(markup, fragment), fragment, collector, ignored_tags)
+        _HtmlWalker(_parse_html(markup, fragment), fragment, collector, tags)
     elif format == "xml":
         fragment = False
-        _XmlWalker(_parse_xml(markup), markup, collector, ignored_tags)
+        _XmlWalker(_parse_xml(markup), markup, collector, tags)
     else:
         raise ValueError(f"unknown markup format {format!r}: 'html' or 'xml'")
     return Document(

@@ -98,13 +98,13 @@ class TextTranslation:
 class Form:
     """What a request's texts are and what comes back besides translations: plain text or
     markup (format), markup's alt/title translated or kept, word alignments or not; where
-    segments end; markup elements whose content the request asks to keep."""
+    segments end; the markup elements a request ignores, and where its runs end."""
 
     format: Format = "text"
     translate_attributes: bool = False
     alignments: bool = False
     splitting: segment.Splitting = "lines"  # where segments end (service/text/segment.py)
-    ignored_tags: frozenset[str] = frozenset()  # markup elements kept untranslated (markup.py)
+    tags: markup.Tags = markup.NO_TAGS  # a request's markup element lists (markup.Tags)
 
     @property
     def aligned(self) -> bool:
@@ -153,7 +153,7 @@ def prepare(
     format: Format = "text",
     translate_attributes: bool = False,
     splitting: segment.Splitting = "lines",
-    ignored_tags: frozenset[str] = frozenset(),
+    tags: markup.Tags = markup.NO_TAGS,
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
@@ -161,12 +161,12 @@ def prepare(
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
     title attributes are translated too. `splitting`: where segments end (segment.py);
-    `ignored_tags`: markup elements whose content is kept as it is (markup.parse)."""
+    `tags`: the markup elements the request ignores, and where runs end (markup.Tags)."""
     documents = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = _parse(texts, format, translate_attributes, label, ignored_tags)
+        documents = _parse(texts, format, translate_attributes, label, tags)
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
@@ -217,7 +217,7 @@ def _parse(
     format: MarkupFormat,
     translate_attributes: bool,
     label: Callable[[int], str],
-    ignored_tags: frozenset[str] = frozenset(),
+    tags: markup.Tags = markup.NO_TAGS,
 ) -> list[markup.Document]:
     """Each text parsed as a document; a ServiceError names the first that cannot be."""
     documents = []
@@ -228,7 +228,7 @@ def _parse(
                     text,
                     format,
                     translate_attributes=translate_attributes,
-                    ignored_tags=ignored_tags,
+                    tags=tags,
                 )
             )
         except markup.MarkupError as e:
@@ -237,14 +237,14 @@ def _parse(
 
 
 def detectable(
-    texts: Sequence[str], format: Format, ignored_tags: frozenset[str] = frozenset()
+    texts: Sequence[str], format: Format, tags: markup.Tags = markup.NO_TAGS
 ) -> list[str]:
     """What language detection reads of each text: the words the model would see, without
     URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line,
-    without the elements `ignored_tags` names)."""
+    without the elements `tags` ignores)."""
     if format == "text":
         return [markup.without_items(text) for text in texts]
-    documents = _parse(texts, format, False, text_label, ignored_tags)
+    documents = _parse(texts, format, False, text_label, tags)
     return ["\n".join(d.blocks) for d in documents]
 
 

@@ -184,6 +184,33 @@ async def test_html_and_xml_keep_their_tags_and_ignore_tags(deepl: httpx.AsyncCl
     assert response.json()["translations"] == [{"detected_source_language": "DE", "text": quoted}]
 
 
+async def test_splitting_and_non_splitting_tags_decide_the_blocks(
+    deepl: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    def segments() -> list[str]:
+        return ["".join(chr(i) for i in ids[:-1]) for ids in fake.calls[-1][0]]
+
+    base = {"source_lang": "EN", "target_lang": "DE"}
+    html = "<div>A dog <span>runs fast</span> now.<div>Two</div> cats.</div>"
+    body = {**base, "text": [html], "tag_handling": "html", "splitting_tags": ["span"]}
+    response = await deepl.post(
+        "/v2/translate", json={**body, "non_splitting_tags": "div"}, headers=KEY
+    )
+    assert response.json()["translations"][0]["text"] == (
+        "<div>A DOG <span>RUNS FAST</span> NOW.<div>TWO</div> CATS.</div>"
+    )
+    assert sorted(segments()) == ["A dog", "now.Two cats.", "runs fast"]
+    xml = "<r><p><b>A dog</b> <i>runs.</i></p></r>"
+    form = {**base, "text": xml, "tag_handling": "xml"}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert sorted(segments()) == ["A dog", "runs."]  # two runs: nothing but elements
+    response = await deepl.post(
+        "/v2/translate", data={**form, "non_splitting_tags": "b"}, headers=KEY
+    )
+    assert segments() == ["A dog runs."]
+    assert response.json()["translations"][0]["text"] == "<r><p><b>A DOG</b> <i>RUNS</i>.</p></r>"
+
+
 async def test_the_key_in_the_header_or_the_auth_key_field(deepl: httpx.AsyncClient) -> None:
     form = {"text": "A dog.", "target_lang": "DE"}
     assert (await deepl.post("/v2/translate", data={**form, "auth_key": "k2"})).status_code == 200
