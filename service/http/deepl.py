@@ -34,7 +34,7 @@ from service.http.middleware import (
     form_items,
     is_json,
     json_or_form_body,
-    read_json,
+    read_json_or_refuse,
     translate_texts,
     utf8_header,
 )
@@ -132,11 +132,7 @@ async def deepl_fields(
     fields their first value). A body that is not JSON is answered after the header's key was
     checked: no key, nothing learnt."""
     if is_json(request):
-        try:
-            body = await read_json(request)
-        except ServiceError:
-            check_api_key(runtime, header_key)
-            raise
+        body = await read_json_or_refuse(request, runtime, header_key)
         items = list(request.query_params.multi_items())
     else:
         body, items = {}, await form_items(request)

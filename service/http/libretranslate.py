@@ -21,7 +21,7 @@ from service.http.middleware import (
     form_items,
     is_json,
     json_or_form_body,
-    read_json,
+    read_json_or_refuse,
     translate_texts,
     validate,
 )
@@ -226,11 +226,11 @@ async def _libretranslate_fields(
     value of a repeated name wins (line endings made \\n)."""
     if is_json(request):
         try:
-            return await read_json(request), True
+            return await read_json_or_refuse(request, runtime, header_key), True
         except ServiceError as e:
-            # No key can be read from this body: the header's decides first, then the body's
-            # problem, in LibreTranslate's words and ours.
-            check_api_key(runtime, header_key)
+            if e.type == ErrorType.UNAUTHORIZED:
+                raise
+            # The body's problem in LibreTranslate's words and ours.
             raise ServiceError(e.type, f"Invalid JSON format: {e.message}") from None
     fields: dict[str, Any] = {}
     for key, value in await form_items(request):

@@ -110,6 +110,19 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
+async def read_json_or_refuse(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> dict[str, Any]:
+    """`read_json` for a route whose key may be in the body: a body that cannot be read holds
+    no key, so the header's is checked first, then the body's problem is raised (a client
+    without a key learns nothing about the API)."""
+    try:
+        return await read_json(request)
+    except ServiceError:
+        check_api_key(runtime, header_key)
+        raise
+
+
 def is_json(request: Request) -> bool:
     """Whether the client says its body is JSON."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
