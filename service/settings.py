@@ -116,6 +116,12 @@ class Settings(BaseSettings):
     libretranslate_prefix: str = Field(
         "/libretranslate", description="path of the LibreTranslate-compatible API; empty: off"
     )
+    deepl: bool = Field(
+        True, description="DeepL's API (its /v2 paths) under deepl_prefix; off: 404"
+    )
+    deepl_prefix: str = Field(
+        "", description="path DeepL's API is under; empty: DeepL's own paths (/v2/translate)"
+    )
     web_ui: bool = Field(
         True, description="the web page at / and its files under /web/; off: both are 404"
     )
@@ -268,7 +274,7 @@ class Settings(BaseSettings):
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value  # INFO as well as info
 
-    @field_validator("libretranslate_prefix")
+    @field_validator("libretranslate_prefix", "deepl_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
         value = value.rstrip("/")

@@ -11,9 +11,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from service.http.deepl import InProcessUsage, deepl_face, deepl_router
 from service.http.docs_ui import docs_router
 from service.http.errors import ErrorRenderer, install_error_handlers
-from service.http.libretranslate import libretranslate_router
+from service.http.libretranslate import libretranslate_face, libretranslate_router
 from service.http.middleware import (
     BodyLimitMiddleware,
     HttpMetricsMiddleware,
@@ -38,7 +39,12 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     """The service for `settings`. `models` replaces loading the bundles (tests pass fakes or
     engines they already hold)."""
     metrics = Metrics(aggregate=settings.workers > 1)
-    renderer = ErrorRenderer(metrics, settings.retry_after_s, settings.libretranslate_prefix)
+    faces = []
+    if settings.libretranslate_prefix:
+        faces.append(libretranslate_face(settings.libretranslate_prefix))
+    if settings.deepl:
+        faces.append(deepl_face(settings.deepl_prefix))
+    renderer = ErrorRenderer(metrics, settings.retry_after_s, faces)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +77,9 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     if settings.libretranslate_prefix:
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
+    if settings.deepl:
+        # Characters counted in this process (a worker's own) until shared quotas replace it.
+        app.include_router(deepl_router(InProcessUsage()), prefix=settings.deepl_prefix)
     if settings.web_ui:
         app.include_router(web_router())
     install_error_handlers(app, renderer)

@@ -1,14 +1,14 @@
 """The one error table: every failure the service reports has a type (service/errors.py), and the
 type alone decides the HTTP status, whether a Retry-After header is sent, and the metric label.
 
-Body on the native API: `{"error": {"type": ..., "message": ...}}`. Under the LibreTranslate
-prefix the body is LibreTranslate's `{"error": message}`, and the two statuses LibreTranslate
-does not use become its own: 422 -> 400 and 401 -> 403.
+Body on the native API: `{"error": {"type": ..., "message": ...}}`. A compatible API (an
+`ErrorFace`: LibreTranslate's, service/http/libretranslate.py; DeepL's, service/http/deepl.py)
+answers under its paths with its own body and its own statuses where they differ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,9 +49,6 @@ ERROR_TABLE: dict[ErrorType, ErrorRow] = {
     ErrorType.INTERNAL: ErrorRow(500, retry_after=False),
 }
 
-# Statuses LibreTranslate clients know for the same failures.
-_LIBRETRANSLATE_STATUS = {422: 400, 401: 403}
-
 # Framework HTTPExceptions (unknown path, wrong method, body over the limit) by status.
 _HTTP_STATUS_TYPES = {
     404: ErrorType.NOT_FOUND,
@@ -61,12 +58,26 @@ _HTTP_STATUS_TYPES = {
 
 
 @dataclass(frozen=True)
+class ErrorFace:
+    """How a compatible API answers errors under its paths: the statuses its clients know for
+    some types (the table's otherwise) and its body for a message. No WWW-Authenticate: its
+    clients send their key their own way."""
+
+    paths: tuple[str, ...]  # path prefixes, without a trailing slash
+    statuses: Mapping[ErrorType, int]
+    body: Callable[[str], dict[str, Any]]
+
+    def covers(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self.paths)
+
+
+@dataclass(frozen=True)
 class ErrorRenderer:
     """Turns an error into the response its path calls for, and counts it."""
 
     metrics: Metrics
     retry_after_s: int
-    libretranslate_prefix: str
+    faces: Sequence[ErrorFace] = ()
 
     def response(self, path: str, type: ErrorType, message: str) -> JSONResponse:
         row = ERROR_TABLE[type]
@@ -75,10 +86,10 @@ class ErrorRenderer:
         # A message may quote the client's input, which may hold lone surrogates: written as
         # escapes, not as a failure to encode the answer.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        prefix = self.libretranslate_prefix
-        if prefix and (path == prefix or path.startswith(prefix + "/")):
-            status = _LIBRETRANSLATE_STATUS.get(row.status, row.status)
-            return JSONResponse({"error": message}, status_code=status, headers=headers)
+        for face in self.faces:
+            if face.covers(path):
+                status = face.statuses.get(type, row.status)
+                return JSONResponse(face.body(message), status_code=status, headers=headers)
         if row.challenge:
             headers["WWW-Authenticate"] = 'Bearer realm="transformer-mt"'
         body = {"error": {"type": type.value, "message": message}}

@@ -7,19 +7,22 @@ from __future__ import annotations
 import contextlib
 import time
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from service.errors import ErrorType, ServiceError
+from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.middleware import (
     PresentedKey,
     RuntimeDep,
     check_api_key,
     check_text,
-    read_json,
-    unless_disconnected,
+    form_items,
+    is_json,
+    json_or_form_body,
+    read_json_or_refuse,
+    translate_texts,
     validate,
 )
 from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
@@ -27,7 +30,7 @@ from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
 
 # English names for the codes LibreTranslate clients display; others show their code.
-_LANGUAGE_NAMES = {
+LANGUAGE_NAMES = {
     "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
     "en": "English", "es": "Spanish", "fi": "Finnish", "fr": "French", "hi": "Hindi",
     "hu": "Hungarian", "it": "Italian", "ja": "Japanese", "ko": "Korean", "nl": "Dutch",
@@ -110,18 +113,14 @@ _DETECT_SCHEMA = {
 }
 
 
-def _openapi_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> dict[str, Any]:
-    """The request body LibreTranslate documents: JSON or form fields (parsed by hand)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": json_schema},
-                "application/x-www-form-urlencoded": {"schema": form_schema},
-                "multipart/form-data": {"schema": form_schema},
-            },
-        }
+def libretranslate_face(prefix: str) -> ErrorFace:
+    """LibreTranslate's error body, `{"error": message}`, and its statuses for the two the
+    native API uses and it does not: 422 -> 400, 401 -> 403."""
+    statuses = {
+        **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
+        ErrorType.UNAUTHORIZED: 403,
     }
+    return ErrorFace((prefix,), statuses, lambda message: {"error": message})
 
 
 _LIBRETRANSLATE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -136,7 +135,7 @@ libretranslate_router = APIRouter(tags=["LibreTranslate"])
     response_model=LibreTranslateResponse,
     response_model_exclude_none=True,
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra=_openapi_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
+    openapi_extra=json_or_form_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
 )
 async def libretranslate_translate(
     request: Request, runtime: RuntimeDep, header_key: PresentedKey
@@ -172,22 +171,15 @@ async def libretranslate_translate(
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
         form = Form(body.format)
-        detected: list[DetectedLanguage] | None = None
-        untranslated: list[Untranslated | None] = []
-        if source == "auto":
-            # Each text's own language, not one for the batch as LibreTranslate does.
-            detecting = runtime.translate_detected(
-                texts, target, requested, deadline=deadline, form=form
-            )
-            found = await unless_disconnected(request, detecting)
-            results = [d.translation for d in found]
-            detected = [_detected(d.detected) for d in found]
-            untranslated = [d.untranslated for d in found]
-        else:
-            pair = (source, target)
-            options = runtime.decoding_options(pair, requested)
-            work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
-            results = await unless_disconnected(request, work)
+        # With auto, each text's own language, not one for the batch as LibreTranslate does.
+        auto = source == "auto"
+        found = await translate_texts(
+            request, runtime, texts, None if auto else source, target, requested,
+            deadline=deadline, form=form,
+        )  # fmt: skip
+        results = [d.translation for d in found]
+        detected = [_detected(d.detected) for d in found] if auto else None
+        untranslated = [d.untranslated for d in found]
     single = isinstance(body.q, str)
 
     def each(values: list[Any]) -> Any:
@@ -232,26 +224,17 @@ async def _libretranslate_fields(
     strings). JSON when the client says so, else query parameters and form fields as Flask's
     `request.values` in LibreTranslate: the query string first, then the form, and the first
     value of a repeated name wins (line endings made \\n)."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "application/json" or content_type.endswith("+json"):
+    if is_json(request):
         try:
-            return await read_json(request), True
+            return await read_json_or_refuse(request, runtime, header_key), True
         except ServiceError as e:
-            # No key can be read from this body: the header's decides first, then the body's
-            # problem, in LibreTranslate's words and ours.
-            check_api_key(runtime, header_key)
+            if e.type == ErrorType.UNAUTHORIZED:
+                raise
+            # The body's problem in LibreTranslate's words and ours.
             raise ServiceError(e.type, f"Invalid JSON format: {e.message}") from None
-    if content_type == "application/x-www-form-urlencoded":
-        # As werkzeug reads it for LibreTranslate: UTF-8, escaped or not (curl -d 'q=läuft'
-        # sends the raw bytes, which starlette's parser would read as Latin-1).
-        body = (await request.body()).decode("utf-8", errors="replace")
-        form_items: list[tuple[str, Any]] = parse_qsl(body, keep_blank_values=True)
-    else:
-        form_items = list((await request.form()).multi_items())
     fields: dict[str, Any] = {}
-    for key, value in [*request.query_params.multi_items(), *form_items]:
-        if isinstance(value, str):  # uploaded files are not fields
-            fields.setdefault(key, value)
+    for key, value in await form_items(request):
+        fields.setdefault(key, value)
     if "q" in fields:
         fields["q"] = "\n".join(fields["q"].splitlines())
     check_text(fields)
@@ -262,7 +245,7 @@ async def _libretranslate_fields(
     "/detect",
     response_model=list[DetectedLanguage],
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra=_openapi_body(_DETECT_SCHEMA, _DETECT_SCHEMA),
+    openapi_extra=json_or_form_body(_DETECT_SCHEMA, _DETECT_SCHEMA),
 )
 async def libretranslate_detect(
     request: Request, runtime: RuntimeDep, header_key: PresentedKey
@@ -288,7 +271,7 @@ async def libretranslate_languages(runtime: RuntimeDep) -> list[LibreTranslateLa
         targets.setdefault(target, [])
     return [
         LibreTranslateLanguage(
-            code=code, name=_LANGUAGE_NAMES.get(code, code), targets=sorted(targets[code])
+            code=code, name=LANGUAGE_NAMES.get(code, code), targets=sorted(targets[code])
         )
         for code in sorted(targets)
     ]

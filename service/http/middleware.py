@@ -9,8 +9,9 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
+from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -22,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import ErrorType, ServiceError
 from service.http.errors import ErrorRenderer, describe_validation_errors
 from service.metrics import Metrics
-from service.scheduling.runtime import Runtime
+from service.scheduling.runtime import DetectedTranslation, Runtime
+from service.text.detect import Candidate
+from service.text.pipeline import Form
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -51,10 +54,10 @@ async def presented_key(
 ) -> str | None:
     """The API key from `X-API-Key: KEY` or `Authorization: Bearer KEY`."""
     key = header_key if header_key is not None else bearer.credentials if bearer else None
-    return None if key is None else _utf8_header(key)
+    return None if key is None else utf8_header(key)
 
 
-def _utf8_header(value: str) -> str:
+def utf8_header(value: str) -> str:
     """A header value as the UTF-8 the client sent (HTTP hands header bytes over as Latin-1),
     so that a non-ASCII key matches the same key sent in a body."""
     try:
@@ -105,6 +108,55 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise ServiceError(ErrorType.INVALID_REQUEST, "the JSON body must be an object")
     check_text(data)
     return data
+
+
+async def read_json_or_refuse(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> dict[str, Any]:
+    """`read_json` for a route whose key may be in the body: a body that cannot be read holds
+    no key, so the header's is checked first, then the body's problem is raised (a client
+    without a key learns nothing about the API)."""
+    try:
+        return await read_json(request)
+    except ServiceError:
+        check_api_key(runtime, header_key)
+        raise
+
+
+def is_json(request: Request) -> bool:
+    """Whether the client says its body is JSON."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+async def form_items(request: Request) -> list[tuple[str, str]]:
+    """The query parameters, then the form fields of the body, in order (uploaded files are
+    not fields). A urlencoded body is read as UTF-8, escaped or not (`curl -d 'q=läuft'` sends
+    the raw bytes, which starlette's parser would read as Latin-1), as werkzeug reads it for
+    LibreTranslate and DeepL's servers read theirs."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/x-www-form-urlencoded":
+        body = (await request.body()).decode("utf-8", errors="replace")
+        form: list[tuple[str, Any]] = parse_qsl(body, keep_blank_values=True)
+    else:
+        form = list((await request.form()).multi_items())
+    items = [*request.query_params.multi_items(), *form]
+    return [(key, value) for key, value in items if isinstance(value, str)]
+
+
+def json_or_form_body(json_schema: dict[str, Any], form_schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI request body of JSON or form fields (LibreTranslate's, DeepL's), which the
+    route reads by hand (`form_items`, `read_json`)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": json_schema},
+                "application/x-www-form-urlencoded": {"schema": form_schema},
+                "multipart/form-data": {"schema": form_schema},
+            },
+        }
+    }
 
 
 def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = None) -> M:
@@ -164,6 +216,34 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     task.cancel()
     await asyncio.wait({task})  # its segments are out of the queue before we answer
     raise ServiceError(ErrorType.CLIENT_DISCONNECTED, "the client closed the connection")
+
+
+async def translate_texts(
+    request: Request,
+    runtime: Runtime,
+    texts: Sequence[str],
+    source: str | None,
+    target: str,
+    requested: Mapping[str, Any],
+    *,
+    deadline: float,
+    form: Form,
+) -> list[DetectedTranslation]:
+    """Each text translated into `target` from `source`, or with None from its own detected
+    language (Runtime.translate_detected), with the options `requested`, cancelled if the
+    client leaves (the compatible APIs' translation). With a source, each text's `detected`
+    is that source, at confidence 1."""
+    if source is None:
+        detecting = runtime.translate_detected(
+            texts, target, requested, deadline=deadline, form=form
+        )
+        return await unless_disconnected(request, detecting)
+    pair = (source, target)
+    model = runtime.model(*pair)  # a pair no model serves is refused before any work
+    options = runtime.decoding_options(pair, requested)
+    work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+    results = await unless_disconnected(request, work)
+    return [DetectedTranslation(r, Candidate(source, 1.0), model.name, None) for r in results]
 
 
 # --- Middlewares -------------------------------------------------------------------------------

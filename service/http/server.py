@@ -85,8 +85,9 @@ _SPARE_FILES = 256
 
 
 class RedactApiKeys(logging.Filter):
-    """Access-log lines show `api_key=***` for a key sent in the query string (LibreTranslate
-    clients may send it there): a key must not end up in log storage. A parameter is a key by
+    """Access-log lines show `api_key=***` (`auth_key=***`) for a key sent in the query string
+    (LibreTranslate's and DeepL's clients may send it there): a key must not end up in log
+    storage. A parameter is a key by
     its decoded name, in any case (`API_KEY`, and `%61pi_key`, which the route reads as a key)."""
 
     _PARAMETER = re.compile(r"([?&][^=&#]*)=([^&#]*)")
@@ -102,7 +103,8 @@ class RedactApiKeys(logging.Filter):
     @staticmethod
     def _redacted(parameter: re.Match[str]) -> str:
         name = parameter[1]
-        return f"{name}=***" if unquote_plus(name[1:]).lower() == "api_key" else parameter[0]
+        key = unquote_plus(name[1:]).lower() in ("api_key", "auth_key")
+        return f"{name}=***" if key else parameter[0]
 
 
 def fit_open_files(max_connections: int) -> int:

@@ -31,6 +31,7 @@ from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, 
 from service.settings import Settings
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
+from service.text.markup import NO_TAGS, Tags
 from service.text.pipeline import PLAIN, Form, Format, TextModel, TextTranslation
 
 if TYPE_CHECKING:
@@ -285,6 +286,8 @@ class Runtime:
             label=label,
             format=form.format,
             translate_attributes=form.translate_attributes,
+            splitting=form.splitting,
+            tags=form.tags,
         )
 
     async def _prepare(
@@ -324,8 +327,11 @@ class Runtime:
         finally:
             self._preparing -= 1
 
-    def _detect_now(self, texts: Sequence[str], format: Format) -> list[list[Candidate] | None]:
-        return [self.detector.rank(text) for text in pipeline.detectable(texts, format)]
+    def _detect_now(
+        self, texts: Sequence[str], format: Format, tags: Tags = NO_TAGS
+    ) -> list[list[Candidate] | None]:
+        readable = pipeline.detectable(texts, format, tags)
+        return [self.detector.rank(text) for text in readable]
 
     async def detect(
         self, texts: Sequence[str], format: Format = "text"
@@ -393,7 +399,7 @@ class Runtime:
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
                 f"no model translates into {target}; served: {self._served()}",
             )
-        found = await self.detect(texts, form.format)
+        found = await self._text_work(texts, self._detect_now, texts, form.format, form.tags)
         best: list[Candidate] = []  # each text's language
         routes: dict[tuple[str, str], list[int]] = {}  # pair -> its texts, in order
         for i, candidates in enumerate(found):

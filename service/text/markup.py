@@ -49,7 +49,8 @@ zero-width space, U+FEFF...) is not a block and stays as it is.
 What is never translated and comes back byte for byte (as the serialiser writes it): script,
 style, pre, code, kbd, samp, var, textarea, svg, math, template, iframe, object, embed, video,
 audio, canvas, rt, rp (in XML, those of the XHTML namespace); anything with `translate="no"`
-(`its:translate` in XML) or class `notranslate`, with its subtree; comments, processing
+(`its:translate` in XML) or class `notranslate`, or named in `parse`'s `tags.ignored` (DeepL's
+ignore_tags), with its subtree; comments, processing
 instructions, entity references, CDATA (lxml cannot tell CDATA from the text around it, so an
 XML run holding CDATA is kept whole); attribute values (but see `translate_attributes`); void
 elements (img, input, wbr...); URLs, e-mail addresses, @mentions and #hashtags in the text, and
@@ -77,7 +78,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 from lxml import etree
@@ -145,6 +146,25 @@ _XHTML = "{http://www.w3.org/1999/xhtml}"
 # Deeper elements are kept untranslated: bounds every recursion below (two frames a level at
 # most) well inside Python's 1,000. Real pages nest a few dozen deep.
 _MAX_DEPTH = 200
+
+
+@dataclass(frozen=True)
+class Tags:
+    """Element names a request gives (DeepL's tag lists; XML's by local name, HTML's in any
+    case). `ignored`: kept untranslated with their subtree, as `translate="no"` is.
+    `splitting`: HTML, each ends a run as a block element does. `non_splitting`: HTML, a block
+    element so named (but <br>, a line break) is read as inline; XML, an element with such a
+    child (its own text or not) is a paragraph, its subtree inline."""
+
+    ignored: frozenset[str] = frozenset()
+    splitting: frozenset[str] = frozenset()
+    non_splitting: frozenset[str] = frozenset()
+
+    def lower(self) -> Tags:
+        return Tags(*(frozenset(n.lower() for n in names) for names in astuple(self)))
+
+
+NO_TAGS = Tags()
 
 
 class MarkupError(ValueError):
@@ -496,8 +516,8 @@ def _html_first(tree: LexborHTMLParser) -> LexborNode | None:
     return tree.root
 
 
-def _html_kept(tag: str, attributes: dict[str, str | None]) -> bool:
-    if tag in _KEPT:
+def _html_kept(tag: str, attributes: dict[str, str | None], ignored: frozenset[str]) -> bool:
+    if tag in _KEPT or tag in ignored:
         return True
     translate = attributes.get("translate")
     if translate is not None and translate.strip().lower() == "no":
@@ -507,8 +527,17 @@ def _html_kept(tag: str, attributes: dict[str, str | None]) -> bool:
 
 
 class _HtmlWalker:
-    def __init__(self, tree: LexborHTMLParser, fragment: bool, collector: _Collector) -> None:
+    def __init__(
+        self,
+        tree: LexborHTMLParser,
+        fragment: bool,
+        collector: _Collector,
+        tags: Tags,
+    ) -> None:
         self.collector = collector
+        tags = tags.lower()  # HTML's names are lower case
+        self.ignored = tags.ignored
+        self.blocks = (_BLOCK | tags.splitting) - (tags.non_splitting - {"br"})
         self.index: dict[int, int] = {}
         self.has_block: set[int] = set()
         first = _html_first(tree)
@@ -516,7 +545,7 @@ class _HtmlWalker:
             return
         for i, node in enumerate(first.traverse(include_text=True)):
             self.index[node.mem_id] = i
-            if node.tag in _BLOCK:
+            if node.tag in self.blocks:
                 parent = node.parent
                 while parent is not None and parent.mem_id not in self.has_block:
                     self.has_block.add(parent.mem_id)
@@ -540,8 +569,8 @@ class _HtmlWalker:
                 raws.append(_Kept(index))
                 continue
             attributes = child.attributes
-            block = tag in _BLOCK or child.mem_id in self.has_block
-            if _html_kept(tag, attributes) or depth >= _MAX_DEPTH:
+            block = tag in self.blocks or child.mem_id in self.has_block
+            if _html_kept(tag, attributes, self.ignored) or depth >= _MAX_DEPTH:
                 if block:
                     self.collector.add_run(place, raws, found)
                     place, raws = [], []
@@ -585,7 +614,8 @@ class _HtmlWalker:
                 children.append(_Kept(child_index))
             else:
                 child_attributes = child.attributes
-                if _html_kept(child_tag, child_attributes) or depth >= _MAX_DEPTH:
+                kept = _html_kept(child_tag, child_attributes, self.ignored)
+                if kept or depth >= _MAX_DEPTH:
                     children.append(_Kept(child_index))
                     continue
                 raw = self.inline(child, child_index, child_tag, child_attributes, depth + 1, found)
@@ -666,18 +696,24 @@ def _parse_xml(source: str) -> Any:
         raise MarkupError(message, line, column) from None
 
 
-def _xml_kept(element: Any) -> bool:
+def _xml_kept(element: Any, ignored: frozenset[str]) -> bool:
     if not isinstance(element.tag, str):  # comment, processing instruction, entity
         return True
     if element.get("translate") == "no" or element.get(_ITS_TRANSLATE) == "no":
         return True
     tag: str = element.tag
-    return tag.startswith(_XHTML) and tag[len(_XHTML) :] in _KEPT
+    return _local(element) in ignored or (tag.startswith(_XHTML) and tag[len(_XHTML) :] in _KEPT)
+
+
+def _local(element: Any) -> str | None:
+    """An element's name without its namespace (None: a comment, a processing instruction)."""
+    return etree.QName(element.tag).localname if isinstance(element.tag, str) else None
 
 
 class _XmlWalker:
-    def __init__(self, tree: Any, source: str, collector: _Collector) -> None:
+    def __init__(self, tree: Any, source: str, collector: _Collector, tags: Tags) -> None:
         self.collector = collector
+        self.ignored, self.non_splitting = tags.ignored, tags.non_splitting
         root = tree.getroot()
         # Every node by its traversal order, as render finds them again. lxml's Python objects
         # are the same for a node only while one is alive: the list keeps them.
@@ -687,15 +723,17 @@ class _XmlWalker:
         self.element(root, 0)
 
     def element(self, element: Any, depth: int) -> None:
-        if _xml_kept(element) or depth >= _MAX_DEPTH:
+        if _xml_kept(element, self.ignored) or depth >= _MAX_DEPTH:
             return
         index = self.index[element]
         found: list[_Found] = []
         self.collector.find_attributes(index, element.items(), found)
         self.collector.add_attributes(found)
         children = list(element)
-        if not _WORD.search(element.text or "") and not any(
-            _WORD.search(child.tail or "") for child in children
+        if not (
+            _WORD.search(element.text or "")
+            or any(_WORD.search(child.tail or "") for child in children)
+            or any(_local(child) in self.non_splitting for child in children)
         ):
             for child in children:
                 self.element(child, depth + 1)
@@ -710,7 +748,7 @@ class _XmlWalker:
 
     def inline(self, element: Any, depth: int, found: list[_Found]) -> _Raw:
         index = self.index[element]
-        if _xml_kept(element) or depth >= _MAX_DEPTH:
+        if _xml_kept(element, self.ignored) or depth >= _MAX_DEPTH:
             return _Kept(index)
         mark = len(found)
         self.collector.find_attributes(index, element.items(), found)
@@ -783,17 +821,24 @@ def _render_xml(document: Document, translations: Sequence[tuple[str, Projection
 # --- Parse and render --------------------------------------------------------------------------
 
 
-def parse(markup: str, format: Format, *, translate_attributes: bool = False) -> Document:
+def parse(
+    markup: str,
+    format: Format,
+    *,
+    translate_attributes: bool = False,
+    tags: Tags = NO_TAGS,
+) -> Document:
     """The blocks of `markup` to translate. HTML never fails (the HTML5 algorithm repairs
     anything); malformed XML raises MarkupError. `translate_attributes`: alt and title values
-    become blocks of their own (plain text) and come back translated."""
+    become blocks of their own (plain text) and come back translated. `tags`: the elements a
+    request ignores, and where its runs end (`Tags`)."""
     collector = _Collector(translate_attributes)
     if format == "html":
         fragment = not _DOCUMENT.match(markup)
-        _HtmlWalker(_parse_html(markup, fragment), fragment, collector)
+        _HtmlWalker(_parse_html(markup, fragment), fragment, collector, tags)
     elif format == "xml":
         fragment = False
-        _XmlWalker(_parse_xml(markup), markup, collector)
+        _XmlWalker(_parse_xml(markup), markup, collector, tags)
     else:
         raise ValueError(f"unknown markup format {format!r}: 'html' or 'xml'")
     return Document(

@@ -97,11 +97,14 @@ class TextTranslation:
 @dataclass(frozen=True)
 class Form:
     """What a request's texts are and what comes back besides translations: plain text or
-    markup (format), markup's alt/title translated or kept, word alignments or not."""
+    markup (format), markup's alt/title translated or kept, word alignments or not; where
+    segments end; the markup elements a request ignores, and where its runs end."""
 
     format: Format = "text"
     translate_attributes: bool = False
     alignments: bool = False
+    splitting: segment.Splitting = "lines"  # where segments end (service/text/segment.py)
+    tags: markup.Tags = markup.NO_TAGS  # a request's markup element lists (markup.Tags)
 
     @property
     def aligned(self) -> bool:
@@ -149,22 +152,25 @@ def prepare(
     label: Callable[[int], str] = text_label,
     format: Format = "text",
     translate_attributes: bool = False,
+    splitting: segment.Splitting = "lines",
+    tags: markup.Tags = markup.NO_TAGS,
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
     and sentence over a limit. `source`: the texts' language, for a model of several (None:
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
-    title attributes are translated too."""
+    title attributes are translated too. `splitting`: where segments end (segment.py);
+    `tags`: the markup elements the request ignores, and where runs end (markup.Tags)."""
     documents = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = _parse(texts, format, translate_attributes, label)
+        documents = _parse(texts, format, translate_attributes, label, tags)
         blocks = [block for document in documents for block in document.blocks]
         owners = [t for t, document in enumerate(documents) for _ in document.blocks]
     language = source or model.source_language
-    layouts = [_layout(block, language, format) for block in blocks]
+    layouts = [_layout(block, language, format, splitting) for block in blocks]
     encode = functools.partial(
         _encoded, model, owners=owners, target=target, source=source,
         max_segment_characters=max_segment_characters, max_segments=max_segments, label=label,
@@ -180,7 +186,7 @@ def prepare(
     }
     if joined:
         layouts = [
-            _layout(block, language, format, wraps=False) if b in joined else layout
+            _layout(block, language, format, splitting, wraps=False) if b in joined else layout
             for b, (block, layout) in enumerate(zip(blocks, layouts, strict=True))
         ]
         origins, numbers, sources = encode(layouts)
@@ -195,12 +201,14 @@ def prepare(
     return Prepared(layouts, sources, origins, owners, documents)
 
 
-def _layout(block: str, language: str, format: Format, *, wraps: bool = True) -> segment.Layout:
+def _layout(
+    block: str, language: str, format: Format, splitting: segment.Splitting, *, wraps: bool = True
+) -> segment.Layout:
     """A block's sentences (segment.split). In plain text, a sentence with nothing for the
     model to read (not `markup.translatable`: emoji, numbers, punctuation or a URL alone) comes
     back as it is. A markup block keeps them as sentences: its tags are placed by their word
     alignments (its runs without a letter are no blocks at all, markup.py)."""
-    layout = segment.split(block, language, wraps=wraps)
+    layout = segment.split(block, language, wraps=wraps, splitting=splitting)
     return layout.keeping(markup.translatable) if format == "text" else layout
 
 
@@ -209,23 +217,35 @@ def _parse(
     format: MarkupFormat,
     translate_attributes: bool,
     label: Callable[[int], str],
+    tags: markup.Tags = markup.NO_TAGS,
 ) -> list[markup.Document]:
     """Each text parsed as a document; a ServiceError names the first that cannot be."""
     documents = []
     for t, text in enumerate(texts):
         try:
-            documents.append(markup.parse(text, format, translate_attributes=translate_attributes))
+            documents.append(
+                markup.parse(
+                    text,
+                    format,
+                    translate_attributes=translate_attributes,
+                    tags=tags,
+                )
+            )
         except markup.MarkupError as e:
             raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
     return documents
 
 
-def detectable(texts: Sequence[str], format: Format) -> list[str]:
+def detectable(
+    texts: Sequence[str], format: Format, tags: markup.Tags = markup.NO_TAGS
+) -> list[str]:
     """What language detection reads of each text: the words the model would see, without
-    URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line)."""
+    URLs, e-mail addresses, @mentions and #hashtags (a document's blocks, one per line,
+    without the elements `tags` ignores)."""
     if format == "text":
         return [markup.without_items(text) for text in texts]
-    return ["\n".join(d.blocks) for d in _parse(texts, format, False, text_label)]
+    documents = _parse(texts, format, False, text_label, tags)
+    return ["\n".join(d.blocks) for d in documents]
 
 
 def _encoded(

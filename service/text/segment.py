@@ -45,9 +45,10 @@ is wrapped as evenly as the input was.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Literal
 
 import regex
 
@@ -95,9 +96,17 @@ _LAST_END = re.compile(
     r".*(?:[.!?…。！？｡][\"'”’»)\]」』）】〉》]*\s|[。！？｡][\"'”’»)\]」』）】〉》]*)", re.DOTALL
 )
 _BREAK = re.compile(r"\r\n|[\n\r]")
-_WRAP = re.compile(r"[^\S\n\r]*(?:\r\n|[\n\r])[^\S\n\r]*")  # a line break inside a sentence
+# A line break inside a sentence, or several in a row (a blank line inside a segment, which
+# splitting "sentences" and "none" make): put back as one.
+_WRAP = re.compile(r"[^\S\n\r]*(?:(?:\r\n|[\n\r])[^\S\n\r]*)+")
 _AS_SPACES = str.maketrans("\n\r", "  ")
 _GAP = re.compile(r"\s+")
+
+# Where a text is cut into segments: at sentence ends and line breaks ("lines", the default: a
+# hard-wrapped sentence's lines are joined), at sentence ends only ("sentences": a line break
+# is a space between words, DeepL's split_sentences=nonewlines), or nowhere ("none": the whole
+# text is one segment, DeepL's split_sentences=0, for a client that sends one sentence a text).
+Splitting = Literal["lines", "sentences", "none"]
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,8 @@ class Layout:
     separators[1] + ... + segments[-1] + separators[-1]` is the original text. Segments are
     non-empty, start and end with a `VISIBLE` character (a line's whitespace and format
     characters at its edges, a byte order mark, are in the separators), and hold a line break
-    only where a sentence is hard-wrapped (module docstring)."""
+    only where a sentence is hard-wrapped (module docstring), or where the splitting asked for
+    does not end segments at line breaks (`Splitting`)."""
 
     segments: tuple[str, ...]
     separators: tuple[str, ...]
@@ -266,17 +276,31 @@ def wrapped(segment: str) -> bool:
     return _BREAK.search(segment) is not None
 
 
-def split(text: str, language: str = "", *, wraps: bool = True) -> Layout:
+def split(
+    text: str, language: str = "", *, wraps: bool = True, splitting: Splitting = "lines"
+) -> Layout:
     """`language` (the source's code) picks the abbreviations that do not end a sentence; any
-    other code gets the language-independent rules only. `wraps` False: every line on its own
-    (no sentence goes on across a line break)."""
+    other code gets the language-independent rules only. `splitting`: where segments end
+    (`Splitting`). `wraps` False: every line on its own (no segment goes on across a line
+    break; with splitting "none", each line is one segment)."""
     abbreviations = _ABBREVIATIONS.get(language, _NO_ABBREVIATIONS)
     segments: list[str] = []
     separators: list[str] = []
     end_of_last = 0
-    units = _units(text) if wraps else (line.span() for line in _LINE.finditer(text))
+    units: Iterable[tuple[int, int]] = [(0, len(text))]
+    if not wraps:
+        units = (line.span() for line in _LINE.finditer(text))
+    elif splitting == "lines":
+        units = _units(text)
     for unit_start, unit_end in units:
-        for start, end in _sentences(text, unit_start, unit_end, abbreviations):
+        found = (
+            [_trimmed(text, unit_start, unit_end)]
+            if splitting == "none"
+            else _sentences(text, unit_start, unit_end, abbreviations)
+        )
+        for start, end in found:
+            if start == end:
+                continue  # a unit of nothing visible
             separators.append(text[end_of_last:start])
             segments.append(text[start:end])
             end_of_last = end

@@ -291,7 +291,7 @@ def test_query_string_keys_are_redacted_in_the_access_log() -> None:
         (
             "1.2.3.4:5",
             "POST",
-            "/lt/translate?q=x&API_KEY=s3cret&b=1&api%5Fkey=other&%61pi_key=third",
+            "/lt/translate?q=x&API_KEY=s3cret&b=1&api%5Fkey=other&%61pi_key=third&auth_key=dl",
             "1.1",
             200,
         ),
@@ -302,6 +302,7 @@ def test_query_string_keys_are_redacted_in_the_access_log() -> None:
     assert "s3cret" not in line and "API_KEY=***&b=1" in line and "?q=x" in line
     assert "other" not in line and "api%5Fkey=***" in line
     assert "third" not in line and "%61pi_key=***" in line  # a key by its decoded name
+    assert "dl" not in line and "auth_key=***" in line  # DeepL's
 
 
 def test_the_cli_names_a_bad_byte_instead_of_a_traceback(eos_bundle: Path) -> None:

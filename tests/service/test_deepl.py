@@ -1,0 +1,321 @@
+"""DeepL's API over the FakeModel (which upper-cases): the request shapes DeepL documents (form
+and JSON bodies, one text or many), its answers, codes, statuses and error bodies, field by
+field. The official clients against the real model: test_deepl_clients.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from service.http.app import create_app
+from service.scheduling.runtime import Runtime
+from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
+
+pytestmark = pytest.mark.anyio
+
+KEY = {"Authorization": "DeepL-Auth-Key k1"}
+
+
+@pytest.fixture
+async def deepl(fake: FakeModel) -> AsyncIterator[httpx.AsyncClient]:
+    """en -> de and de -> en, keys k1 and k2."""
+    models = [fake, FakeModel("de", "en")]
+    async with running(create_app(fast_settings(api_keys="k1,k2"), models=models)) as client:
+        yield client
+
+
+def message(response: httpx.Response, status: int) -> str:
+    """DeepL's error body: a message and nothing else."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"message"}
+    text: str = body["message"]
+    return text
+
+
+async def test_form_body_with_texts_repeated_answers_deepls_shape(
+    deepl: httpx.AsyncClient,
+) -> None:
+    form = {"text": ["A dog runs.", "Two cats."], "source_lang": "EN", "target_lang": "de"}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "translations": [
+            {"detected_source_language": "EN", "text": "A DOG RUNS."},
+            {"detected_source_language": "EN", "text": "TWO CATS."},
+        ]
+    }
+
+
+async def test_json_body_detects_the_source_and_bills_characters(
+    deepl: httpx.AsyncClient,
+) -> None:
+    body = {
+        "text": ["A man is riding a bike down the street.", "Ein Mann fährt Fahrrad."],
+        "target_lang": "EN-US",
+        "show_billed_characters": True,
+        "model_type": "prefer_quality_optimized",
+    }
+    response = await deepl.post("/v2/translate", json=body, headers=KEY)
+    assert response.json() == {
+        "translations": [
+            # Already English: as sent (the target is English).
+            {
+                "detected_source_language": "EN",
+                "text": "A man is riding a bike down the street.",
+                "billed_characters": 39,
+                "model_type_used": "quality_optimized",
+            },
+            {
+                "detected_source_language": "DE",
+                "text": "EIN MANN FÄHRT FAHRRAD.",
+                "billed_characters": 23,
+                "model_type_used": "quality_optimized",
+            },
+        ]
+    }
+
+
+@pytest.mark.parametrize("target", ["EN", "EN-GB", "en-us"])
+async def test_english_variants_are_the_served_english(
+    deepl: httpx.AsyncClient, target: str
+) -> None:
+    form = {"text": "Ein Hund.", "source_lang": "de", "target_lang": target}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert response.json()["translations"] == [
+        {"detected_source_language": "DE", "text": "EIN HUND."}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "expected"),
+    [
+        ({"target_lang": "DE"}, 400, "Parameter 'text' not specified."),
+        ({"text": "a"}, 400, "Parameter 'target_lang' not specified."),
+        ({"text": "a", "target_lang": "PT-BR"}, 400, "Value for 'target_lang' not supported."),
+        ({"text": "a", "target_lang": "EN-GB", "source_lang": "EN-US"}, 400,
+         "Value for 'source_lang' not supported."),
+        ({"text": "a", "target_lang": "DE", "split_sentences": "2"}, 400,
+         "Value for 'split_sentences' not supported."),
+        ({"text": "a", "target_lang": "DE", "formality": "more"}, 400,
+         "Target language 'DE' doesn't support formality."),
+        ({"text": "a", "target_lang": "DE", "formality": "formal"}, 400,
+         "Value for 'formality' not supported."),
+        ({"text": "a", "target_lang": "DE", "tag_handling": "json"}, 400,
+         "Value for 'tag_handling' not supported."),
+        ({"text": "a", "target_lang": "DE", "preserve_formatting": "yes"}, 400,
+         "Value for 'preserve_formatting' not supported."),
+        ({"text": "a", "target_lang": "DE", "model_type": "best"}, 400,
+         "Value for 'model_type' not supported."),
+        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_id": "g1"}, 404,
+         "Glossary 'g1' not found."),
+        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_ids": "g2,g3"}, 404,
+         "Glossary 'g2' not found."),
+    ],
+)  # fmt: skip
+async def test_bad_parameters_get_deepls_status_and_message(
+    deepl: httpx.AsyncClient, fields: dict[str, str], status: int, expected: str
+) -> None:
+    response = await deepl.post("/v2/translate", data=fields, headers=KEY)
+    assert message(response, status) == expected
+
+
+async def test_a_preferred_formality_is_accepted_without_formality(
+    deepl: httpx.AsyncClient,
+) -> None:
+    for formality in ("prefer_more", "PREFER_LESS", "default"):
+        body = {"text": ["A dog."], "target_lang": "DE", "formality": formality}
+        response = await deepl.post("/v2/translate", json=body, headers=KEY)
+        assert response.json()["translations"][0]["text"] == "A DOG."
+
+
+@pytest.mark.parametrize(
+    ("split", "text", "segments"),
+    [
+        ("1", "A dog runs.\nA cat. Fish", ["A dog runs.", "A cat.", "Fish"]),
+        ("nonewlines", "A dog\nruns. A cat\nsleeps.", ["A dog runs.", "A cat sleeps."]),
+        ("0", "A dog runs. A cat.\nFish", ["A dog runs. A cat. Fish"]),
+    ],
+)
+async def test_split_sentences_decides_what_the_model_reads(
+    deepl: httpx.AsyncClient, fake: FakeModel, split: str, text: str, segments: list[str]
+) -> None:
+    """Each text comes back with its line breaks wherever it was cut."""
+    form = {"text": text, "source_lang": "EN", "target_lang": "DE", "split_sentences": split}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert response.json()["translations"][0]["text"] == text.upper()
+    sources = fake.calls[-1][0]
+    assert sorted("".join(chr(i) for i in ids[:-1]) for ids in sources) == sorted(segments)
+
+
+async def test_html_and_xml_keep_their_tags_and_ignore_tags(deepl: httpx.AsyncClient) -> None:
+    html = '<p>A <b>dog</b> runs. <span class="x">Keep me</span> now.</p>'
+    body = {"text": [html], "target_lang": "DE", "source_lang": "EN", "tag_handling": "html"}
+    response = await deepl.post(
+        "/v2/translate", json={**body, "ignore_tags": ["span"]}, headers=KEY
+    )
+    assert response.json()["translations"][0]["text"] == (
+        '<p>A <b>DOG</b> RUNS. <span class="x">Keep me</span> NOW.</p>'
+    )
+    xml = "<doc><p>A dog <code>x = 1</code> runs.</p><note>Keep</note></doc>"
+    form = {"text": xml, "target_lang": "DE", "source_lang": "EN", "tag_handling": "xml"}
+    response = await deepl.post(
+        "/v2/translate", data={**form, "ignore_tags": "code,note"}, headers=KEY
+    )
+    assert response.json()["translations"][0]["text"] == (
+        "<doc><p>A DOG <code>x = 1</code> RUNS.</p><note>Keep</note></doc>"
+    )
+    response = await deepl.post("/v2/translate", data={**form, "text": "<a>"}, headers=KEY)
+    assert "text 0" in message(response, 400)
+    # Detection reads no ignored element: German quoted in an English document.
+    quoted = "<doc><p>Two dogs play.</p><q>Ein Mann fährt mit dem Fahrrad durch den Park.</q></doc>"
+    form = {"text": quoted, "target_lang": "DE", "tag_handling": "xml", "ignore_tags": "q"}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert response.json()["translations"] == [
+        {"detected_source_language": "EN", "text": quoted.replace("Two dogs play", "TWO DOGS PLAY")}
+    ]
+    response = await deepl.post("/v2/translate", data={**form, "ignore_tags": []}, headers=KEY)
+    assert response.json()["translations"] == [{"detected_source_language": "DE", "text": quoted}]
+
+
+async def test_splitting_and_non_splitting_tags_decide_the_blocks(
+    deepl: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    def segments() -> list[str]:
+        return ["".join(chr(i) for i in ids[:-1]) for ids in fake.calls[-1][0]]
+
+    base = {"source_lang": "EN", "target_lang": "DE"}
+    html = "<div>A dog <span>runs fast</span> now.<div>Two</div> cats.</div>"
+    body = {**base, "text": [html], "tag_handling": "html", "splitting_tags": ["span"]}
+    response = await deepl.post(
+        "/v2/translate", json={**body, "non_splitting_tags": "div"}, headers=KEY
+    )
+    assert response.json()["translations"][0]["text"] == (
+        "<div>A DOG <span>RUNS FAST</span> NOW.<div>TWO</div> CATS.</div>"
+    )
+    assert sorted(segments()) == ["A dog", "now.Two cats.", "runs fast"]
+    xml = "<r><p><b>A dog</b> <i>runs.</i></p></r>"
+    form = {**base, "text": xml, "tag_handling": "xml"}
+    response = await deepl.post("/v2/translate", data=form, headers=KEY)
+    assert sorted(segments()) == ["A dog", "runs."]  # two runs: nothing but elements
+    response = await deepl.post(
+        "/v2/translate", data={**form, "non_splitting_tags": "b"}, headers=KEY
+    )
+    assert segments() == ["A dog runs."]
+    assert response.json()["translations"][0]["text"] == "<r><p><b>A DOG</b> <i>RUNS</i>.</p></r>"
+
+
+async def test_the_key_in_the_header_or_the_auth_key_field(deepl: httpx.AsyncClient) -> None:
+    form = {"text": "A dog.", "target_lang": "DE"}
+    assert (await deepl.post("/v2/translate", data={**form, "auth_key": "k2"})).status_code == 200
+    assert (await deepl.post("/v2/translate?auth_key=k2", data=form)).status_code == 200
+    response = await deepl.post("/v2/translate?auth_key=k2", json={**form, "text": ["A dog."]})
+    assert response.status_code == 200  # a JSON body's fields over the query's
+    for headers in ({}, {"Authorization": "DeepL-Auth-Key nope"}, {"Authorization": "k1"}):
+        response = await deepl.post("/v2/translate", data=form, headers=headers)
+        assert message(response, 403)
+        assert "www-authenticate" not in response.headers
+    # A body that cannot be read tells a client without a key only that it has none.
+    broken = {"content-type": "application/json"}
+    response = await deepl.post("/v2/translate", content=b"{", headers=broken)
+    assert response.status_code == 403
+    response = await deepl.post("/v2/translate", content=b"{", headers={**broken, **KEY})
+    assert "JSON" in message(response, 400)
+    assert (await deepl.get("/v2/languages")).status_code == 403
+    assert (await deepl.get("/v2/usage")).status_code == 403
+
+
+async def test_languages_as_sources_and_as_targets(deepl: httpx.AsyncClient) -> None:
+    response = await deepl.get("/v2/languages", headers=KEY)
+    assert response.json() == [
+        {"language": "DE", "name": "German"},
+        {"language": "EN", "name": "English"},
+    ]
+    # As the Python client asks: a GET with a form body; a POST with a query too.
+    target = await deepl.request("GET", "/v2/languages", data={"type": "target"}, headers=KEY)
+    assert target.json() == [
+        {"language": "DE", "name": "German", "supports_formality": False},
+        {"language": "EN", "name": "English", "supports_formality": False},
+        {"language": "EN-GB", "name": "English (British)", "supports_formality": False},
+        {"language": "EN-US", "name": "English (American)", "supports_formality": False},
+    ]
+    assert (await deepl.post("/v2/languages?type=target", headers=KEY)).json() == target.json()
+    response = await deepl.get("/v2/languages?type=both", headers=KEY)
+    assert "'source' and 'target'" in message(response, 400)
+
+
+async def test_nllbs_codes_are_deepls() -> None:
+    """FLORES codes as DeepL's: ISO 639-1, Chinese by script."""
+    model = FakeModel("eng_Latn", "deu_Latn", more_targets=("zho_Hans", "zho_Hant"))
+    async with running(create_app(fast_settings(), models=[model])) as client:
+        response = await client.get("/v2/languages?type=target")
+        assert [(lang["language"], lang["name"]) for lang in response.json()] == [
+            ("DE", "German"),
+            ("ZH", "Chinese"),
+            ("ZH-HANS", "Chinese (simplified)"),
+            ("ZH-HANT", "Chinese (traditional)"),
+        ]
+        for target, served in (("de", "deu_Latn"), ("ZH", "zho_Hans"), ("zh-hant", "zho_Hant")):
+            form = {"text": "A dog.", "source_lang": "EN", "target_lang": target}
+            response = await client.post("/v2/translate", data=form)
+            assert response.json()["translations"] == [
+                {"detected_source_language": "EN", "text": "A DOG."}
+            ]
+            assert model.encoded_for[-1] == served
+        response = await client.post("/v2/translate", data={"text": "A dog.", "target_lang": "DE"})
+        assert response.json()["translations"][0]["detected_source_language"] == "EN"
+
+
+async def test_usage_counts_each_keys_characters(deepl: httpx.AsyncClient) -> None:
+    await deepl.post(
+        "/v2/translate", data={"text": ["A dog.", "Hi"], "target_lang": "DE"}, headers=KEY
+    )
+    other = {"Authorization": "DeepL-Auth-Key k2"}
+    await deepl.post("/v2/translate", data={"text": "Fish", "target_lang": "DE"}, headers=other)
+    response = await deepl.get("/v2/usage", headers=KEY)
+    assert response.json() == {"character_count": 8, "character_limit": 1_000_000_000_000}
+    assert (await deepl.post("/v2/usage", data={"auth_key": "k2"})).json()["character_count"] == 4
+
+
+async def test_size_limits_are_413_and_a_full_queue_429(fake: FakeModel) -> None:
+    settings = fast_settings(max_body_bytes=200, max_characters=30, max_queue_segments=2)
+    app = create_app(settings, models=[fake])
+    async with running(app) as client:
+        response = await client.post("/v2/translate", data={"text": "a" * 300, "target_lang": "DE"})
+        assert "larger than the limit" in message(response, 413)
+        response = await client.post("/v2/translate", data={"text": "a" * 40, "target_lang": "DE"})
+        assert "max_characters" in message(response, 413)
+        runtime: Runtime = app.state.runtime
+        fake.gate, fake.entered = threading.Event(), threading.Event()
+        form: dict[str, Any] = {"source_lang": "EN", "target_lang": "DE"}
+        try:
+            busy = asyncio.ensure_future(client.post("/v2/translate", data={**form, "text": "a"}))
+            await asyncio.to_thread(fake.entered.wait, 5)
+            queued = asyncio.ensure_future(
+                client.post("/v2/translate", data={**form, "text": "B\nC"})
+            )
+            await async_wait_for(lambda: runtime.batchers[fake.name].depth == 2)
+            response = await client.post("/v2/translate", data={**form, "text": "d"})
+            assert message(response, 429)
+            assert response.headers["retry-after"] == "2"
+        finally:
+            fake.gate.set()
+        assert [(await r).status_code for r in (busy, queued)] == [200, 200]
+
+
+async def test_a_setting_moves_deepls_api_or_turns_it_off(fake: FakeModel) -> None:
+    form = {"text": "A dog.", "target_lang": "DE"}
+    async with running(create_app(fast_settings(deepl_prefix="/deepl/"), models=[fake])) as c:
+        assert (await c.post("/deepl/v2/translate", data=form)).status_code == 200
+        response = await c.post("/v2/translate", data=form)
+        assert response.status_code == 404 and "error" in response.json()
+        assert message(await c.get("/deepl/v2/nothing"), 404)
+    async with running(create_app(fast_settings(deepl=False), models=[fake])) as c:
+        response = await c.post("/v2/translate", data=form)
+        assert response.status_code == 404 and "error" in response.json()
