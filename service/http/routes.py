@@ -83,7 +83,7 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         if body.source == AUTO:
             _check_count(runtime, len(texts))
             detecting = runtime.translate_detected(
-                texts, body.target, body.decoding(), deadline=deadline, form=form
+                texts, body.target, body.decoding(), deadline=deadline, form=form, cache=body.cache
             )
             detected = await unless_disconnected(request, detecting)
             return TranslateResponse(
@@ -96,7 +96,9 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+        work = runtime.translate(
+            texts, pair, options, deadline=deadline, form=form, cache=body.cache
+        )
         results = await unless_disconnected(request, work)
     return TranslateResponse(
         model=model.name,

@@ -57,6 +57,11 @@ class TranslateRequest(BaseModel):
     return_alignments: bool = Field(
         False, description="per sentence: source and target tokens and which align"
     )
+    cache: bool = Field(
+        True,
+        description="false: every sentence is decoded for this request, neither answered from "
+        "the translation cache or another request's decoding nor stored",
+    )
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options this request set (None: the settings' default)."""

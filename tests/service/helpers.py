@@ -102,6 +102,7 @@ class FakeModel:
         max_input_tokens: int = 200,
     ) -> None:
         self.name = f"fake-{source}-{target}"
+        self.fingerprint = self.name
         self.source_language = source
         self.source_languages = (source,)
         self.target_languages = (target, *more_targets)
