@@ -214,3 +214,18 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class LimitUsage(BaseModel):
+    used: int = Field(description="requests or characters within the window")
+    limit: int | None = Field(description="the key's limit; null: unlimited")
+    window_s: int = Field(description="the window's length: 60, a day, 30 days")
+
+
+class UsageResponse(BaseModel):
+    name: str = Field(description="the key's name")
+    requests_per_minute: LimitUsage | None = Field(
+        description="null: the key has no such limit (its requests are not counted)"
+    )
+    characters_per_day: LimitUsage
+    characters_per_month: LimitUsage

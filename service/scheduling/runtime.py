@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
+from service.keys.access import Access
 from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
 from service.scheduling.cache import MemoryStore, RedisStore, Sentences, Store, sentence_key
@@ -174,6 +175,8 @@ class Runtime:
         )
         # The sentence cache and single flight; None: off (settings.cache).
         self.sentences = Sentences(store, metrics) if settings.cache else None
+        # Who may call and how much (service/keys/): static and stored keys, their limits.
+        self.access = Access(settings, self.redis, metrics)
         # Every served language, targets too: a text already in its target is seen as such.
         self.detector = Detector({language for pair in self.models for language in pair})
 
