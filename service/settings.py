@@ -270,8 +270,8 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(
         256 << 20,
         ge=0,
-        description="the in-process cache's size (least recently used entries go first); "
-        "without redis_url",
+        description="the in-process cache's size (least recently used entries go first); with "
+        "redis_url, the entries this process read or wrote, in front of Redis's",
     )
     cache_ttl_s: int = Field(
         7 * 24 * 3600,

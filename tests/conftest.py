@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.servers import RedisServer
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.importers.marian import import_checkpoint as import_marian
 from model.tokenizer import TOKENIZER_FILE, train_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
-from tests.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO / "checkpoints" / "multi30k-en-de"
@@ -48,7 +48,7 @@ def _thai_splitter_loaded() -> None:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """Debian's redis-server on a free loopback port, for the session (tests/redis_server.py);
+    """Debian's redis-server on a free loopback port, for the session (benchmarks/servers.py);
     skipped where it is not installed."""
     try:
         server = RedisServer(tmp_path_factory.mktemp("redis"))

@@ -9,9 +9,10 @@ queued or running for any request, or earlier in the same request (joined: singl
 submitted to the batcher (a miss), which stores what it gives. A paragraph half seen reuses the
 sentences it shares with earlier ones; markup and every API get it by going through the runtime.
 
-Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`) or
-`RedisStore` (`redis_url`: shared by every replica, entries expire after `cache_ttl_s`). A
-Redis that fails is skipped (service/store/connection.py): the sentences are decoded.
+Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
+`redis_url` a `TieredStore`: that in front of a `RedisStore` (shared by every replica, entries
+expire after `cache_ttl_s`). A Redis that fails is skipped (service/store/connection.py): the
+sentences are decoded, or answered by the process's own store.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class MemoryStore:
 
 
 class RedisStore:
-    """In Redis, shared by every replica; each entry expires `ttl_s` after it was written."""
+    """In Redis, shared by every replica; each entry expires `ttl_s` after it was written. While
+    Redis fails, it finds nothing and stores nothing."""
 
     def __init__(self, link: RedisLink, ttl_s: int) -> None:
         self._link = link
@@ -151,7 +153,10 @@ class RedisStore:
 
     async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
         names = [REDIS_PREFIX.encode() + key.hex().encode() for key in keys]
-        values = await self._link.run("cache_get", lambda: self._link.client.mget(names))
+        try:
+            values = await self._link.run("cache_get", lambda: self._link.client.mget(names))
+        except StoreUnavailable:  # counted and logged by the link: skipped, not failed
+            return [None] * len(keys)
         # Bytes: the client decodes no responses.
         return [None if value is None else decode(cast(bytes, value)) for value in values]
 
@@ -162,7 +167,36 @@ class RedisStore:
                     pipe.set(REDIS_PREFIX + key.hex(), encode(hypotheses), ex=self._ttl_s)
                 await pipe.execute()
 
-        await self._link.run("cache_put", write)
+        # A failure is counted and logged by the link; the next request decodes them again.
+        with contextlib.suppress(StoreUnavailable):
+            await self._link.run("cache_put", write)
+
+
+class TieredStore:
+    """The in-process store in front of Redis's: an entry never changes (its key says all its
+    answer depends on), so a replica may keep the ones it reads or writes, and a hot sentence
+    costs no round trip to Redis."""
+
+    def __init__(self, near: MemoryStore, far: RedisStore) -> None:
+        self._near = near
+        self._far = far
+
+    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
+        found = await self._near.get(keys)
+        missing = [i for i, hypotheses in enumerate(found) if hypotheses is None]
+        if missing:
+            far = await self._far.get([keys[i] for i in missing])
+            fetched = []
+            for i, hypotheses in zip(missing, far, strict=True):
+                if hypotheses is not None:
+                    found[i] = hypotheses
+                    fetched.append((keys[i], hypotheses))
+            await self._near.put(fetched)
+        return found
+
+    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
+        await self._near.put(entries)
+        await self._far.put(entries)
 
 
 # Submits the sentences at these positions of the request to the batcher: their hypotheses.
@@ -178,7 +212,7 @@ class Sentences:
         # Sentences being decoded, by key: their hypotheses once decoded, None if the request
         # that submitted them failed or went away (a joiner then submits its own).
         self._flights: dict[bytes, asyncio.Future[list[Hypothesis] | None]] = {}
-        self._writes: set[asyncio.Task[None]] = set()  # stores in progress, not awaited
+        self._writes: set[asyncio.Task[None]] = set()  # stores in progress (not awaited)
 
     async def decode(
         self, keys: Sequence[bytes], submit: Submit, *, deadline: float
@@ -189,7 +223,7 @@ class Sentences:
             first.setdefault(key, i)
         unique = list(first.values())
         results: dict[int, list[Hypothesis]] = {}
-        found = await self._lookup([keys[i] for i in unique])
+        found = await self.store.get([keys[i] for i in unique])
         joined: dict[int, asyncio.Future[list[Hypothesis] | None]] = {}
         owned: list[int] = []
         for i, hypotheses in zip(unique, found, strict=True):
@@ -216,12 +250,6 @@ class Sentences:
             results.update(zip(again, await submit(again), strict=True))
         return [results[first[key]] for key in keys]
 
-    async def _lookup(self, keys: list[bytes]) -> list[list[Hypothesis] | None]:
-        try:
-            return await self.store.get(keys)
-        except StoreUnavailable:
-            return [None] * len(keys)
-
     async def _fly(
         self, keys: Sequence[bytes], owned: list[int], submit: Submit
     ) -> dict[int, list[Hypothesis]]:
@@ -234,28 +262,27 @@ class Sentences:
         try:
             decoded = await submit(owned)
         finally:
-            for j, (i, flight) in enumerate(flights.items()):
-                del self._flights[keys[i]]
+            for j, flight in enumerate(flights.values()):
                 flight.set_result(None if decoded is None else decoded[j])
+            if decoded is None:
+                self._land([keys[i] for i in owned])
         finished = [
             (keys[i], hypotheses)
             for i, hypotheses in zip(owned, decoded, strict=True)
             if all(h.finish_reason != "deadline" for h in hypotheses)
         ]
-        if finished:
-            self._store(finished)
+        # The flights stay (answered) until their sentences are stored: a request that comes
+        # meanwhile joins them rather than missing the store.
+        task = asyncio.create_task(self.store.put(finished))
+        self._writes.add(task)
+        task.add_done_callback(lambda _: self._land([keys[i] for i in owned]))
         return dict(zip(owned, decoded, strict=True))
 
-    def _store(self, entries: list[tuple[bytes, list[Hypothesis]]]) -> None:
-        """Write in the background: the answer does not wait for Redis."""
-        task = asyncio.create_task(self._write(entries))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _write(self, entries: list[tuple[bytes, list[Hypothesis]]]) -> None:
-        # A failure is counted and logged by the link; the next request decodes them again.
-        with contextlib.suppress(StoreUnavailable):
-            await self.store.put(entries)
+    def _land(self, keys: list[bytes]) -> None:
+        """The flights of `keys` are over."""
+        for key in keys:
+            self._flights.pop(key, None)
+        self._writes = {task for task in self._writes if not task.done()}
 
 
 async def _within(

@@ -29,7 +29,14 @@ from service.errors import ErrorType, ServiceError
 from service.keys.access import Access
 from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
-from service.scheduling.cache import MemoryStore, RedisStore, Sentences, Store, sentence_key
+from service.scheduling.cache import (
+    MemoryStore,
+    RedisStore,
+    Sentences,
+    Store,
+    TieredStore,
+    sentence_key,
+)
 from service.settings import Settings
 from service.store.connection import RedisLink
 from service.text import pipeline
@@ -168,11 +175,10 @@ class Runtime:
                 retry_s=settings.redis_retry_s,
                 metrics=metrics,
             )
-        store: Store = (
-            MemoryStore(settings.cache_bytes, metrics)
-            if self.redis is None
-            else RedisStore(self.redis, settings.cache_ttl_s)
-        )
+        memory = MemoryStore(settings.cache_bytes, metrics)
+        store: Store = memory
+        if self.redis is not None:
+            store = TieredStore(memory, RedisStore(self.redis, settings.cache_ttl_s))
         # The sentence cache and single flight; None: off (settings.cache).
         self.sentences = Sentences(store, metrics) if settings.cache else None
         # Who may call and how much (service/keys/): static and stored keys, their limits.

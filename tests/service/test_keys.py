@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.servers import RedisServer
 from service.http.app import create_app
 from service.keys.__main__ import main as keys_cli
-from tests.redis_server import RedisServer
 from tests.service.helpers import FakeModel, fast_settings, running
 
 pytestmark = pytest.mark.anyio
