@@ -12,7 +12,6 @@ request is charged before any work, and a request over a limit is not charged ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import math
@@ -225,15 +224,36 @@ class Access:
         return self._keys
 
     async def _reload(self, store: KeyStore) -> None:
-        # A failure is counted and logged by the link; the keys last read stay.
-        with contextlib.suppress(StoreUnavailable):
+        try:
             version = await store.version()
             if version != self._version:
-                keys = await store.keys()
-                self._keys = {key.digest: key for key in keys}
-                self._version = version
-                log.info("API keys: %d stored (version %d)", len(keys), version)
-        self._checked = time.monotonic()
+                self._take(await store.keys(), version)
+        except StoreUnavailable:
+            pass  # counted and logged by the link; the keys last read stay
+        finally:
+            self._checked = time.monotonic()
+
+    def _take(self, keys: list[ApiKey], version: int) -> None:
+        if version < self._version and not keys and self._keys:
+            # Versions only grow: the store lost its data (Redis restarted without
+            # persistence). The keys last read stay until one is added again.
+            log.warning(
+                "the key store is empty and its version went back from %d to %d (Redis lost "
+                "its data?): keeping the %d keys last read until one is added again",
+                self._version,
+                version,
+                len(self._keys),
+            )
+        else:
+            self._keys = {key.digest: key for key in keys}
+            log.info("API keys: %d stored (version %d)", len(keys), version)
+        self._version = version
+
+    async def start(self) -> None:
+        """Read the stored keys before the first request needs them."""
+        if self.store is not None:
+            async with self._lock:
+                await self._reload(self.store)
 
     async def charge(self, key: ApiKey | None, characters: int) -> None:
         """Count a request against a stored key's limits (Quotas.charge); a static key or no

@@ -220,6 +220,7 @@ class Runtime:
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
         for batcher in self.batchers.values():
             batcher.start()
+        await self.access.start()
         self.detector.rank(WARM_UP_TEXT)  # loads its model
         warm_up: dict[str, tuple[str, str]] = {}  # model name -> its first pair
         for pair, model in self.models.items():

@@ -223,3 +223,45 @@ async def test_quotas_fail_open_or_closed_while_redis_is_down(
             assert "mt_quota_unchecked_total 1.0" in text
         finally:
             redis_server.start()
+
+
+async def test_redis_stopped_and_started_under_load_costs_no_error_and_no_deadline(
+    redis_server: RedisServer, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Clients keep sending (cache and quotas in Redis) while Redis goes down and comes back:
+    every request is answered 200, none later than its deadline; the cache and the quotas are
+    back in Redis afterwards."""
+    store = ["--store", "redis", "--redis-url", redis_url]
+    secret = await added(capsys, store, "load", "--requests-per-minute", "100000")
+    fake = FakeModel()
+    timeout_s = 2.0
+    settings = {"redis_timeout_s": 0.1, "redis_retry_s": 0.2, "request_timeout_s": timeout_s}
+    slowest = 0.0
+    statuses: list[int] = []
+    async with app_on(store, fake, **settings) as client:
+        stop = asyncio.Event()
+
+        async def load(worker: int) -> None:
+            nonlocal slowest
+            i = 0
+            while not stop.is_set():
+                started = asyncio.get_running_loop().time()
+                response = await post(client, secret, f"Status {worker}-{i % 7}.")
+                slowest = max(slowest, asyncio.get_running_loop().time() - started)
+                statuses.append(response.status_code)
+                i += 1
+
+        clients = [asyncio.ensure_future(load(w)) for w in range(8)]
+        await asyncio.sleep(0.3)
+        redis_server.stop()
+        await asyncio.sleep(0.6)
+        redis_server.start()
+        await asyncio.sleep(0.6)  # past redis_retry_s: Redis is used again
+        stop.set()
+        await asyncio.gather(*clients)
+        assert set(statuses) == {200} and len(statuses) > 50
+        assert slowest < timeout_s
+        metrics = (await client.get("/metrics")).text
+        assert "mt_redis_up 1.0" in metrics and "mt_quota_unchecked_total" in metrics
+        usage = (await client.get("/usage", headers={"X-API-Key": secret})).json()
+        assert usage["requests_per_minute"]["used"] >= 1  # counted in the new Redis again
