@@ -253,7 +253,7 @@ class Settings(BaseSettings):
         "with key_store redis); none: in this process",
     )
     redis_timeout_s: float = Field(
-        0.25,
+        0.5,
         gt=0.0,
         description="longest wait for one Redis call (connecting included); past it the call "
         "counts as failed: the cache is skipped, quotas fail open or closed (quota_fail_open)",
