@@ -25,6 +25,14 @@ from service.store.connection import RedisLink, StoreUnavailable
 
 LIMITS = ("requests_per_minute", "characters_per_day", "characters_per_month")
 UNLIMITED = "unlimited"
+COMMANDS = """commands (each has --help):
+  add NAME [--key SECRET] [--requests-per-minute N] [--characters-per-day N]
+           [--characters-per-month N] [--origin ORIGIN]...
+  set NAME [--requests-per-minute N] [--characters-per-day N] [--characters-per-month N]
+           [--origin ORIGIN]... [--any-origin]
+  list
+  remove NAME
+  usage NAME"""
 
 
 def _limit(value: str) -> int | None:
@@ -40,7 +48,12 @@ def _limit(value: str) -> int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m service.keys", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m service.keys",
+        description=__doc__,
+        epilog=COMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--store", choices=["sqlite", "redis"], help="default: MT_KEY_STORE")
     parser.add_argument("--db", type=Path, help="the SQLite file; default: MT_KEYS_DB")
     parser.add_argument("--redis-url", help="default: MT_REDIS_URL")

@@ -176,6 +176,13 @@ class Access:
         self._static = [key.get_secret_value().encode() for key in settings.api_keys]
         self.store = open_store(settings, link)
         self.quotas = Quotas.create(settings, link, metrics)
+        if self.store is not None and link is None and settings.workers > 1:
+            log.warning(
+                "each of the %d worker processes counts the API keys' limits on its own (a key "
+                "gets up to %d times its limits): set redis_url to count them in one place",
+                settings.workers,
+                settings.workers,
+            )
         self._reload_s = settings.keys_reload_s
         self._keys: dict[str, ApiKey] | None = None  # by digest; None: never loaded
         self._version = -1

@@ -81,14 +81,23 @@ async def test_a_sentence_twice_in_one_request_is_decoded_once(
     assert (await cache_counts(client))["joined"] == 2
 
 
-async def test_identical_sentences_of_concurrent_requests_are_decoded_once(
-    client: httpx.AsyncClient, fake: FakeModel
-) -> None:
+async def held_in_the_engine(
+    client: httpx.AsyncClient, fake: FakeModel, text: str
+) -> asyncio.Future[dict[str, Any]]:
+    """A request of `text`, being decoded by the fake engine until `fake.gate` is set (its
+    calls recorded from now on)."""
     fake.calls.clear()
     fake.entered.clear()
     fake.gate = threading.Event()
-    first = asyncio.ensure_future(translate(client, "The same status."))
-    await asyncio.to_thread(fake.entered.wait, 5)  # it is being decoded
+    request = asyncio.ensure_future(translate(client, text))
+    await asyncio.to_thread(fake.entered.wait, 5)
+    return request
+
+
+async def test_identical_sentences_of_concurrent_requests_are_decoded_once(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    first = await held_in_the_engine(client, fake, "The same status.")
     others = [
         asyncio.ensure_future(translate(client, text, return_scores=True))
         for text in ["The same status.", "The same status. And more."]
@@ -117,11 +126,7 @@ def client_flights(client: httpx.AsyncClient) -> dict[bytes, Any]:
 async def test_a_joiner_decodes_on_its_own_when_the_request_it_joined_goes_away(
     client: httpx.AsyncClient, fake: FakeModel
 ) -> None:
-    fake.calls.clear()
-    fake.entered.clear()
-    fake.gate = threading.Event()
-    blocker = asyncio.ensure_future(translate(client, "Occupies the engine."))
-    await asyncio.to_thread(fake.entered.wait, 5)
+    blocker = await held_in_the_engine(client, fake, "Occupies the engine.")
     owner = asyncio.ensure_future(translate(client, "Wanted by two."))
     await async_wait_for(lambda: len(client_flights(client)) == 2)
     joiner = asyncio.ensure_future(translate(client, "Wanted by two."))
