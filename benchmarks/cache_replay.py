@@ -3,13 +3,14 @@ paragraphs, as when a popular post is translated by each of its readers, sent by
 to `python -m service` with the cache off, in process, and in Redis.
 
     python -m benchmarks.cache_replay --bundle /work/bundles/multi30k-en-de \\
-        [--requests 250] [--clients 32] [--zipf 1.1] [--modes off,memory,redis] \\
+        [--requests 250] [--clients 32] [--zipf 1.1] [--modes off,memory,redis,redis-remote] \\
         [--cached-probes 300] [--json OUT]
 
 The pool: Multi30k's test2016 English side in paragraphs of one to three consecutive sentences
 (486); the load: a sequence of `--requests` of them drawn with P(rank k) proportional to
 k ** -zipf, the same sequence (seeded) for every mode (250 requests: a best hit rate near
-60 %). `redis` starts Debian's redis-server on a free loopback port (benchmarks/servers.py).
+60 %). `redis` starts Debian's redis-server on a free loopback port (benchmarks/servers.py);
+`redis-remote` too, with no in-process store in front of it (every hit read from Redis).
 
 For each mode: requests/s, p50/p99, the service's own counts of sentence-cache hits, misses
 (sentences decoded) and single-flight joins, and, once the load is over, the p50 of a cached
@@ -38,7 +39,9 @@ from benchmarks.servers import RedisServer, metric, percentile_ms, read_texts, s
 from service.text.segment import split
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-MODES = ("off", "memory", "redis")
+# redis-remote: Redis with no in-process store in front (--cache-bytes 0): every hit is read from
+# Redis, as a replica reads what another decoded.
+MODES = ("off", "memory", "redis", "redis-remote")
 
 
 @dataclass
@@ -155,10 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = args.server_args.split() + (["--no-cache"] if mode == "off" else [])
         with tempfile.TemporaryDirectory(prefix="mt-redis-") as tmp:
             redis = None
-            if mode == "redis":
+            if mode.startswith("redis"):
                 redis = RedisServer(Path(tmp))
                 redis.start()
                 flags += ["--redis-url", redis.url]
+            if mode == "redis-remote":
+                flags += ["--cache-bytes", "0"]
             try:
                 with service(args.bundle, flags) as server:
                     run = asyncio.run(replay(server.url, bodies, args.clients, probes))
