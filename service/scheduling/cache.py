@@ -265,7 +265,7 @@ class Sentences:
             for j, flight in enumerate(flights.values()):
                 flight.set_result(None if decoded is None else decoded[j])
             if decoded is None:
-                self._land([keys[i] for i in owned])
+                self._land(keys, flights)
         finished = [
             (keys[i], hypotheses)
             for i, hypotheses in zip(owned, decoded, strict=True)
@@ -275,13 +275,16 @@ class Sentences:
         # meanwhile joins them rather than missing the store.
         task = asyncio.create_task(self.store.put(finished))
         self._writes.add(task)
-        task.add_done_callback(lambda _: self._land([keys[i] for i in owned]))
+        task.add_done_callback(lambda _: self._land(keys, flights))
         return dict(zip(owned, decoded, strict=True))
 
-    def _land(self, keys: list[bytes]) -> None:
-        """The flights of `keys` are over."""
-        for key in keys:
-            self._flights.pop(key, None)
+    def _land(
+        self, keys: Sequence[bytes], flights: dict[int, asyncio.Future[list[Hypothesis] | None]]
+    ) -> None:
+        """These flights (by position in `keys`) are over."""
+        for i, flight in flights.items():
+            if self._flights.get(keys[i]) is flight:
+                del self._flights[keys[i]]
         self._writes = {task for task in self._writes if not task.done()}
 
 
