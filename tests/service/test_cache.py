@@ -9,6 +9,7 @@ import dataclasses
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.servers import RedisServer
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.http.app import create_app
+from service.inference.engine import Engine
 from service.metrics import Metrics
 from service.scheduling.cache import (
     SAME_HYPOTHESES,
@@ -278,3 +280,27 @@ async def test_translation_goes_on_while_redis_is_down_and_uses_it_once_back(
         await translate(client, "Back again.")
         assert decoded(fake) == ["Back again."]
         assert "mt_redis_up 1.0" in (await client.get("/metrics")).text
+
+
+async def test_the_shipped_models_answers_come_back_the_same_from_redis(
+    shipped_bundle: Path, redis_url: str
+) -> None:
+    """One replica decodes (markup and n-best with scores and alignments), another with no
+    store of its own answers from Redis: the same answers, byte for byte, nothing decoded."""
+    settings = fast_settings(redis_url=redis_url, cache_bytes=0)
+    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    text = "A man in a blue shirt rides a bike. A dog runs."
+    bodies = [
+        {"text": f"<p>{text.replace('blue', '<b>blue</b>')}</p>", "format": "html", **EN_DE},
+        {"text": text, "num_hypotheses": 2, "beam_size": 4, "return_scores": True, **EN_DE},
+        {"text": text, "return_alignments": True, "return_scores": True, **EN_DE},
+    ]
+    async with running(create_app(settings, models=[engine])) as first:
+        answers = [await first.post("/translate", json=body) for body in bodies]
+        await async_wait_for(lambda: not first_writes(first))
+    async with running(create_app(settings, models=[engine])) as second:
+        hits = (await cache_counts(second))["hit"]
+        again = [await second.post("/translate", json=body) for body in bodies]
+        assert (await cache_counts(second))["hit"] == hits + 2 * len(bodies)
+    assert all(a.status_code == 200 for a in answers)
+    assert [a.content for a in again] == [a.content for a in answers]
