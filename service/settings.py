@@ -337,6 +337,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            scheme = value.get_secret_value().partition("://")[0]
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
     @model_validator(mode="after")
     def _redis_for_redis_keys(self) -> Self:
         if self.key_store == "redis" and self.redis_url is None:

@@ -68,6 +68,8 @@ class SqliteKeys:
     def __init__(self, path: Path) -> None:
         self.path = path
         with self._connect() as db:
+            # Readers (every service process, every keys_reload_s) never wait for a writer.
+            db.execute("PRAGMA journal_mode=WAL")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, digest TEXT UNIQUE "
                 "NOT NULL, key TEXT NOT NULL)"

@@ -10,10 +10,12 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from benchmarks.servers import RedisServer
 from service.http.app import create_app
 from service.keys.__main__ import main as keys_cli
+from service.settings import Settings, invalid_settings
 from tests.service.helpers import FakeModel, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -265,3 +267,14 @@ async def test_redis_stopped_and_started_under_load_costs_no_error_and_no_deadli
         assert "mt_redis_up 1.0" in metrics and "mt_quota_unchecked_total" in metrics
         usage = (await client.get("/usage", headers={"X-API-Key": secret})).json()
         assert usage["requests_per_minute"]["used"] >= 1  # counted in the new Redis again
+
+
+def test_settings_refuse_a_redis_key_store_without_redis_and_a_url_that_is_not_redis() -> None:
+    with pytest.raises(ValidationError, match="key_store redis needs redis_url"):
+        Settings(key_store="redis")
+    with pytest.raises(ValidationError) as error:
+        Settings(redis_url="http://127.0.0.1:6379")
+    assert invalid_settings(error.value) == (
+        "invalid settings: --redis-url (MT_REDIS_URL): Value error, must start with redis://, "
+        "rediss:// or unix://"
+    )
