@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     probes = [seen[i % len(seen)] for i in range(args.cached_probes)]
     runs: list[Run] = []
     for mode in modes:
-        flags = args.server_args.split() + (["--no-cache"] if mode == "off" else [])
+        flags = args.server_args.split() + (["--no-cache"] if mode == "off" else ["--cache"])
         with tempfile.TemporaryDirectory(prefix="mt-redis-") as tmp:
             redis = None
             if mode.startswith("redis"):

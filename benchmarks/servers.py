@@ -115,7 +115,11 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 def start_service(bundle: Path, flags: list[str], port: int) -> subprocess.Popen[Any]:
     """`python -m service` on 127.0.0.1:`port`, started (not yet ready); its output goes to
-    this process's."""
+    this process's. Without the sentence cache unless `flags` say `--cache`: the benchmarks
+    send the same sentences again and again, and measure the model and the service, not the
+    cache (benchmarks/cache_replay.py measures that)."""
+    if "--cache" not in flags and "--no-cache" not in flags:
+        flags = [*flags, "--no-cache"]
     command = [
         sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
         "--port", str(port), "--log-level", "warning", *flags,
