@@ -5,18 +5,15 @@ load's distinct ones."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import uvicorn
 
 from benchmarks.cache_replay import paragraphs, replay, zipf_sequence
-from benchmarks.servers import free_port
 from service.http.app import create_app
-from tests.service.helpers import FakeModel, fast_settings
+from tests.service.helpers import FakeModel, fast_settings, uvicorn_thread
 
 
 def test_the_draw_follows_zipfs_law_and_paragraphs_keep_every_sentence_once() -> None:
@@ -32,16 +29,8 @@ def test_the_draw_follows_zipfs_law_and_paragraphs_keep_every_sentence_once() ->
 
 @pytest.fixture
 def fake_server() -> Iterator[str]:
-    port = free_port()
-    app = create_app(fast_settings(), models=[FakeModel()])
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with uvicorn_thread(create_app(fast_settings(), models=[FakeModel()])) as url:
+        yield url
 
 
 def test_a_replay_decodes_each_distinct_sentence_once(fake_server: str) -> None:

@@ -214,6 +214,25 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+@contextlib.contextmanager
+def uvicorn_thread(app: Any) -> Iterator[str]:
+    """`app` (any ASGI app) served by uvicorn in a thread of this process on 127.0.0.1: its
+    URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
 class ServerProcess:
     """`python -m service` in a subprocess on 127.0.0.1; always stopped by its context."""
 
