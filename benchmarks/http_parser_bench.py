@@ -49,7 +49,12 @@ def serve(parser: str, bundle: Path, port: int) -> None:
     from service.settings import Settings
 
     settings = Settings(
-        bundle=[bundle], host=HOST, port=port, log_level="warning", intra_op_threads=1
+        bundle=[bundle],
+        host=HOST,
+        port=port,
+        log_level="warning",
+        intra_op_threads=1,
+        cache=False,  # one request again and again: time the model, not the cache
     )
     config = uvicorn_config(create_app(settings), settings)
     if parser != "guarded":

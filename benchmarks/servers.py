@@ -115,7 +115,11 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 def start_service(bundle: Path, flags: list[str], port: int) -> subprocess.Popen[Any]:
     """`python -m service` on 127.0.0.1:`port`, started (not yet ready); its output goes to
-    this process's."""
+    this process's. Without the sentence cache unless `flags` say `--cache`: the benchmarks
+    send the same sentences again and again, and measure the model and the service, not the
+    cache (benchmarks/cache_replay.py measures that)."""
+    if "--cache" not in flags and "--no-cache" not in flags:
+        flags = [*flags, "--no-cache"]
     command = [
         sys.executable, "-m", "service", "--bundle", str(bundle), "--host", HOST,
         "--port", str(port), "--log-level", "warning", *flags,
@@ -218,3 +222,61 @@ def nginx(
             yield Running(port, process)
         finally:
             _stop(process)
+
+
+REDIS_SERVER = "redis-server"
+
+
+class RedisServer:
+    """Debian's `redis-server` from PATH on a free loopback port, in `directory`, without
+    persistence: what the shared-state tests and benchmarks/cache_replay.py run against.
+    `stop()` and `start()` take it down and bring it back on the same port (the fault tests).
+    Raises FileNotFoundError where it is not installed (Debian: apt-get install redis-server)."""
+
+    def __init__(self, directory: Path) -> None:
+        executable = shutil.which(REDIS_SERVER)
+        if executable is None:
+            raise FileNotFoundError(f"{REDIS_SERVER} is not on PATH")
+        self.executable = executable
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.executable,
+                "--port", str(self.port),
+                "--bind", HOST,
+                "--dir", str(self.directory),
+                "--save", "",
+                "--appendonly", "no",
+                "--protected-mode", "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection((HOST, self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def flush(self) -> None:
+        """Empty every key (between tests that share the server)."""
+        with socket.create_connection((HOST, self.port), timeout=2) as s:
+            s.sendall(b"FLUSHALL\r\n")
+            s.recv(16)

@@ -186,6 +186,45 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.sentence_cache = Counter(
+            "mt_sentence_cache",
+            "Sentences looked up in the translation cache: hit (answered from it), miss "
+            "(decoded), joined (answered by the decoding of the same sentence for another "
+            "request, or earlier in the same one: single flight)",
+            ["result"],
+            registry=r,
+        )
+        self.sentence_cache_bytes = Gauge(
+            "mt_sentence_cache_bytes",
+            "Memory of the in-process translation cache's entries (without redis_url)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.redis_up = Gauge(
+            "mt_redis_up",
+            "1 while Redis answers (redis_url), 0 after a failed call until one succeeds",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.redis_errors = Counter(
+            "mt_redis_errors",
+            "Redis calls that failed or timed out (redis_timeout_s), by operation",
+            ["operation"],
+            registry=r,
+        )
+        self.quota_rejections = Counter(
+            "mt_quota_rejections",
+            "Requests refused by their API key's limits, by limit (requests_per_minute, "
+            "characters_per_day, characters_per_month)",
+            ["limit"],
+            registry=r,
+        )
+        self.quota_unchecked = Counter(
+            "mt_quota_unchecked",
+            "Requests whose key's limits could not be counted (Redis failed): served with "
+            "quota_fail_open, else refused with 503",
+            registry=r,
+        )
         self.model_info = Gauge(
             "mt_model_info",
             "Loaded models (value 1)",

@@ -251,6 +251,58 @@ class Settings(BaseSettings):
         "long uvicorn waits for open requests",
     )
 
+    # --- Shared state: the translation cache, API keys and their quotas -----------------------
+    redis_url: SecretStr | None = Field(
+        None,
+        description="Redis (redis://[:password@]host:port/db, rediss:// for TLS) that every "
+        "replica shares: the translation cache and the quotas' counts live there (and the keys "
+        "with key_store redis); none: in this process",
+    )
+    redis_timeout_s: float = Field(
+        0.5,
+        gt=0.0,
+        description="longest wait for one Redis call (connecting included); past it the call "
+        "counts as failed: the cache is skipped, quotas fail open or closed (quota_fail_open)",
+    )
+    redis_retry_s: float = Field(
+        2.0,
+        gt=0.0,
+        description="after a failed Redis call, requests skip Redis for this long (no request "
+        "waits on a Redis that is down), then one call tries it again",
+    )
+    cache: bool = Field(
+        True, description="cache each sentence's translation (a request may opt out: cache false)"
+    )
+    cache_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="the in-process cache's size (least recently used entries go first); with "
+        "redis_url, the entries this process read or wrote, in front of Redis's",
+    )
+    cache_ttl_s: int = Field(
+        7 * 24 * 3600,
+        ge=1,
+        description="how long a sentence's translation stays in Redis's cache (with redis_url)",
+    )
+    key_store: Literal["none", "sqlite", "redis"] = Field(
+        "none",
+        description="where API keys with limits live (python -m service.keys manages them): "
+        "sqlite (keys_db, one host), redis (redis_url, every replica); none: only api_keys. With "
+        "a store, every request needs a key, from the store or api_keys",
+    )
+    keys_db: Path = Field(Path("keys.sqlite3"), description="the SQLite key store's file")
+    keys_reload_s: float = Field(
+        2.0,
+        gt=0.0,
+        description="how often a running service checks the key store for changes (a version "
+        "number: one cheap read)",
+    )
+    quota_fail_open: bool = Field(
+        True,
+        description="when Redis cannot count a request against its key's limits: serve it "
+        "(true) or answer 503 (false); logged and counted either way",
+    )
+
     @field_validator("bundle", "model", "checkpoint", "api_keys", "cors_origins", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
@@ -289,6 +341,21 @@ class Settings(BaseSettings):
                 f"default_beam_size {self.default_beam_size} exceeds max_beam_size "
                 f"{self.max_beam_size}"
             )
+        return self
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            scheme = value.get_secret_value().partition("://")[0]
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @model_validator(mode="after")
+    def _redis_for_redis_keys(self) -> Self:
+        if self.key_store == "redis" and self.redis_url is None:
+            raise ValueError("key_store redis needs redis_url")
         return self
 
 

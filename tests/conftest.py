@@ -9,12 +9,14 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from benchmarks.servers import RedisServer
 from export.onnx_export import export_bundle
 from model.data import read_lines
 from model.importers.marian import import_checkpoint as import_marian
@@ -42,6 +44,28 @@ def _thai_splitter_loaded() -> None:
     from service.text.segment import split
 
     split("สวัสดีครับ ขอบคุณครับ")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """Debian's redis-server on a free loopback port, for the session (benchmarks/servers.py);
+    skipped where it is not installed."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis, running (a fault test may have stopped it) and empty."""
+    if redis_server.process is None:
+        redis_server.start()
+    redis_server.flush()
+    return redis_server.url
 
 
 @pytest.fixture(scope="session")

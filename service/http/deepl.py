@@ -38,6 +38,7 @@ from service.http.middleware import (
     translate_texts,
     utf8_header,
 )
+from service.keys.store import ApiKey
 from service.scheduling.runtime import DetectedTranslation, Runtime
 from service.text.detect import detector_label
 from service.text.markup import Tags
@@ -71,11 +72,13 @@ _LISTS = ("text", *_TAG_LISTS, "glossary_ids")
 def deepl_face(prefix: str) -> ErrorFace:
     """DeepL's error body, `{"message": ...}`, and its statuses: 400 for what the native API
     answers 422, 403 for a missing or wrong key, 413 for a request too large in bytes or in
-    characters (and a sentence over the model's limit)."""
+    characters (and a sentence over the model's limit), 456 for a key's character quota spent
+    (service/keys/)."""
     statuses = {
         **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
         ErrorType.UNAUTHORIZED: 403,
         ErrorType.INPUT_TOO_LONG: 413,
+        ErrorType.QUOTA_EXCEEDED: 456,
     }
     return ErrorFace(
         (f"{prefix}/v2", f"{prefix}/v3"), statuses, lambda message: {"message": message}
@@ -159,14 +162,25 @@ async def _header_key(request: Request, service_key: PresentedKey) -> str | None
 HeaderKey = Annotated[str | None, Depends(_header_key)]
 
 
-def deepl_key(runtime: Runtime, fields: Mapping[str, Any], header_key: str | None) -> str | None:
+@dataclass(frozen=True)
+class DeepLCaller:
+    """Who calls: the key presented (None when the service takes no keys: usage then counts
+    for everyone together, a key nobody checks names nobody) and, for a key of the key store,
+    its limits (service/keys/)."""
+
+    key: str | None
+    stored: ApiKey | None
+
+
+async def deepl_key(
+    runtime: Runtime, request: Request, fields: Mapping[str, Any], header_key: str | None
+) -> DeepLCaller:
     """The key a request authenticates with (the header's, else the deprecated `auth_key`
-    field's), checked; None when the service takes no keys (usage then counts for everyone
-    together: a key nobody checks names nobody)."""
+    field's), checked."""
     field = fields.get("auth_key")
     key = header_key if header_key is not None or not isinstance(field, str) else field
-    check_api_key(runtime, key)
-    return key if runtime.settings.api_keys else None
+    stored = await check_api_key(runtime, key, request)
+    return DeepLCaller(key if runtime.settings.api_keys or stored else None, stored)
 
 
 # --- Values ------------------------------------------------------------------------------------
@@ -434,14 +448,16 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         deadline = time.monotonic() + runtime.settings.request_timeout_s
         with runtime.accept():
             fields = await deepl_fields(request, runtime, header_key)
-            key = deepl_key(runtime, fields, header_key)
+            caller = await deepl_key(runtime, request, fields, header_key)
             body = _translate_request(runtime, fields)
             texts = body.texts
+            characters = sum(len(text) for text in texts)
+            await runtime.access.charge(caller.stored, characters)
             found = await translate_texts(
                 request, runtime, texts, body.source, body.target, {},
                 deadline=deadline, form=body.form,
             )  # fmt: skip
-        usage.record(key, sum(len(text) for text in texts))
+        usage.record(caller.key, characters)
         return DeepLTranslateResponse(
             translations=[
                 _translation(body, t, d, _Languages.of(runtime).codes)
@@ -455,7 +471,7 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         """The served languages with DeepL's codes: as sources, or (`type=target`) as targets,
         English and Portuguese also by their regional variants; no model has formality."""
         fields = await deepl_fields(request, runtime, header_key)
-        deepl_key(runtime, fields, header_key)
+        await deepl_key(runtime, request, fields, header_key)
         kind = fields.get("type", "source")
         if kind not in ("source", "target"):
             raise _bad("Parameter 'type' is invalid. 'source' and 'target' are valid values.")
@@ -482,12 +498,18 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
     async def deepl_usage(
         request: Request, runtime: RuntimeDep, header_key: HeaderKey
     ) -> DeepLUsage:
-        """The characters translated with this key (this process's count, docs/api.md) and
-        its limit."""
-        key = deepl_key(runtime, await deepl_fields(request, runtime, header_key), header_key)
-        limit = usage.limit(key)
+        """The characters translated with this key and its limit: a key of the key store's
+        month, counted in every replica; else this process's count, without a limit
+        (docs/api.md)."""
+        fields = await deepl_fields(request, runtime, header_key)
+        caller = await deepl_key(runtime, request, fields, header_key)
+        if caller.stored is not None:
+            month = (await runtime.access.quotas.usage(caller.stored)).characters_per_month
+            count, limit = month.used, month.limit
+        else:
+            count, limit = usage.count(caller.key), usage.limit(caller.key)
         return DeepLUsage(
-            character_count=usage.count(key),
+            character_count=count,
             character_limit=NO_CHARACTER_LIMIT if limit is None else limit,
         )
 

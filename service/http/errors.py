@@ -40,6 +40,8 @@ ERROR_TABLE: dict[ErrorType, ErrorRow] = {
     # Written by the server itself (service/http/connections.py) when a request's head is late.
     ErrorType.REQUEST_TIMEOUT: ErrorRow(408, retry_after=False),
     ErrorType.QUEUE_FULL: ErrorRow(429, retry_after=True),
+    ErrorType.RATE_LIMITED: ErrorRow(429, retry_after=True),
+    ErrorType.QUOTA_EXCEEDED: ErrorRow(429, retry_after=True),
     ErrorType.DEADLINE_EXCEEDED: ErrorRow(503, retry_after=True),
     # Decoded past the deadline: the same request would take as long again, so no Retry-After.
     ErrorType.DECODING_TIMEOUT: ErrorRow(504, retry_after=False),
@@ -79,10 +81,14 @@ class ErrorRenderer:
     retry_after_s: int
     faces: Sequence[ErrorFace] = ()
 
-    def response(self, path: str, type: ErrorType, message: str) -> JSONResponse:
+    def response(
+        self, path: str, type: ErrorType, message: str, retry_after_s: int | None = None
+    ) -> JSONResponse:
+        """`retry_after_s`: the error's own Retry-After (ServiceError.retry_after_s)."""
         row = ERROR_TABLE[type]
         self.metrics.rejected.labels(reason=type.value).inc()
-        headers = {"Retry-After": str(self.retry_after_s)} if row.retry_after else {}
+        retry = self.retry_after_s if retry_after_s is None else retry_after_s
+        headers = {"Retry-After": str(retry)} if row.retry_after else {}
         # A message may quote the client's input, which may hold lone surrogates: written as
         # escapes, not as a failure to encode the answer.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -99,7 +105,7 @@ class ErrorRenderer:
 def install_error_handlers(app: FastAPI, renderer: ErrorRenderer) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return renderer.response(request.url.path, exc.type, exc.message)
+        return renderer.response(request.url.path, exc.type, exc.message, exc.retry_after_s)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

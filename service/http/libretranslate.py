@@ -25,6 +25,7 @@ from service.http.middleware import (
     translate_texts,
     validate,
 )
+from service.keys.store import ApiKey
 from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
 from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
@@ -144,7 +145,7 @@ async def libretranslate_translate(
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     with runtime.accept():
         fields, strict = await _libretranslate_fields(request, runtime, header_key)
-        _check_key(runtime, fields, header_key)
+        caller = await _check_key(runtime, fields, header_key, request)
         body = validate(LibreTranslateRequest, fields, strict=strict)
         q, source, target = body.q, body.source, body.target
         if not q:
@@ -168,6 +169,7 @@ async def libretranslate_translate(
                 f"Invalid request: alternatives parameter must be <= "
                 f"{runtime.settings.max_beam_size - 1}",
             )
+        await runtime.access.charge(caller, sum(len(text) for text in texts))
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
         form = Form(body.format)
@@ -210,11 +212,15 @@ def _missing(name: str) -> ServiceError:
     return ServiceError(ErrorType.INVALID_REQUEST, f"Invalid request: missing {name} parameter")
 
 
-def _check_key(runtime: Runtime, fields: dict[str, Any], header_key: str | None) -> None:
+async def _check_key(
+    runtime: Runtime, fields: dict[str, Any], header_key: str | None, request: Request
+) -> ApiKey | None:
     """The key in the body (LibreTranslate's `api_key`), else the header's: checked before the
     fields are validated, so that a client without a key learns nothing about the API."""
     api_key = fields.get("api_key")
-    check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+    return await check_api_key(
+        runtime, api_key if isinstance(api_key, str) else header_key, request
+    )
 
 
 async def _libretranslate_fields(
@@ -254,10 +260,11 @@ async def libretranslate_detect(
     with confidence 0 when none is: clients read the first)."""
     with runtime.accept():  # refused while draining, like every request that carries text
         fields, strict = await _libretranslate_fields(request, runtime, header_key)
-        _check_key(runtime, fields, header_key)
+        caller = await _check_key(runtime, fields, header_key, request)
         q = validate(LibreTranslateDetectRequest, fields, strict=strict).q
         if not q:
             raise _missing("q")
+        await runtime.access.charge(caller, 0)  # a request; no characters translated
         (found,) = await runtime.detect([q])
     return [_detected(c) for c in found or [UNDETERMINED]]
 

@@ -5,7 +5,6 @@ security-header middlewares."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 import time
@@ -22,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorType, ServiceError
 from service.http.errors import ErrorRenderer, describe_validation_errors
+from service.keys.store import ApiKey
 from service.metrics import Metrics
 from service.scheduling.runtime import DetectedTranslation, Runtime
 from service.text.detect import Candidate
@@ -69,23 +69,20 @@ def utf8_header(value: str) -> str:
 PresentedKey = Annotated[str | None, Depends(presented_key)]
 
 
-def check_api_key(runtime: Runtime, key: str | None) -> None:
-    keys = runtime.settings.api_keys
-    if not keys:
-        return
-    if key is None:
-        raise ServiceError(ErrorType.UNAUTHORIZED, "an API key is required")
-    presented = key.encode()
-    # Constant time, and every key compared: the answer's timing tells nothing.
-    accepted = False
-    for known in keys:
-        accepted |= hmac.compare_digest(known.get_secret_value().encode(), presented)
-    if not accepted:
-        raise ServiceError(ErrorType.UNAUTHORIZED, "invalid API key")
+async def check_api_key(runtime: Runtime, key: str | None, request: Request) -> ApiKey | None:
+    """The stored key (service/keys/) the request presents, whose limits it is counted
+    against; None: a static key (api_keys), or none needed. Else 401."""
+    return await runtime.access.authenticate(key, request.headers.get("origin"))
 
 
-async def require_api_key(runtime: RuntimeDep, key: PresentedKey) -> None:
-    check_api_key(runtime, key)
+async def require_api_key(
+    runtime: RuntimeDep, key: PresentedKey, request: Request
+) -> ApiKey | None:
+    return await check_api_key(runtime, key, request)
+
+
+# Who calls: the stored key whose limits the request counts against (None: no limits).
+Caller = Annotated[ApiKey | None, Depends(require_api_key)]
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -119,7 +116,7 @@ async def read_json_or_refuse(
     try:
         return await read_json(request)
     except ServiceError:
-        check_api_key(runtime, header_key)
+        await check_api_key(runtime, header_key, request)
         raise
 
 

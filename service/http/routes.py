@@ -12,16 +12,16 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
 from service.http.middleware import (
+    Caller,
     RuntimeDep,
     read_json,
-    require_api_key,
     unless_disconnected,
     validate,
 )
@@ -33,6 +33,7 @@ from service.http.schemas import (
     ErrorBody,
     LanguagePair,
     Limits,
+    LimitUsage,
     ModelStatus,
     SegmentInfo,
     SentenceAlignmentOut,
@@ -42,7 +43,9 @@ from service.http.schemas import (
     TranslateRequest,
     TranslateResponse,
     TranslationOut,
+    UsageResponse,
 )
+from service.keys.access import Count
 from service.metrics import Metrics
 from service.scheduling.runtime import DetectedTranslation, Runtime, TranslationModel
 from service.text.alignment import TextAlignment
@@ -64,8 +67,8 @@ router = APIRouter()
     response_model=TranslateResponse,
     response_model_exclude_none=True,
     responses=_ERRORS,
-    # The key is checked before the body is read: the body is parsed here, not by FastAPI.
-    dependencies=[Depends(require_api_key)],
+    # The key (Caller) is checked before the body is read: the body is parsed here, not by
+    # FastAPI.
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -73,17 +76,19 @@ router = APIRouter()
         }
     },
 )
-async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
+async def translate(request: Request, runtime: RuntimeDep, caller: Caller) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
     form = Form(body.format, body.translate_attributes, body.return_alignments)
+    characters = sum(len(text) for text in texts)
     with runtime.accept():
         if body.source == AUTO:
             _check_count(runtime, len(texts))
+            await runtime.access.charge(caller, characters)
             detecting = runtime.translate_detected(
-                texts, body.target, body.decoding(), deadline=deadline, form=form
+                texts, body.target, body.decoding(), deadline=deadline, form=form, cache=body.cache
             )
             detected = await unless_disconnected(request, detecting)
             return TranslateResponse(
@@ -96,7 +101,10 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+        await runtime.access.charge(caller, characters)
+        work = runtime.translate(
+            texts, pair, options, deadline=deadline, form=form, cache=body.cache
+        )
         results = await unless_disconnected(request, work)
     return TranslateResponse(
         model=model.name,
@@ -110,7 +118,6 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     "/detect",
     response_model=DetectResponse,
     responses=_ERRORS,
-    dependencies=[Depends(require_api_key)],
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -118,12 +125,13 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         }
     },
 )
-async def detect(request: Request, runtime: RuntimeDep) -> DetectResponse:
+async def detect(request: Request, runtime: RuntimeDep, caller: Caller) -> DetectResponse:
     """The languages each text may be in, among those served, most likely first."""
     body = validate(DetectRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
     with runtime.accept():
         _check_count(runtime, len(texts))
+        await runtime.access.charge(caller, 0)  # a request; no characters translated
         found = await runtime.detect(texts, body.format)
     return DetectResponse(detections=[[_detected(c) for c in f or []] for f in found])
 
@@ -197,6 +205,35 @@ def _check_count(runtime: Runtime, count: int) -> None:
         )
 
 
+@router.get(
+    "/usage",
+    response_model=UsageResponse,
+    responses={status: {"model": ErrorBody} for status in (401, 404, 503)},
+)
+async def usage(runtime: RuntimeDep, caller: Caller) -> UsageResponse:
+    """The calling key's use of its limits, counted in every replica (a key of the key store;
+    docs/api.md)."""
+    if caller is None:
+        raise ServiceError(
+            ErrorType.NOT_FOUND,
+            "usage is counted for the keys of the key store (python -m service.keys); this "
+            "request's key has no limits",
+        )
+    used = await runtime.access.quotas.usage(caller)
+    return UsageResponse(
+        name=used.name,
+        requests_per_minute=None
+        if used.requests_per_minute is None
+        else _limit_usage(used.requests_per_minute),
+        characters_per_day=_limit_usage(used.characters_per_day),
+        characters_per_month=_limit_usage(used.characters_per_month),
+    )
+
+
+def _limit_usage(count: Count) -> LimitUsage:
+    return LimitUsage(used=count.used, limit=count.limit, window_s=count.window_s)
+
+
 @router.get("/languages", response_model=list[LanguagePair])
 async def languages(runtime: RuntimeDep) -> list[LanguagePair]:
     """The language pairs served, one model each."""
@@ -240,7 +277,7 @@ async def status(runtime: RuntimeDep) -> ServiceStatus:
     return ServiceStatus(
         ready=runtime.ready,
         draining=runtime.draining,
-        api_key_required=bool(settings.api_keys),
+        api_key_required=runtime.access.required,
         language_detection=True,
         queue_depth=sum(depths.values()),
         in_flight=runtime.in_flight,

@@ -57,6 +57,11 @@ class TranslateRequest(BaseModel):
     return_alignments: bool = Field(
         False, description="per sentence: source and target tokens and which align"
     )
+    cache: bool = Field(
+        True,
+        description="false: every sentence is decoded for this request, neither answered from "
+        "the translation cache or another request's decoding nor stored",
+    )
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options this request set (None: the settings' default)."""
@@ -209,3 +214,18 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class LimitUsage(BaseModel):
+    used: int = Field(description="requests or characters within the window")
+    limit: int | None = Field(description="the key's limit; null: unlimited")
+    window_s: int = Field(description="the window's length: 60, a day, 30 days")
+
+
+class UsageResponse(BaseModel):
+    name: str = Field(description="the key's name")
+    requests_per_minute: LimitUsage | None = Field(
+        description="null: the key has no such limit (its requests are not counted)"
+    )
+    characters_per_day: LimitUsage
+    characters_per_month: LimitUsage

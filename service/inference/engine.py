@@ -29,6 +29,7 @@ intra-op threads do the parallel work. `encode` and `decode` need no lock.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import threading
@@ -201,6 +202,12 @@ class Engine:
         self._aligns_read = self.manifest.alignment is not None and self.manifest.alignment.aligner
         self.provider: str = decoder_step.get_providers()[0]
         self.device: Literal["cpu", "cuda"] = "cuda" if self.provider == CUDA_PROVIDER else "cpu"
+        # What this model's translations are a function of, for the sentence cache's keys
+        # (service/scheduling/cache.py): the manifest lists every file's sha256, so its text is
+        # the bundle's content hash; the provider too (CUDA's kernels round differently).
+        self.fingerprint: str = hashlib.sha256(
+            f"{self.manifest.to_json()}\0{self.provider}".encode()
+        ).hexdigest()
         self.dtype: str = self.manifest.dtype
         # What /status shows an operator: the card travels in the bundle (hash-verified).
         card = self.manifest.card

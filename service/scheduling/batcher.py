@@ -118,7 +118,7 @@ REFILL_FRACTION = 4
 STARVING_S = 0.5
 
 # A request still being decoded when its deadline passes.
-_DECODING_TIMEOUT = (
+DECODING_TIMEOUT_MESSAGE = (
     "the translation was not done within the request's deadline (request_timeout_s); send "
     "less text at once"
 )
@@ -225,7 +225,7 @@ class Batcher:
             if not late or (task is not None and task.cancelling()):
                 raise
             if any(item.decoding for item in pending):
-                raise ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT) from None
+                raise ServiceError(ErrorType.DECODING_TIMEOUT, DECODING_TIMEOUT_MESSAGE) from None
             raise ServiceError(
                 ErrorType.DEADLINE_EXCEEDED,
                 "the request waited longer than its deadline; retry later",
@@ -447,7 +447,9 @@ class Batcher:
         """A segment the engine took out of its batch between two steps."""
         self._metrics.stopped.labels(self._model, item.why()).inc()
         if not item.future.done():  # past its deadline before the request's timer ran
-            item.future.set_exception(ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT))
+            item.future.set_exception(
+                ServiceError(ErrorType.DECODING_TIMEOUT, DECODING_TIMEOUT_MESSAGE)
+            )
 
     def _fail_running(
         self, stepper: Stepper | None, admitted: list[_Pending], type: ErrorType, message: str

@@ -26,9 +26,19 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
 from service.errors import ErrorType, ServiceError
+from service.keys.access import Access
 from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
+from service.scheduling.cache import (
+    MemoryStore,
+    RedisStore,
+    Sentences,
+    Store,
+    TieredStore,
+    sentence_key,
+)
 from service.settings import Settings
+from service.store.connection import RedisLink
 from service.text import pipeline
 from service.text.detect import Candidate, Detector
 from service.text.markup import NO_TAGS, Tags
@@ -67,6 +77,9 @@ class TranslationModel(TextModel, Protocol):
     """What the service needs of an engine (service.inference.engine.Engine, or a test's fake)."""
 
     name: str  # unique among the served models: the metrics' model label
+    # What its translations are a function of (its bundle's content hash): the sentence
+    # cache's keys (service/scheduling/cache.py) never answer for another model.
+    fingerprint: str
     source_languages: tuple[str, ...]  # several for a multilingual model (M2M100, NLLB)
     target_languages: tuple[str, ...]  # several for a multi-target or multilingual model
     provider: str
@@ -154,6 +167,23 @@ class Runtime:
         self._no_requests = asyncio.Event()
         self._no_requests.set()
         self.request_rate = RequestRate()  # translation requests answered, for /status
+        # The process's one Redis client (service/store/connection.py), when there is Redis.
+        self.redis: RedisLink | None = None
+        if settings.redis_url is not None:
+            self.redis = RedisLink(
+                settings.redis_url.get_secret_value(),
+                timeout_s=settings.redis_timeout_s,
+                retry_s=settings.redis_retry_s,
+                metrics=metrics,
+            )
+        memory = MemoryStore(settings.cache_bytes, metrics)
+        store: Store = memory
+        if self.redis is not None:
+            store = TieredStore(memory, RedisStore(self.redis, settings.cache_ttl_s))
+        # The sentence cache and single flight; None: off (settings.cache).
+        self.sentences = Sentences(store, metrics) if settings.cache else None
+        # Who may call and how much (service/keys/): static and stored keys, their limits.
+        self.access = Access(settings, self.redis, metrics)
         # Every served language, targets too: a text already in its target is seen as such.
         self.detector = Detector({language for pair in self.models for language in pair})
 
@@ -191,6 +221,7 @@ class Runtime:
             self.metrics.model_info.labels(model.name, source, target, model.provider).set(1)
         for batcher in self.batchers.values():
             batcher.start()
+        await self.access.start()
         self.detector.rank(WARM_UP_TEXT)  # loads its model
         warm_up: dict[str, tuple[str, str]] = {}  # model name -> its first pair
         for pair, model in self.models.items():
@@ -243,6 +274,8 @@ class Runtime:
         for batcher in self.batchers.values():
             await batcher.stop(self._drain_left())
         self._preparation.shutdown(wait=False, cancel_futures=True)
+        if self.redis is not None:
+            await self.redis.close()
 
     def _drain_left(self) -> float:
         return max(0.0, self._drain_end - time.monotonic())
@@ -348,9 +381,11 @@ class Runtime:
         deadline: float,
         form: Form = PLAIN,
         label: Callable[[int], str] = pipeline.text_label,
+        cache: bool = True,
     ) -> list[TextTranslation]:
         """Each text translated as `form` says (plain text or markup, alignments or not); an
-        error names a text by `label(its index)`."""
+        error names a text by `label(its index)`. `cache`: its sentences may be answered
+        from the sentence cache or another request's decoding (and are stored there)."""
         model = self.models[pair]
         options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label)
@@ -358,12 +393,19 @@ class Runtime:
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
         batcher = self.batchers[model.name]
-        results = await batcher.submit(
-            [sources[i] for i in to_run],
-            options,
-            deadline=deadline,
-            prefix=model.decoder_prefix(pair[1]),
-        )
+        prefix = model.decoder_prefix(pair[1])
+
+        async def submit(positions: list[int]) -> list[list[Hypothesis]]:
+            chosen = [sources[to_run[j]] for j in positions]
+            return await batcher.submit(chosen, options, deadline=deadline, prefix=prefix)
+
+        if cache and self.sentences is not None:
+            keys = [
+                sentence_key(model.fingerprint, pair, sources[i], prefix, options) for i in to_run
+            ]
+            results = await self.sentences.decode(keys, submit, deadline=deadline)
+        else:
+            results = await submit(list(range(len(to_run))))
         nbest = [[nothing()] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
             nbest[i] = hypotheses
@@ -389,11 +431,13 @@ class Runtime:
         *,
         deadline: float,
         form: Form = PLAIN,
+        cache: bool = True,
     ) -> list[DetectedTranslation]:
         """Each text translated from the language detected in it into `target`, by the model
         of that pair with the options `requested` (as `decoding_options` takes them); a text
         already in `target`, or with nothing to detect, comes back as it was sent. A text
-        whose pair no model serves fails the request, before anything is translated."""
+        whose pair no model serves fails the request, before anything is translated. `cache`:
+        as `translate`'s."""
         if all(t != target for _, t in self.models):
             raise ServiceError(
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
@@ -434,6 +478,7 @@ class Runtime:
                     deadline=deadline,
                     form=form,
                     label=_labels(indices),
+                    cache=cache,
                 )
                 for pair, indices in routes.items()
             }

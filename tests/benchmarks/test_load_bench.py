@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from benchmarks.load_bench import _run_level, _shares
-from benchmarks.servers import free_port
+from tests.service.helpers import uvicorn_thread
 
 
 def overloaded_app(refuse_first: int) -> Starlette:
@@ -47,16 +45,8 @@ def overloaded_app(refuse_first: int) -> Starlette:
 
 @pytest.fixture
 def refusing_server() -> Iterator[str]:
-    port = free_port()
-    config = uvicorn.Config(overloaded_app(refuse_first=5), port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with uvicorn_thread(overloaded_app(refuse_first=5)) as url:
+        yield url
 
 
 def test_refused_warm_up_requests_are_reported_and_the_level_goes_on(refusing_server: str) -> None:

@@ -102,6 +102,7 @@ class FakeModel:
         max_input_tokens: int = 200,
     ) -> None:
         self.name = f"fake-{source}-{target}"
+        self.fingerprint = self.name
         self.source_language = source
         self.source_languages = (source,)
         self.target_languages = (target, *more_targets)
@@ -211,6 +212,25 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
+
+
+@contextlib.contextmanager
+def uvicorn_thread(app: Any) -> Iterator[str]:
+    """`app` (any ASGI app) served by uvicorn in a thread of this process on 127.0.0.1: its
+    URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
 
 
 class ServerProcess:

@@ -685,7 +685,8 @@ async def test_metrics_count_each_models_cuda_graphs_after_each_batch() -> None:
     async with running(create_app(fast_settings(), models=[fake])) as c:
         for captured in (2, 3):  # the warm-up's batch set it; a batch sets it again
             fake.cuda_graphs_captured = captured
-            await c.post("/translate", json={"text": "x", **EN_DE})
+            # A new sentence each time: a repeated one is answered from the cache.
+            await c.post("/translate", json={"text": f"x{captured}", **EN_DE})
             text = (await c.get("/metrics")).text
             families = {f.name: f for f in text_string_to_metric_families(text)}
             [sample] = families["mt_cuda_graphs"].samples

@@ -23,9 +23,11 @@ KEY = {"Authorization": "DeepL-Auth-Key k1"}
 
 @pytest.fixture
 async def deepl(fake: FakeModel) -> AsyncIterator[httpx.AsyncClient]:
-    """en -> de and de -> en, keys k1 and k2."""
+    """en -> de and de -> en, keys k1 and k2; no sentence cache (the tests read what reaches
+    the model)."""
     models = [fake, FakeModel("de", "en")]
-    async with running(create_app(fast_settings(api_keys="k1,k2"), models=models)) as client:
+    settings = fast_settings(api_keys="k1,k2", cache=False)
+    async with running(create_app(settings, models=models)) as client:
         yield client
 
 

@@ -17,16 +17,32 @@ from typing import Any
 import deepl
 import pytest
 
+from service.keys.__main__ import main as keys_cli
 from tests.service.helpers import ServerProcess, server_process
 
 KEY, USAGE_KEY = "main-key", "usage-key"  # usage counted apart from the other tests' calls
 NODE_CLIENT = Path(__file__).with_name("deepl_node_client.js")
 
 
+# A key of the key store (service/keys/) with a month of 60 characters.
+QUOTA_KEY, QUOTA = "quota-key", 60
+
+
 @pytest.fixture(scope="module")
-def server(shipped_bundle: Path, shipped_de_en_bundle: Path) -> Iterator[ServerProcess]:
+def server(
+    shipped_bundle: Path, shipped_de_en_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    db = tmp_path_factory.mktemp("keys") / "keys.sqlite3"
+    store = ["--store", "sqlite", "--db", str(db)]
+    limit = ["--characters-per-month", str(QUOTA)]
+    assert keys_cli([*store, "add", "quota", "--key", QUOTA_KEY, *limit]) == 0
     args = ["--bundle", str(shipped_bundle), "--bundle", str(shipped_de_en_bundle)]
-    env = {"MT_API_KEYS": f"{KEY},{USAGE_KEY}", "MT_INTRA_OP_THREADS": "1"}
+    env = {
+        "MT_API_KEYS": f"{KEY},{USAGE_KEY}",
+        "MT_KEY_STORE": "sqlite",
+        "MT_KEYS_DB": str(db),
+        "MT_INTRA_OP_THREADS": "1",
+    }
     with server_process(args, env) as running:
         yield running
 
@@ -147,3 +163,16 @@ def test_the_node_client(server: ServerProcess) -> None:
     assert results["wrongKey"]["error"] == "AuthorizationError"
     assert results["unsupported"]["error"] == "DeepLError"
     assert "target_lang" in results["unsupported"]["message"]
+
+
+def test_a_spent_quota_is_the_clients_quota_exception(server: ServerProcess) -> None:
+    """A key of the key store: its month's characters are DeepL's usage, and a request past
+    them is DeepL's 456, which the client raises as QuotaExceededException, before any work."""
+    translator = deepl.Translator(QUOTA_KEY, server_url=server.url)
+    text = "Two dogs are playing in the snow."  # 33 characters: one fits in 60, two do not
+    translator.translate_text(text, source_lang="EN", target_lang="DE")
+    usage = translator.get_usage()
+    assert (usage.character.count, usage.character.limit) == (len(text), QUOTA)
+    with pytest.raises(deepl.QuotaExceededException):
+        translator.translate_text(text, source_lang="EN", target_lang="DE")
+    assert translator.get_usage().character.count == len(text)  # the refused one not charged

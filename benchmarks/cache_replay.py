@@ -1,0 +1,196 @@
+"""Replay benchmark of the sentence cache: statuses drawn with a Zipf law from a pool of
+paragraphs, as when a popular post is translated by each of its readers, sent by many clients
+to `python -m service` with the cache off, in process, and in Redis.
+
+    python -m benchmarks.cache_replay --bundle /work/bundles/multi30k-en-de \\
+        [--requests 250] [--clients 32] [--zipf 1.1] [--modes off,memory,redis,redis-remote] \\
+        [--cached-probes 300] [--json OUT]
+
+The pool: Multi30k's test2016 English side in paragraphs of one to three consecutive sentences
+(486); the load: a sequence of `--requests` of them drawn with P(rank k) proportional to
+k ** -zipf, the same sequence (seeded) for every mode (250 requests: a best hit rate near
+60 %). `redis` starts Debian's redis-server on a free loopback port (benchmarks/servers.py);
+`redis-remote` too, with no in-process store in front of it (every hit read from Redis).
+
+For each mode: requests/s, p50/p99, the service's own counts of sentence-cache hits, misses
+(sentences decoded) and single-flight joins, and, once the load is over, the p50 of a cached
+request through HTTP (`--cached-probes` requests of paragraphs the load sent, one at a time on
+one kept-alive connection). The load's own figures: its sentences, distinct sentences (the
+fewest a cache can decode) and so the best hit rate a cache can reach. The last line is the
+report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx2
+import numpy as np
+
+from benchmarks.servers import RedisServer, metric, percentile_ms, read_texts, service
+from service.text.segment import split
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+# redis-remote: Redis with no in-process store in front (--cache-bytes 0): every hit is read from
+# Redis, as a replica reads what another decoded.
+MODES = ("off", "memory", "redis", "redis-remote")
+
+
+@dataclass
+class Run:
+    mode: str
+    seconds: float = 0.0
+    answered: int = 0
+    failed: int = 0
+    requests_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    hits: float = 0.0
+    misses: float = 0.0
+    joined: float = 0.0
+    hit_rate: float = 0.0  # hits and joins over every sentence looked up
+    cached_p50_ms: float = 0.0
+
+
+def paragraphs(sentences: Sequence[str], rng: np.random.Generator) -> list[str]:
+    """`sentences` in order, grouped into paragraphs of one to three."""
+    grouped = []
+    start = 0
+    while start < len(sentences):
+        size = int(rng.integers(1, 4))
+        grouped.append(" ".join(sentences[start : start + size]))
+        start += size
+    return grouped
+
+
+def zipf_sequence(pool: int, requests: int, s: float, rng: np.random.Generator) -> list[int]:
+    """Indices into the pool, rank k drawn with probability proportional to k ** -s."""
+    weights = np.arange(1, pool + 1, dtype=np.float64) ** -s
+    return [int(i) for i in rng.choice(pool, size=requests, p=weights / weights.sum())]
+
+
+async def replay(url: str, bodies: Sequence[str], clients: int, probes: Sequence[str]) -> Run:
+    run = Run(mode="")
+    latencies: list[float] = []
+    limits = httpx2.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=120) as http:
+        before = (await http.get("/metrics")).text
+        queue = iter(bodies)
+
+        async def client() -> None:
+            for text in queue:
+                sent = time.perf_counter()
+                response = await http.post(
+                    "/translate", json={"text": text, "source": "en", "target": "de"}
+                )
+                if response.status_code == 200:
+                    latencies.append(time.perf_counter() - sent)
+                else:
+                    run.failed += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        run.seconds = round(time.perf_counter() - start, 2)
+        after = (await http.get("/metrics")).text
+        cached: list[float] = []
+        for text in probes:
+            sent = time.perf_counter()
+            response = await http.post(
+                "/translate", json={"text": text, "source": "en", "target": "de"}
+            )
+            response.raise_for_status()
+            cached.append(time.perf_counter() - sent)
+    run.answered = len(latencies)
+    run.requests_per_s = round(run.answered / run.seconds, 1)
+    run.p50_ms, run.p99_ms = percentile_ms(latencies, 50), percentile_ms(latencies, 99)
+    run.cached_p50_ms = percentile_ms(cached, 50)
+    for result in ("hit", "miss", "joined"):
+        count = metric(after, "mt_sentence_cache_total", result=result) - metric(
+            before, "mt_sentence_cache_total", result=result
+        )
+        setattr(run, {"hit": "hits", "miss": "misses", "joined": "joined"}[result], count)
+    looked_up = run.hits + run.misses + run.joined
+    run.hit_rate = round((run.hits + run.joined) / looked_up, 3) if looked_up else 0.0
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", type=Path, required=True)
+    parser.add_argument("--texts", type=Path, default=MULTI30K / "test_2016_flickr.en.gz")
+    parser.add_argument("--requests", type=int, default=250)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--cached-probes", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-args", default="", help="more flags for python -m service")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    modes = args.modes.split(",")
+    if not set(modes) <= set(MODES):
+        parser.error(f"--modes: of {', '.join(MODES)}")
+    rng = np.random.default_rng(args.seed)
+    pool = paragraphs(read_texts(args.texts), rng)
+    bodies = [pool[i] for i in zipf_sequence(len(pool), args.requests, args.zipf, rng)]
+    sentences = [s for body in bodies for s in split(body, "en").inputs]
+    load = {
+        "pool": len(pool),
+        "requests": len(bodies),
+        "distinct_paragraphs": len(set(bodies)),
+        "sentences": len(sentences),
+        "distinct_sentences": len(set(sentences)),
+        "best_hit_rate": round(1 - len(set(sentences)) / len(sentences), 3),
+    }
+    print(json.dumps(load), file=sys.stderr)
+    seen = list(dict.fromkeys(bodies))
+    probes = [seen[i % len(seen)] for i in range(args.cached_probes)]
+    runs: list[Run] = []
+    for mode in modes:
+        flags = args.server_args.split() + (["--no-cache"] if mode == "off" else ["--cache"])
+        with tempfile.TemporaryDirectory(prefix="mt-redis-") as tmp:
+            redis = None
+            if mode.startswith("redis"):
+                redis = RedisServer(Path(tmp))
+                redis.start()
+                flags += ["--redis-url", redis.url]
+            if mode == "redis-remote":
+                flags += ["--cache-bytes", "0"]
+            try:
+                with service(args.bundle, flags) as server:
+                    run = asyncio.run(replay(server.url, bodies, args.clients, probes))
+            finally:
+                if redis is not None:
+                    redis.stop()
+        run.mode = mode
+        runs.append(run)
+        print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
+    _table(runs)
+    report = {"load": load, "args": {k: str(v) for k, v in vars(args).items()}}
+    report["runs"] = [asdict(r) for r in runs]
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
+    return 1 if any(r.failed for r in runs) else 0
+
+
+def _table(runs: Sequence[Run]) -> None:
+    print("| cache | requests/s | p50 ms | p99 ms | hit rate | sentences decoded | joined "
+          "| cached request p50 ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        decoded = "all" if r.mode == "off" else f"{r.misses:.0f}"
+        print(f"| {r.mode} | {r.requests_per_s} | {r.p50_ms} | {r.p99_ms} | {r.hit_rate} | "
+              f"{decoded} | {r.joined:.0f} | {r.cached_p50_ms} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""The sentence cache and single flight, between the runtime and its batchers.
+
+A sentence's translation is a function of the model, the ids the model reads (the source ids
+and the decoder prefix), the pair and the decoding options; `sentence_key` hashes exactly
+these, so a key never answers for another model or another option. The runtime
+(service/scheduling/runtime.py) asks `Sentences.decode` for the hypotheses of a request's
+sentences: each is answered from the store (a hit), by the decoding of the same sentence already
+queued or running for any request, or earlier in the same request (joined: single flight), or
+submitted to the batcher (a miss), which stores what it gives. A paragraph half seen reuses the
+sentences it shares with earlier ones; markup and every API get it by going through the runtime.
+
+Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
+`redis_url` a `TieredStore`: that in front of a `RedisStore` (shared by every replica, entries
+expire after `cache_ttl_s`). A Redis that fails is skipped (service/store/connection.py): the
+sentences are decoded, or answered by the process's own store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, cast
+
+import numpy as np
+
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.errors import ErrorType, ServiceError
+from service.metrics import Metrics
+from service.scheduling.batcher import DECODING_TIMEOUT_MESSAGE
+from service.store.connection import RedisLink, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# Bumped when what a key means or how an entry is written changes: old entries are then never
+# read (they expire in Redis; the in-process store starts empty anyway).
+FORMAT = 1
+# DecodingOptions' fields that change no hypothesis: return_scores only says whether to show
+# the scores every hypothesis carries. Every other field is part of the key, so a field added
+# to DecodingOptions is in it unless it is named here.
+SAME_HYPOTHESES = frozenset({"return_scores"})
+# Bytes an entry costs besides its ids and alignments (objects, the key, the LRU's links):
+# measured with tracemalloc on the shipped model's entries, rounded up.
+ENTRY_OVERHEAD = 400
+REDIS_PREFIX = "mt:sentence:"
+
+
+def sentence_key(
+    model: str,
+    pair: tuple[str, str],
+    ids: Sequence[int],
+    prefix: Sequence[int],
+    options: DecodingOptions,
+) -> bytes:
+    """The cache key of a sentence: `model` is the model's fingerprint (its bundle's content
+    hash), `ids` and `prefix` what its encoder and decoder read, `options` every decoding
+    option but those in SAME_HYPOTHESES."""
+    fields = {
+        field.name: getattr(options, field.name)
+        for field in dataclasses.fields(options)
+        if field.name not in SAME_HYPOTHESES
+    }
+    # A glossary (the terminology issue) joins the parts here, as its id and version.
+    parts = [FORMAT, model, list(pair), list(ids), list(prefix), fields]
+    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=20).digest()
+
+
+def encode(hypotheses: Sequence[Hypothesis]) -> bytes:
+    """A sentence's hypotheses as bytes for Redis: a JSON line (ids, score, finish reason,
+    alignment shape), then each alignment's float32 values; exact, scores included."""
+    head = [
+        [h.ids, h.score, h.finish_reason, None if h.alignment is None else h.alignment.shape]
+        for h in hypotheses
+    ]
+    rows = [h.alignment.astype("<f4").tobytes() for h in hypotheses if h.alignment is not None]
+    return json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(rows)
+
+
+def decode(data: bytes) -> list[Hypothesis]:
+    line, _, rest = data.partition(b"\n")
+    hypotheses = []
+    offset = 0
+    for ids, score, finish_reason, shape in json.loads(line):
+        alignment = None
+        if shape is not None:
+            count = shape[0] * shape[1]
+            alignment = np.frombuffer(rest, "<f4", count, offset).reshape(shape).astype(np.float32)
+            offset += 4 * count
+        hypotheses.append(Hypothesis(ids, score, finish_reason, alignment))
+    return hypotheses
+
+
+def _size(hypotheses: Sequence[Hypothesis]) -> int:
+    return ENTRY_OVERHEAD + sum(
+        8 * len(h.ids) + (0 if h.alignment is None else h.alignment.nbytes) for h in hypotheses
+    )
+
+
+class Store(Protocol):
+    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]: ...
+
+    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None: ...
+
+
+class MemoryStore:
+    """In this process, bounded in bytes; the least recently used entries go first."""
+
+    def __init__(self, max_bytes: int, metrics: Metrics) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[bytes, tuple[list[Hypothesis], int]] = OrderedDict()
+        self._gauge = metrics.sentence_cache_bytes
+
+    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
+        found: list[list[Hypothesis] | None] = []
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            found.append(None if entry is None else entry[0])
+        return found
+
+    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
+        for key, hypotheses in entries:
+            size = _size(hypotheses)
+            if size > self.max_bytes:
+                continue
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._entries[key] = (hypotheses, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self.bytes -= dropped
+        self._gauge.set(self.bytes)
+
+
+class RedisStore:
+    """In Redis, shared by every replica; each entry expires `ttl_s` after it was written. While
+    Redis fails, it finds nothing and stores nothing."""
+
+    def __init__(self, link: RedisLink, ttl_s: int) -> None:
+        self._link = link
+        self._ttl_s = ttl_s
+
+    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
+        names = [REDIS_PREFIX.encode() + key.hex().encode() for key in keys]
+        try:
+            values = await self._link.run("cache_get", lambda: self._link.client.mget(names))
+        except StoreUnavailable:  # counted and logged by the link: skipped, not failed
+            return [None] * len(keys)
+        # Bytes: the client decodes no responses.
+        return [None if value is None else decode(cast(bytes, value)) for value in values]
+
+    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
+        async def write() -> None:
+            async with self._link.client.pipeline(transaction=False) as pipe:
+                for key, hypotheses in entries:
+                    pipe.set(REDIS_PREFIX + key.hex(), encode(hypotheses), ex=self._ttl_s)
+                await pipe.execute()
+
+        # A failure is counted and logged by the link; the next request decodes them again.
+        with contextlib.suppress(StoreUnavailable):
+            await self._link.run("cache_put", write)
+
+
+class TieredStore:
+    """The in-process store in front of Redis's: an entry never changes (its key says all its
+    answer depends on), so a replica may keep the ones it reads or writes, and a hot sentence
+    costs no round trip to Redis."""
+
+    def __init__(self, near: MemoryStore, far: RedisStore) -> None:
+        self._near = near
+        self._far = far
+
+    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
+        found = await self._near.get(keys)
+        missing = [i for i, hypotheses in enumerate(found) if hypotheses is None]
+        if missing:
+            far = await self._far.get([keys[i] for i in missing])
+            fetched = []
+            for i, hypotheses in zip(missing, far, strict=True):
+                if hypotheses is not None:
+                    found[i] = hypotheses
+                    fetched.append((keys[i], hypotheses))
+            await self._near.put(fetched)
+        return found
+
+    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
+        await self._near.put(entries)
+        await self._far.put(entries)
+
+
+# Submits the sentences at these positions of the request to the batcher: their hypotheses.
+Submit = Callable[[list[int]], Awaitable[list[list[Hypothesis]]]]
+
+
+class Sentences:
+    """The cache in front of the batchers, and single flight (module docstring)."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self.store = store
+        self._metrics = metrics.sentence_cache
+        # Sentences being decoded, by key: their hypotheses once decoded, None if the request
+        # that submitted them failed or went away (a joiner then submits its own).
+        self._flights: dict[bytes, asyncio.Future[list[Hypothesis] | None]] = {}
+        self._writes: set[asyncio.Task[None]] = set()  # stores in progress (not awaited)
+
+    async def decode(
+        self, keys: Sequence[bytes], submit: Submit, *, deadline: float
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of the sentences of `keys`, in order (module docstring)."""
+        first: dict[bytes, int] = {}  # each key's first position in this request
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        unique = list(first.values())
+        results: dict[int, list[Hypothesis]] = {}
+        found = await self.store.get([keys[i] for i in unique])
+        joined: dict[int, asyncio.Future[list[Hypothesis] | None]] = {}
+        owned: list[int] = []
+        for i, hypotheses in zip(unique, found, strict=True):
+            flight = self._flights.get(keys[i])
+            if hypotheses is not None:
+                results[i] = hypotheses
+            elif flight is not None:
+                joined[i] = flight
+            else:
+                owned.append(i)
+        self._metrics.labels(result="hit").inc(len(results))
+        self._metrics.labels(result="joined").inc(len(joined) + len(keys) - len(unique))
+        self._metrics.labels(result="miss").inc(len(owned))
+        if owned:
+            results.update(await self._fly(keys, owned, submit))
+        again = []  # joined sentences whose flight failed: submitted on their own
+        for i, flight in joined.items():
+            hypotheses = await _within(flight, deadline)
+            if hypotheses is None:
+                again.append(i)
+            else:
+                results[i] = hypotheses
+        if again:
+            results.update(zip(again, await submit(again), strict=True))
+        return [results[first[key]] for key in keys]
+
+    async def _fly(
+        self, keys: Sequence[bytes], owned: list[int], submit: Submit
+    ) -> dict[int, list[Hypothesis]]:
+        """Submit the `owned` sentences, which other requests may join while they decode."""
+        loop = asyncio.get_running_loop()
+        flights = {i: loop.create_future() for i in owned}
+        for i, flight in flights.items():
+            self._flights[keys[i]] = flight
+        decoded: list[list[Hypothesis]] | None = None
+        try:
+            decoded = await submit(owned)
+        finally:
+            for j, flight in enumerate(flights.values()):
+                flight.set_result(None if decoded is None else decoded[j])
+            if decoded is None:
+                self._land(keys, flights)
+        finished = [
+            (keys[i], hypotheses)
+            for i, hypotheses in zip(owned, decoded, strict=True)
+            if all(h.finish_reason != "deadline" for h in hypotheses)
+        ]
+        # The flights stay (answered) until their sentences are stored: a request that comes
+        # meanwhile joins them rather than missing the store.
+        task = asyncio.create_task(self.store.put(finished))
+        self._writes.add(task)
+        task.add_done_callback(lambda _: self._land(keys, flights))
+        return dict(zip(owned, decoded, strict=True))
+
+    def _land(
+        self, keys: Sequence[bytes], flights: dict[int, asyncio.Future[list[Hypothesis] | None]]
+    ) -> None:
+        """These flights (by position in `keys`) are over."""
+        for i, flight in flights.items():
+            if self._flights.get(keys[i]) is flight:
+                del self._flights[keys[i]]
+        self._writes = {task for task in self._writes if not task.done()}
+
+
+async def _within(
+    flight: asyncio.Future[list[Hypothesis] | None], deadline: float
+) -> list[Hypothesis] | None:
+    """The flight's hypotheses, waited for until `deadline` (time.monotonic())."""
+    try:
+        async with asyncio.timeout(deadline - time.monotonic()):
+            return await asyncio.shield(flight)
+    except TimeoutError:
+        raise ServiceError(ErrorType.DECODING_TIMEOUT, DECODING_TIMEOUT_MESSAGE) from None

@@ -1,0 +1,100 @@
+"""The process's one connection to Redis (`redis_url`), which every shared-state user goes
+through: the sentence cache (service/scheduling/cache.py), the API keys and their quotas
+(service/keys/); document jobs and glossaries are meant to join them here.
+
+Redis is never on a request's critical path for longer than `redis_timeout_s`: every call runs
+under that timeout (a connection from the pool, connecting, the command), and a failure opens a
+breaker for `redis_retry_s` during which calls fail at once (`StoreUnavailable`), so that a Redis
+that is down or restarting costs each request nothing; the next call after it tries Redis again.
+What a caller does with `StoreUnavailable` is its own policy: the cache skips itself, quotas
+fail open or closed (`quota_fail_open`), documents and glossaries would answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Connections one process holds to Redis at most; a call that finds all busy waits for one,
+# within its timeout.
+MAX_CONNECTIONS = 64
+# Idle connections are checked with a PING before use after this long (a Redis restart or an
+# idle timeout in between would otherwise fail the first command on them).
+HEALTH_CHECK_S = 30
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer within the timeout, failed, or failed within the last
+    `redis_retry_s` (the breaker is open)."""
+
+
+class RedisLink:
+    """One Redis client (one connection pool) per process, its calls bounded in time."""
+
+    def __init__(self, url: str, *, timeout_s: float, retry_s: float, metrics: Metrics) -> None:
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._metrics = metrics
+        self.pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=timeout_s,  # waiting for a free connection
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            health_check_interval=HEALTH_CHECK_S,
+        )
+        # No retries inside the client: one attempt within the timeout, then the breaker.
+        self.client = redis.Redis(connection_pool=self.pool, retry=Retry(NoBackoff(), 0))
+        self._down_until = -float("inf")  # time.monotonic() until which calls fail at once
+        self._down = False
+        metrics.redis_up.set(1)
+
+    @property
+    def up(self) -> bool:
+        """Whether the last call succeeded (or none failed yet)."""
+        return not self._down
+
+    async def run(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """`call()`'s result, or StoreUnavailable within `timeout_s`; `operation` labels the
+        failure's metric and log line."""
+        if time.monotonic() < self._down_until:
+            raise StoreUnavailable(f"Redis failed in the last {self.retry_s:g} s")
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await call()
+        except (RedisError, OSError, TimeoutError) as e:
+            self._down_until = time.monotonic() + self.retry_s
+            self._metrics.redis_errors.labels(operation=operation).inc()
+            if not self._down:  # one line per outage, not one per request
+                log.warning(
+                    "Redis failed (%s: %s); skipped for %g s at a time until it answers",
+                    operation,
+                    e.__class__.__name__,
+                    self.retry_s,
+                )
+                self._down = True
+                self._metrics.redis_up.set(0)
+            raise StoreUnavailable(f"Redis failed: {e.__class__.__name__}") from e
+        if self._down:
+            log.info("Redis answers again")
+            self._down = False
+            self._metrics.redis_up.set(1)
+        return result
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        await self.pool.aclose()

@@ -1,0 +1,306 @@
+"""The sentence cache and single flight (service/scheduling/cache.py) through the HTTP API, over
+the fake model: what is decoded, what is answered from the cache or from another request's
+decoding, and that a cached answer is the model's own; in process and in a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.servers import RedisServer
+from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.http.app import create_app
+from service.inference.engine import Engine
+from service.metrics import Metrics
+from service.scheduling.cache import (
+    SAME_HYPOTHESES,
+    MemoryStore,
+    decode,
+    encode,
+    sentence_key,
+)
+from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
+
+pytestmark = pytest.mark.anyio
+
+EN_DE = {"source": "en", "target": "de"}
+
+
+def decoded(fake: FakeModel) -> list[str]:
+    """Every sentence the fake engine was given, in order."""
+    return ["".join(map(chr, ids[:-1])) for sources, _ in fake.calls for ids in sources]
+
+
+async def cache_counts(client: httpx.AsyncClient) -> dict[str, float]:
+    text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    return {s.labels["result"]: s.value for s in families["mt_sentence_cache"].samples}
+
+
+async def translate(client: httpx.AsyncClient, text: Any, **fields: Any) -> dict[str, Any]:
+    response = await client.post("/translate", json={"text": text, **EN_DE, **fields})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def test_a_paragraph_half_seen_decodes_only_its_new_sentences(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    fake.calls.clear()  # the warm-up's
+    first = await translate(client, "One dog runs. Two cats sleep.")
+    second = await translate(client, "Two cats sleep. Three birds sing.")
+    assert decoded(fake) == ["One dog runs.", "Two cats sleep.", "Three birds sing."]
+    assert first["translations"][0]["text"] == "ONE DOG RUNS. TWO CATS SLEEP."
+    assert second["translations"][0]["text"] == "TWO CATS SLEEP. THREE BIRDS SING."
+    counts = await cache_counts(client)
+    assert (counts["hit"], counts["miss"]) == (1, 4)  # the warm-up's sentence was a miss too
+    # cache: false decodes every sentence again, and reads nothing from the cache.
+    again = await translate(client, "One dog runs.", cache=False)
+    assert decoded(fake)[-1] == "One dog runs."
+    assert again["translations"][0]["text"] == "ONE DOG RUNS."
+    assert (await cache_counts(client))["hit"] == 1
+
+
+async def test_a_sentence_twice_in_one_request_is_decoded_once(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    fake.calls.clear()
+    body = await translate(client, ["A fox jumps.", "Hi. A fox jumps.", "A fox jumps."])
+    assert sorted(decoded(fake)) == ["A fox jumps.", "Hi."]
+    texts = [t["text"] for t in body["translations"]]
+    assert texts == ["A FOX JUMPS.", "HI. A FOX JUMPS.", "A FOX JUMPS."]
+    assert (await cache_counts(client))["joined"] == 2
+
+
+async def held_in_the_engine(
+    client: httpx.AsyncClient, fake: FakeModel, text: str
+) -> asyncio.Future[dict[str, Any]]:
+    """A request of `text`, being decoded by the fake engine until `fake.gate` is set (its
+    calls recorded from now on)."""
+    fake.calls.clear()
+    fake.entered.clear()
+    fake.gate = threading.Event()
+    request = asyncio.ensure_future(translate(client, text))
+    await asyncio.to_thread(fake.entered.wait, 5)
+    return request
+
+
+async def test_identical_sentences_of_concurrent_requests_are_decoded_once(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    first = await held_in_the_engine(client, fake, "The same status.")
+    others = [
+        asyncio.ensure_future(translate(client, text, return_scores=True))
+        for text in ["The same status.", "The same status. And more."]
+    ]
+    await asyncio.sleep(0.05)  # the others have joined (and queued "And more.")
+    fake.gate.set()
+    bodies = [await first, *[await o for o in others]]
+    assert [b["translations"][0]["text"] for b in bodies] == [
+        "THE SAME STATUS.",
+        "THE SAME STATUS.",
+        "THE SAME STATUS. AND MORE.",
+    ]
+    assert decoded(fake) == ["The same status.", "And more."]
+    assert bodies[1]["translations"][0]["score"] == 0.0  # return_scores joins: same search
+    assert (await cache_counts(client))["joined"] == 2
+
+
+def client_flights(client: httpx.AsyncClient) -> dict[bytes, Any]:
+    transport = client._transport
+    assert isinstance(transport, httpx.ASGITransport)
+    app: Any = transport.app
+    flights: dict[bytes, Any] = app.state.runtime.sentences._flights
+    return flights
+
+
+async def test_a_joiner_decodes_on_its_own_when_the_request_it_joined_goes_away(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    blocker = await held_in_the_engine(client, fake, "Occupies the engine.")
+    owner = asyncio.ensure_future(translate(client, "Wanted by two."))
+    await async_wait_for(lambda: len(client_flights(client)) == 2)
+    joiner = asyncio.ensure_future(translate(client, "Wanted by two."))
+    await asyncio.sleep(0.05)
+    owner.cancel()  # its client went away while its sentence was queued
+    await asyncio.sleep(0.05)
+    fake.gate.set()
+    await blocker
+    body = await joiner
+    assert body["translations"][0]["text"] == "WANTED BY TWO."
+    assert decoded(fake) == ["Occupies the engine.", "Wanted by two."]
+
+
+async def test_options_that_change_the_hypotheses_are_never_answered_from_each_other(
+    client: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    fake.calls.clear()
+    await translate(client, "A cat.")
+    await translate(client, "A cat.", beam_size=2)
+    await translate(client, "A cat.", beam_size=2, num_hypotheses=2)
+    plain = await translate(client, "A cat.", return_alignments=True)
+    assert len(fake.calls) == 4
+    # The same again: all from the cache, alignments included where asked.
+    fake.calls.clear()
+    cached = await translate(client, "A cat.", return_alignments=True)
+    await translate(client, "A cat.", beam_size=2, num_hypotheses=2, return_scores=True)
+    assert fake.calls == []
+    assert cached == plain and "alignments" in cached["translations"][0]
+
+
+def test_every_decoding_option_but_return_scores_is_in_the_key() -> None:
+    options = DecodingOptions(beam_size=4, num_hypotheses=2)
+    key = sentence_key("m", ("en", "de"), [5, 6, 2], [], options)
+    changed = {
+        "beam_size": 5,
+        "num_hypotheses": 1,
+        "length_penalty": 0.5,
+        "max_decoding_length": 100,
+        "min_decoding_length": 1,
+        "max_length_a": 1.5,
+        "max_length_b": 3,
+        "no_repeat_ngram_size": 3,
+        "return_scores": True,
+        "alignments": True,
+    }
+    # A field added to DecodingOptions must be added here (and so be thought about).
+    assert set(changed) == {f.name for f in dataclasses.fields(DecodingOptions)}
+    for name, value in changed.items():
+        other = sentence_key("m", ("en", "de"), [5, 6, 2], [], replace(options, name, value))
+        assert (other == key) == (name in SAME_HYPOTHESES), name
+    assert {"return_scores"} == SAME_HYPOTHESES
+    for model, pair, ids, prefix in [
+        ("other", ("en", "de"), [5, 6, 2], []),
+        ("m", ("en", "fr"), [5, 6, 2], []),
+        ("m", ("en", "de"), [5, 7, 2], []),
+        ("m", ("en", "de"), [5, 6, 2], [9]),
+    ]:
+        assert sentence_key(model, pair, ids, prefix, options) != key
+
+
+def replace(options: DecodingOptions, name: str, value: Any) -> DecodingOptions:
+    return dataclasses.replace(options, **{name: value})
+
+
+def test_an_entry_reads_back_exactly() -> None:
+    alignment = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+    hypotheses = [
+        Hypothesis([5, 6, 7], -0.123456789012345, "eos", alignment),
+        Hypothesis([5], -math.inf, "length"),
+    ]
+    [first, second] = decode(encode(hypotheses))
+    assert first == hypotheses[0] and second == hypotheses[1]
+    assert first.score == hypotheses[0].score  # the float, not a rounding of it
+    assert first.alignment is not None and np.array_equal(first.alignment, alignment)
+    assert first.alignment.dtype == np.float32 and second.alignment is None
+
+
+async def test_the_memory_store_keeps_the_most_recently_used_within_its_bytes() -> None:
+    entry = [Hypothesis(list(range(10)), 0.0, "eos")]
+    size = 400 + 8 * 10
+    store = MemoryStore(3 * size, Metrics())
+    await store.put([(b"a", entry), (b"b", entry), (b"c", entry)])
+    await store.get([b"a"])  # a is now the most recent: b goes first
+    await store.put([(b"d", entry)])
+    found = await store.get([b"a", b"b", b"c", b"d"])
+    assert [f is not None for f in found] == [True, False, True, True]
+    assert store.bytes == 3 * size
+
+
+async def test_without_the_cache_setting_nothing_is_cached(fake: FakeModel) -> None:
+    async with running(create_app(fast_settings(cache=False), models=[fake])) as client:
+        fake.calls.clear()
+        await translate(client, "Twice.")
+        await translate(client, "Twice.")
+        assert decoded(fake) == ["Twice.", "Twice."]
+
+
+async def test_replicas_share_the_cache_in_redis(redis_url: str) -> None:
+    settings = fast_settings(redis_url=redis_url, cache_ttl_s=60)
+    one, two = FakeModel(), FakeModel()
+    async with (
+        running(create_app(settings, models=[one])) as first,
+        running(create_app(settings, models=[two])) as second,
+    ):
+        one.calls.clear()
+        two.calls.clear()
+        body = await translate(first, "Seen by one replica.", return_alignments=True)
+        await async_wait_for(lambda: not first_writes(first))  # stored in the background
+        hits = (await cache_counts(second))["hit"]
+        again = await translate(second, "Seen by one replica.", return_alignments=True)
+        assert decoded(one) == ["Seen by one replica."] and two.calls == []
+        assert again == body
+        assert (await cache_counts(second))["hit"] == hits + 1
+
+
+def first_writes(client: httpx.AsyncClient) -> set[Any]:
+    transport = client._transport
+    assert isinstance(transport, httpx.ASGITransport)
+    app: Any = transport.app
+    writes: set[Any] = app.state.runtime.sentences._writes
+    return writes
+
+
+async def test_translation_goes_on_while_redis_is_down_and_uses_it_once_back(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    settings = fast_settings(
+        redis_url=redis_url, redis_timeout_s=0.2, redis_retry_s=0.3, request_timeout_s=5
+    )
+    fake = FakeModel()
+    async with running(create_app(settings, models=[fake])) as client:
+        redis_server.stop()
+        fake.calls.clear()
+        try:
+            started = time.monotonic()
+            for text in ["Down one.", "Down two.", "Down one."]:
+                await translate(client, text)
+            assert time.monotonic() - started < 3 * 0.2 + 1  # at most one timeout each
+            # The process's own store, in front of Redis's, still answers what it decoded.
+            assert decoded(fake) == ["Down one.", "Down two."]
+            text = (await client.get("/metrics")).text
+            assert "mt_redis_up 0.0" in text
+        finally:
+            redis_server.start()
+        await asyncio.sleep(0.35)  # the breaker's retry_s
+        fake.calls.clear()
+        await translate(client, "Back again.")
+        await async_wait_for(lambda: not first_writes(client))
+        await translate(client, "Back again.")
+        assert decoded(fake) == ["Back again."]
+        assert "mt_redis_up 1.0" in (await client.get("/metrics")).text
+
+
+async def test_the_shipped_models_answers_come_back_the_same_from_redis(
+    shipped_bundle: Path, redis_url: str
+) -> None:
+    """One replica decodes (markup and n-best with scores and alignments), another with no
+    store of its own answers from Redis: the same answers, byte for byte, nothing decoded."""
+    settings = fast_settings(redis_url=redis_url, cache_bytes=0)
+    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    text = "A man in a blue shirt rides a bike. A dog runs."
+    bodies = [
+        {"text": f"<p>{text.replace('blue', '<b>blue</b>')}</p>", "format": "html", **EN_DE},
+        {"text": text, "num_hypotheses": 2, "beam_size": 4, "return_scores": True, **EN_DE},
+        {"text": text, "return_alignments": True, "return_scores": True, **EN_DE},
+    ]
+    async with running(create_app(settings, models=[engine])) as first:
+        answers = [await first.post("/translate", json=body) for body in bodies]
+        await async_wait_for(lambda: not first_writes(first))
+    async with running(create_app(settings, models=[engine])) as second:
+        hits = (await cache_counts(second))["hit"]
+        again = [await second.post("/translate", json=body) for body in bodies]
+        assert (await cache_counts(second))["hit"] == hits + 2 * len(bodies)
+    assert all(a.status_code == 200 for a in answers)
+    assert [a.content for a in again] == [a.content for a in answers]
