@@ -90,7 +90,9 @@ def translate_lines(
         label=lambda index: f"line {index + 1}",
         format=form.format,
         translate_attributes=form.translate_attributes,
+        protection=form.protection,
     )
+    options = prepared.decoding(options)
     window = engine.max_batch_size * _BATCHES_PER_WINDOW
     tokens = 0
     for start in range(0, len(lines), window):

@@ -18,6 +18,7 @@ from service.http.middleware import (
     RuntimeDep,
     check_api_key,
     check_text,
+    protection,
     read_json,
     unless_disconnected,
     validate,
@@ -45,6 +46,9 @@ class LibreTranslateRequest(BaseModel):
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, description="number of alternative translations")
     api_key: str | None = None
+    # Ours (docs/api.md): placeholders kept byte for byte, and a request's own patterns.
+    placeholders: bool = True
+    placeholder_patterns: list[str] = Field([], max_length=16)
 
     @field_validator("format", mode="before")
     @classmethod
@@ -171,7 +175,7 @@ async def libretranslate_translate(
             )
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
-        form = Form(body.format)
+        form = Form(body.format, protection=protection(body))
         detected: list[DetectedLanguage] | None = None
         untranslated: list[Untranslated | None] = []
         if source == "auto":

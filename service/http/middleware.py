@@ -10,7 +10,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -23,6 +23,7 @@ from service.errors import ErrorType, ServiceError
 from service.http.errors import ErrorRenderer, describe_validation_errors
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime
+from service.text.placeholders import Protection
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -113,6 +114,17 @@ def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = No
         return model.model_validate(fields, strict=strict)
     except ValidationError as e:
         raise ServiceError(ErrorType.INVALID_REQUEST, describe_validation_errors(e.errors())) from e
+
+
+class _Protecting(Protocol):
+    placeholders: bool
+    placeholder_patterns: list[str]
+
+
+def protection(body: _Protecting) -> Protection | None:
+    """What a request's plain text keeps byte for byte (service/text/placeholders.py): None
+    when it turned placeholders off; a ServiceError for a pattern that does not compile."""
+    return Protection(body.placeholder_patterns) if body.placeholders else None
 
 
 def _no_constant(name: str) -> Any:

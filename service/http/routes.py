@@ -20,6 +20,7 @@ from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
 from service.http.middleware import (
     RuntimeDep,
+    protection,
     read_json,
     require_api_key,
     unless_disconnected,
@@ -78,7 +79,7 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
-    form = Form(body.format, body.translate_attributes, body.return_alignments)
+    form = Form(body.format, body.translate_attributes, body.return_alignments, protection(body))
     with runtime.accept():
         if body.source == AUTO:
             _check_count(runtime, len(texts))

@@ -57,6 +57,16 @@ class TranslateRequest(BaseModel):
     return_alignments: bool = Field(
         False, description="per sentence: source and target tokens and which align"
     )
+    placeholders: bool = Field(
+        True,
+        description="format text: placeholders (%s, {name}, {{x}}, ${x}, <0>...</0>, `code`), "
+        "URLs and e-mail addresses come back byte for byte (docs/api.md)",
+    )
+    placeholder_patterns: list[str] = Field(
+        [],
+        max_length=16,
+        description="format text: more spans to keep as they are, as regular expressions",
+    )
 
     def decoding(self) -> dict[str, Any]:
         """The decoding options this request set (None: the settings' default)."""

@@ -285,6 +285,7 @@ class Runtime:
             label=label,
             format=form.format,
             translate_attributes=form.translate_attributes,
+            protection=form.protection,
         )
 
     async def _prepare(
@@ -348,6 +349,7 @@ class Runtime:
         model = self.models[pair]
         options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label)
+        options = prepared.decoding(options)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -26,6 +26,7 @@ from service.settings import Settings
 from service.text import markup, segment
 from service.text.alignment import TextAlignment, sentence_alignment
 from service.text.markup import Format as MarkupFormat
+from service.text.placeholders import Protection
 
 Format = Literal["text", MarkupFormat]
 
@@ -52,7 +53,9 @@ class TextModel(Protocol):
 @dataclass(frozen=True)
 class Prepared:
     """Texts ready for the model. A plain text is one block; a markup document (`documents`)
-    is the blocks of text its markup holds (service/text/markup.py). Each block's layout, the
+    is the blocks of text its markup holds (service/text/markup.py), and so is a plain text
+    with placeholders (`markup.protect`: its lines, placeholders out; None in `documents` for
+    a plain text without any, one block as it is). Each block's layout, the
     input text it belongs to (`owners`, ascending), and the token ids of every sentence, block
     after block (`origins[i]` is sentence i's (block index, sentence index))."""
 
@@ -60,7 +63,12 @@ class Prepared:
     sources: list[list[int]]
     origins: list[tuple[int, int]]
     owners: list[int]
-    documents: list[markup.Document] | None = None
+    documents: list[markup.Document | None] | None = None
+
+    def decoding(self, options: DecodingOptions) -> DecodingOptions:
+        """`options` as these texts need them: a document is rendered through its blocks'
+        alignments (a plain text's placeholders too)."""
+        return options if self.documents is None else replace(options, alignments=True)
 
     @property
     def count(self) -> int:
@@ -92,16 +100,22 @@ class TextTranslation:
     scores: Sequence[float | None]
     segments: list[Hypothesis]
     alignment: TextAlignment | None = None
+    # With the alignment, every alternative's (the first is `alignment`): what a plain text's
+    # placeholders are placed back in each alternative by.
+    projections: list[TextAlignment] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Form:
     """What a request's texts are and what comes back besides translations: plain text or
-    markup (format), markup's alt/title translated or kept, word alignments or not."""
+    markup (format), markup's alt/title translated or kept, word alignments or not, and for
+    plain text what is kept byte for byte (`protection`: placeholders.py; None: nothing, a
+    URL and `%s` go to the model as words do)."""
 
     format: Format = "text"
     translate_attributes: bool = False
     alignments: bool = False
+    protection: Protection | None = field(default_factory=Protection)
 
     @property
     def aligned(self) -> bool:
@@ -149,20 +163,28 @@ def prepare(
     label: Callable[[int], str] = text_label,
     format: Format = "text",
     translate_attributes: bool = False,
+    protection: Protection | None = None,
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
     and sentence over a limit. `source`: the texts' language, for a model of several (None:
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
-    title attributes are translated too."""
-    documents = None
+    title attributes are translated too. `protection` (plain text, a model that aligns
+    words): its placeholders are kept out of the model's sentences (`markup.protect`)."""
+    documents: list[markup.Document | None] | None = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = _parse(texts, format, translate_attributes, label)
-        blocks = [block for document in documents for block in document.blocks]
-        owners = [t for t, document in enumerate(documents) for _ in document.blocks]
+        documents = list(_parse(texts, format, translate_attributes, label))
+    elif protection is not None and model.aligns:
+        protected = [markup.protect(text, protection) for text in texts]
+        if any(document is not None for document in protected):
+            documents = protected
+    if documents is not None:
+        each = [[t] if d is None else d.blocks for t, d in zip(texts, documents, strict=True)]
+        blocks = [block for own in each for block in own]
+        owners = [t for t, own in enumerate(each) for _ in own]
     language = source or model.source_language
     layouts = [_layout(block, language, format) for block in blocks]
     encode = functools.partial(
@@ -281,8 +303,9 @@ def assemble(
     A text without sentences translates to "" when it is empty, or only whitespace, control
     and format characters, else to itself (emoji, digits, a URL: nothing to translate). With
     `alignments`, the best translation's word alignment comes along (the hypotheses must carry
-    theirs). A markup document is rendered from its blocks' best translations, its inline
-    elements re-placed through their alignments (its one text; n > 1 is for plain text)."""
+    theirs). A document is rendered from its blocks' translations, its inline elements and
+    placeholders re-placed through their alignments (a markup document has one translation;
+    a plain text's n alternatives are each rendered through its own)."""
     per_block: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
     for (block, _), hypotheses in zip(prepared.origins, nbest, strict=True):
         per_block[block].append(hypotheses)
@@ -293,35 +316,50 @@ def assemble(
     ]
     if documents is None:
         return translated
-    if n != 1:
+    if n != 1 and any(d is not None and d.format != "text" for d in documents):
         raise ValueError("a markup document has one translation")
     by_document: list[list[TextTranslation]] = [[] for _ in documents]
     for owner, translation in zip(prepared.owners, translated, strict=True):
         by_document[owner].append(translation)
     return [
-        _document(document, blocks, alignments)
+        _document(document, blocks, n, alignments)
+        if document is not None
+        else blocks[0]
+        if alignments
+        else replace(blocks[0], alignment=None, projections=[])
         for document, blocks in zip(documents, by_document, strict=True)
     ]
 
 
 def _document(
-    document: markup.Document, blocks: list[TextTranslation], alignments: bool
+    document: markup.Document, blocks: list[TextTranslation], n: int, alignments: bool
 ) -> TextTranslation:
-    """A document's translation from its blocks': rendered, scored by its sentences' mean;
-    its alignment, when asked for, is its blocks' sentences (placed within their blocks)."""
-    rendered = markup.render(document, [(block.texts[0], _projection(block)) for block in blocks])
+    """A document's n translations from its blocks': rendered, scored by its sentences'
+    mean; its alignment, when asked for, is its blocks' sentences (placed within their
+    blocks)."""
+    texts = [
+        markup.render(document, [(block.texts[k], _projection(block, k)) for block in blocks])
+        for k in range(n)
+    ]
     segments = [h for block in blocks for h in block.segments]
-    score = sum(h.score for h in segments) / len(segments) if segments else None
+    scores: list[float | None] = [
+        sum(h.score for h in segments) / len(segments) if segments else None
+    ]
+    for k in range(1, n):  # an alternative: its blocks' mean
+        scored = [s for block in blocks if (s := block.scores[k]) is not None]
+        scores.append(sum(scored) / len(scored) if scored else None)
     alignment = None
     if alignments:
         alignment = TextAlignment([s for block in blocks for s in _projection(block).sentences])
-    return TextTranslation([rendered], [score], segments, alignment)
+    return TextTranslation(texts, scores, segments, alignment)
 
 
-def _projection(block: TextTranslation) -> TextAlignment:
-    if block.alignment is None:
-        raise ValueError("a markup block is translated with its alignment")
-    return block.alignment
+def _projection(block: TextTranslation, k: int = 0) -> TextAlignment:
+    """The alignment of a block's k-th translation."""
+    alignment = block.projections[k] if k else block.alignment
+    if alignment is None:
+        raise ValueError("a document's block is translated with its alignment")
+    return alignment
 
 
 def _assemble(
@@ -337,18 +375,20 @@ def _assemble(
         kept = layout.join([])
         text = kept if segment.VISIBLE.search(kept) else ""
         alignment = TextAlignment([]) if alignments else None
-        return TextTranslation([text] * n, [None] * n, [], alignment)
-    texts, scores = [], []
-    best: list[segment.Rewrapped] = []
+        return TextTranslation(
+            [text] * n, [None] * n, [], alignment, [] if alignment is None else [alignment] * n
+        )
+    texts, scores, projections = [], [], []
     for k in range(n):
         chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
         translations = layout.rewrap([model.decode(h.ids) for h in chosen])
         texts.append(layout.join([t.text for t in translations]))
         scores.append(sum(h.score for h in chosen) / len(chosen))
-        best = best or translations
+        if alignments:
+            projections.append(_text_alignment(model, layout, chosen, translations))
     segments = [hyps[0] for hyps in nbest]
-    alignment = _text_alignment(model, layout, segments, best) if alignments else None
-    return TextTranslation(texts, scores, segments, alignment)
+    alignment = projections[0] if projections else None
+    return TextTranslation(texts, scores, segments, alignment, projections)
 
 
 def _text_alignment(
