@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from service.errors import ErrorType, ServiceError
+from service.glossaries import owner_of
 from service.http.middleware import (
     PresentedKey,
     RuntimeDep,
@@ -23,6 +24,7 @@ from service.http.middleware import (
     unless_disconnected,
     validate,
 )
+from service.http.schemas import GlossaryEntry
 from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
 from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
@@ -49,6 +51,8 @@ class LibreTranslateRequest(BaseModel):
     # Ours (docs/api.md): placeholders kept byte for byte, and a request's own patterns.
     placeholders: bool = True
     placeholder_patterns: list[str] = Field([], max_length=16)
+    glossary_id: str | None = None
+    glossary: list[GlossaryEntry] | None = None
 
     @field_validator("format", mode="before")
     @classmethod
@@ -176,12 +180,15 @@ async def libretranslate_translate(
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
         form = Form(body.format, protection=protection(body))
+        inline = None if body.glossary is None else [e.entry() for e in body.glossary]
+        owner = owner_of(_key(fields, header_key))
+        terms = runtime.terms(owner, (source, target), body.glossary_id, inline)
         detected: list[DetectedLanguage] | None = None
         untranslated: list[Untranslated | None] = []
         if source == "auto":
             # Each text's own language, not one for the batch as LibreTranslate does.
             detecting = runtime.translate_detected(
-                texts, target, requested, deadline=deadline, form=form
+                texts, target, requested, deadline=deadline, form=form, terms=terms
             )
             found = await unless_disconnected(request, detecting)
             results = [d.translation for d in found]
@@ -190,7 +197,9 @@ async def libretranslate_translate(
         else:
             pair = (source, target)
             options = runtime.decoding_options(pair, requested)
-            work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+            work = runtime.translate(
+                texts, pair, options, deadline=deadline, form=form, terms=terms
+            )
             results = await unless_disconnected(request, work)
     single = isinstance(body.q, str)
 
@@ -225,8 +234,13 @@ def _missing(name: str) -> ServiceError:
 def _check_key(runtime: Runtime, fields: dict[str, Any], header_key: str | None) -> None:
     """The key in the body (LibreTranslate's `api_key`), else the header's: checked before the
     fields are validated, so that a client without a key learns nothing about the API."""
+    check_api_key(runtime, _key(fields, header_key))
+
+
+def _key(fields: dict[str, Any], header_key: str | None) -> str | None:
+    """The request's API key: the body's `api_key`, else the header's."""
     api_key = fields.get("api_key")
-    check_api_key(runtime, api_key if isinstance(api_key, str) else header_key)
+    return api_key if isinstance(api_key, str) else header_key
 
 
 async def _libretranslate_fields(

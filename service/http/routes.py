@@ -18,7 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
+from service.glossaries import owner_of
 from service.http.middleware import (
+    PresentedKey,
     RuntimeDep,
     protection,
     read_json,
@@ -74,17 +76,21 @@ router = APIRouter()
         }
     },
 )
-async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
+async def translate(request: Request, runtime: RuntimeDep, key: PresentedKey) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
     form = Form(body.format, body.translate_attributes, body.return_alignments, protection(body))
+    inline = None if body.glossary is None else [e.entry() for e in body.glossary]
     with runtime.accept():
+        if body.source != AUTO:
+            runtime.model(body.source, body.target)  # an unknown pair before the glossary
+        terms = runtime.terms(owner_of(key), (body.source, body.target), body.glossary_id, inline)
         if body.source == AUTO:
             _check_count(runtime, len(texts))
             detecting = runtime.translate_detected(
-                texts, body.target, body.decoding(), deadline=deadline, form=form
+                texts, body.target, body.decoding(), deadline=deadline, form=form, terms=terms
             )
             detected = await unless_disconnected(request, detecting)
             return TranslateResponse(
@@ -97,7 +103,7 @@ async def translate(request: Request, runtime: RuntimeDep) -> TranslateResponse:
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+        work = runtime.translate(texts, pair, options, deadline=deadline, form=form, terms=terms)
         results = await unless_disconnected(request, work)
     return TranslateResponse(
         model=model.name,

@@ -22,11 +22,13 @@ import numpy as np
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.tokenizer import Span
 from service.errors import ErrorType, ServiceError
+from service.glossaries import Entry
 from service.settings import Settings
 from service.text import markup, segment
 from service.text.alignment import TextAlignment, sentence_alignment
 from service.text.markup import Format as MarkupFormat
 from service.text.placeholders import Protection
+from service.text.terms import Terms
 
 Format = Literal["text", MarkupFormat]
 
@@ -49,6 +51,12 @@ class TextModel(Protocol):
 
     def target_spans(self, ids: Sequence[int]) -> list[Span]: ...
 
+    def target_ids(self, terms: Sequence[str]) -> list[list[int] | None]: ...
+
+
+# The beam a request with terms gets at least (constrained beam search shares it out).
+TERMS_BEAM = 4
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -64,11 +72,19 @@ class Prepared:
     origins: list[tuple[int, int]]
     owners: list[int]
     documents: list[markup.Document | None] | None = None
+    # Each sentence's glossary entries found in it (service/text/terms.py); [] without terms.
+    matched: list[tuple[Entry, ...]] = field(default_factory=list)
 
-    def decoding(self, options: DecodingOptions) -> DecodingOptions:
+    def decoding(self, options: DecodingOptions, terms_beam: int = TERMS_BEAM) -> DecodingOptions:
         """`options` as these texts need them: a document is rendered through its blocks'
-        alignments (a plain text's placeholders too)."""
-        return options if self.documents is None else replace(options, alignments=True)
+        alignments (a plain text's placeholders too); sentences with terms are searched with a
+        beam (`terms_beam` at least: constrained beam search shares its beams out among the
+        terms' progress)."""
+        if self.documents is not None:
+            options = replace(options, alignments=True)
+        if any(self.matched) and options.beam_size < terms_beam:
+            options = replace(options, beam_size=terms_beam)
+        return options
 
     @property
     def count(self) -> int:
@@ -87,6 +103,7 @@ class Prepared:
             [(b - first_block, n) for b, n in self.origins[first:last]],
             [t - start for t in self.owners[first_block:last_block]],
             None if self.documents is None else self.documents[start:stop],
+            self.matched[first:last],
         )
 
 
@@ -164,6 +181,7 @@ def prepare(
     format: Format = "text",
     translate_attributes: bool = False,
     protection: Protection | None = None,
+    terms: Terms | None = None,
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
@@ -171,7 +189,8 @@ def prepare(
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
     title attributes are translated too. `protection` (plain text, a model that aligns
-    words): its placeholders are kept out of the model's sentences (`markup.protect`)."""
+    words): its placeholders are kept out of the model's sentences (`markup.protect`).
+    `terms`: a glossary, matched in every sentence (Prepared.matched)."""
     documents: list[markup.Document | None] | None = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
@@ -214,7 +233,10 @@ def prepare(
                 f"model's limit of {limit} tokens per sentence (</s> included); split it into "
                 "shorter sentences",
             )
-    return Prepared(layouts, sources, origins, owners, documents)
+    matched = []
+    if terms is not None:
+        matched = terms.matches(model, [s for layout in layouts for s in layout.inputs])
+    return Prepared(layouts, sources, origins, owners, documents, matched)
 
 
 def _layout(block: str, language: str, format: Format, *, wraps: bool = True) -> segment.Layout:

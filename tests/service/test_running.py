@@ -47,6 +47,7 @@ class Segment:
     prefix: list[int]
     options: DecodingOptions
     deadline: float = math.inf
+    constraints: tuple[tuple[int, ...], ...] = ()
 
 
 @pytest.fixture(scope="module")
