@@ -159,18 +159,30 @@ def test_matching_by_words_case_longest_first_and_token_boundaries() -> None:
 
 
 def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: Path) -> None:
+    """In the sentence, not beside the model's own word for it; a tag around the source term
+    is around the target term (placed by the alignment as any tag)."""
     engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
     glossary = Terms([Entry("bike", "Rad"), Entry("woman", "Dame"), Entry("street", "Gasse")])
-    texts = ["A man is riding a bike.", "A woman in a red dress walks down the street."]
-    prepared = pipeline.prepare(engine, texts, None, max_segment_characters=1000, terms=glossary)
-    options = prepared.decoding(pipeline.DecodingOptions(beam_size=1))
-    assert options.beam_size == pipeline.TERMS_BEAM
 
     def rendering(term: str) -> str:  # greedy, as the runtime translates a term alone
         greedy = pipeline.DecodingOptions(max_length_a=3, max_length_b=10)
         return engine.decode(engine.generate(engine.encode([term]), greedy)[0][0].ids)
 
-    constraints = terms.constraints(engine, prepared.matched, rendering)
-    nbest = engine.generate(prepared.sources, options, constraints=constraints)
-    out = [r.texts[0] for r in pipeline.assemble(engine, prepared, nbest, 1)]
-    assert out == ["Ein Mann fährt Rad.", "Eine Dame in einem roten Kleid geht die Gasse entlang."]
+    def translate(texts: list[str], format: pipeline.Format = "text") -> list[str]:
+        prepared = pipeline.prepare(
+            engine, texts, None, max_segment_characters=1000, terms=glossary, format=format
+        )
+        options = prepared.decoding(pipeline.DecodingOptions(beam_size=1, alignments=True))
+        assert options.beam_size == pipeline.TERMS_BEAM
+        constraints = terms.constraints(engine, prepared.matched, rendering)
+        nbest = engine.generate(prepared.sources, options, constraints=constraints)
+        return [r.texts[0] for r in pipeline.assemble(engine, prepared, nbest, 1)]
+
+    texts = ["A man is riding a bike.", "A woman in a red dress walks down the street."]
+    assert translate(texts) == [
+        "Ein Mann fährt Rad.",
+        "Eine Dame in einem roten Kleid geht die Gasse entlang.",
+    ]
+    assert translate(["<p>A man is riding a <b>bike</b>.</p>"], "html") == [
+        "<p>Ein Mann fährt <b>Rad</b>.</p>"
+    ]
