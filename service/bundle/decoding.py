@@ -48,6 +48,9 @@ class Constraints:
 
     terms: tuple[tuple[int, ...], ...] = ()
     avoid: frozenset[int] = frozenset()
+    # The ids that continue a word (no space before them): never right after a term, which
+    # would glue "Leder" and "kleidung" (the model's, shared by its sentences).
+    word_pieces: frozenset[int] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self.terms)

@@ -11,7 +11,10 @@ Post & Vilar (2018), dynamic beam allocation, over the service's beam search
 - A candidate's progress is how many of the sentence's term tokens its tokens hold: whole terms
   met (each counted at most as often as required) and the longest start of an unmet term its
   last tokens are. One that would hold a term more often than required is dropped (exactly
-  once), and so is </s> before every term is met.
+  once), and so is </s> before every term is met; so is a token of `Constraints.avoid` (the
+  model's own word for a source term whose glossary target differs: "Fahrrad" beside the
+  glossary's "Rad"), and a piece that would continue the word a term just ended ("Leder" +
+  "kleidung": `Constraints.word_pieces`).
 - The K beams are shared out among the banks of equal progress (0 .. all term tokens): K //
   banks each, the rest to the most advanced; a bank without enough candidates leaves its slots
   to the others, most advanced first. Within a bank, the best scores. So a hypothesis that has
@@ -49,24 +52,21 @@ class _Terms:
             required[term] = required.get(term, 0) + 1
         self.required = required
         self.avoid = constraints.avoid
+        self.word_pieces = constraints.word_pieces
         self.total = sum(len(term) * n for term, n in required.items())
 
-    def count(self, tokens: Sequence[int], term: tuple[int, ...]) -> int:
-        """Occurrences of `term` in `tokens`, not overlapping."""
-        n, i, width = 0, 0, len(term)
-        while i + width <= len(tokens):
-            if tuple(tokens[i : i + width]) == term:
-                n += 1
-                i += width
-            else:
-                i += 1
-        return n
+    def counts(self, tokens: Sequence[int]) -> dict[tuple[int, ...], int]:
+        """How often each term occurs in `tokens`, not overlapping."""
+        return {term: _count(tokens, term) for term in self.required}
 
-    def state(self, tokens: Sequence[int]) -> tuple[int, bool, bool]:
-        """(progress, every term met, a term held too often) of a hypothesis's tokens."""
+    def state(
+        self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]
+    ) -> tuple[int, bool, bool]:
+        """(progress, every term met, a term held too often) of a hypothesis's tokens, whose
+        term counts are `counts`."""
         progress, complete, over, started = 0, True, False, 0
         for term, required in self.required.items():
-            n = self.count(tokens, term)
+            n = counts[term]
             progress += len(term) * min(n, required)
             over |= n > required
             if n < required:
@@ -74,14 +74,54 @@ class _Terms:
                 started = max(started, _started(tokens, term))
         return progress + started, complete, over
 
-    def next_tokens(self, tokens: Sequence[int]) -> set[int]:
+    def after(
+        self, tokens: list[int], counts: dict[tuple[int, ...], int], token: int
+    ) -> tuple[int, bool, bool]:
+        """`state` of `tokens` + [token], from the counts of `tokens`: a term ends with the new
+        token or the counts stay (a term's occurrences do not overlap: the new one counts
+        unless it shares tokens with one just counted, which `_count` would not count)."""
+        extended = [*tokens[-_LONGEST:], token]
+        new = dict(counts)
+        for term in self.required:
+            if (
+                extended[-len(term) :] == list(term)
+                and _count(tokens + [token], term) > counts[term]
+            ):
+                new[term] += 1
+        return self.state(extended, new)
+
+    def glued(self, tokens: Sequence[int], token: int) -> bool:
+        """Whether `token` would continue a word that a term just ended ("Leder" + "kleidung")."""
+        return token in self.word_pieces and any(
+            len(tokens) >= len(term) and tuple(tokens[-len(term) :]) == term
+            for term in self.required
+        )
+
+    def next_tokens(self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]) -> set[int]:
         """The tokens that start or continue an unmet term after `tokens`."""
         wanted = set()
         for term, required in self.required.items():
-            if self.count(tokens, term) < required:
+            if counts[term] < required:
                 wanted.add(term[0])
                 wanted.add(term[_started(tokens, term)])
         return wanted
+
+
+# Terms are matched over a hypothesis's last tokens: none is longer (a glossary's terms have at
+# most MAX_TERM_CHARACTERS characters, a few dozen tokens).
+_LONGEST = 64
+
+
+def _count(tokens: Sequence[int], term: tuple[int, ...]) -> int:
+    """Occurrences of `term` in `tokens`, not overlapping."""
+    n, i, width = 0, 0, len(term)
+    while i + width <= len(tokens):
+        if tuple(tokens[i : i + width]) == term:
+            n += 1
+            i += width
+        else:
+            i += 1
+    return n
 
 
 def _started(tokens: Sequence[int], term: tuple[int, ...]) -> int:
@@ -114,7 +154,7 @@ class Bank:
         """Whether a finished hypothesis holds each of its sentence's terms as often as
         required (BeamBook ranks those first): one cut at the length limit may not."""
         terms = self._terms[sentence]
-        return terms is None or terms.state(hypothesis.ids)[1]
+        return terms is None or terms.state(hypothesis.ids, terms.counts(hypothesis.ids))[1]
 
     def wanted(
         self, alive: Sequence[int], beams: int, history: Callable[[int], list[int]]
@@ -126,9 +166,11 @@ class Bank:
         for i, sentence in enumerate(alive):
             terms = self._terms[sentence]
             for b in range(beams):
-                per_row.append(
-                    [] if terms is None else sorted(terms.next_tokens(history(i * beams + b)))
-                )
+                if terms is None:
+                    per_row.append([])
+                    continue
+                tokens = history(i * beams + b)
+                per_row.append(sorted(terms.next_tokens(tokens, terms.counts(tokens))))
         width = max(map(len, per_row), default=0) or 1
         ids = np.full((len(per_row), width), self.eos_id, np.int64)
         real = np.zeros((len(per_row), width), bool)
@@ -154,20 +196,23 @@ class Bank:
         seen: set[tuple[int, int]] = set()
         finishing: list[tuple[float, int]] = []
         banks: dict[int, list[tuple[float, int]]] = {}
-        states: dict[int, tuple[int, bool, bool]] = {}
+        rows: dict[int, tuple[list[int], dict[tuple[int, ...], int], bool]] = {}
         for column, (score, beam, token) in enumerate(zip(scores, beam_of, ids, strict=True)):
             if score == -np.inf or (beam, token) in seen:
                 continue
             seen.add((beam, token))
-            if beam not in states:
-                states[beam] = terms.state(history(beam))
+            if beam not in rows:
+                tokens = history(beam)
+                counts = terms.counts(tokens)
+                rows[beam] = tokens, counts, terms.state(tokens, counts)[1]
+            tokens, counts, complete = rows[beam]
             if token == self.eos_id:
-                if states[beam][1]:
+                if complete:
                     finishing.append((score, column))
                 continue
-            if token in terms.avoid:
+            if token in terms.avoid or terms.glued(tokens, token):
                 continue
-            progress, _, over = terms.state([*history(beam), token])
+            progress, _, over = terms.after(tokens, counts, token)
             if not over:
                 banks.setdefault(progress, []).append((score, column))
         for bank in banks.values():

@@ -1108,7 +1108,9 @@ def _space_after(tokens: list[_Token], start: int, unit: _Item | _Wrap) -> bool:
         token = tokens[i]
         if isinstance(token, str):
             if token:
-                return token[0] not in _WHITESPACE and not unit.glue_after
+                # Never before punctuation that closes ("%s ." where the model moved the unit).
+                closing = _CLOSING.match(token) is not None
+                return token[0] not in _WHITESPACE and not unit.glue_after and not closing
         elif isinstance(token, _Item):
             return unit.space_after or token.space_before
         elif token.wrap.start < 0:

@@ -28,13 +28,14 @@ from service.text import markup, segment
 from service.text.alignment import TextAlignment, sentence_alignment
 from service.text.markup import Format as MarkupFormat
 from service.text.placeholders import Protection
-from service.text.terms import Terms
+from service.text.terms import TermModel, Terms
 
 Format = Literal["text", MarkupFormat]
 
 
-class TextModel(Protocol):
-    """What the pipeline needs of a model: its tokenizer, its limits, and whether it aligns."""
+class TextModel(TermModel, Protocol):
+    """What the pipeline needs of a model: its tokenizer, its limits, whether it aligns, and
+    what matching a glossary's terms needs (TermModel)."""
 
     name: str
     source_language: str
@@ -47,11 +48,7 @@ class TextModel(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]: ...
-
     def target_spans(self, ids: Sequence[int]) -> list[Span]: ...
-
-    def target_ids(self, terms: Sequence[str]) -> list[list[int] | None]: ...
 
 
 # The beam a request with terms gets at least (constrained beam search shares it out).

@@ -35,6 +35,11 @@ class TermModel(Protocol):
         vocabulary cannot spell (an unknown character)."""
         ...
 
+    @property
+    def word_pieces(self) -> frozenset[int]:
+        """The target ids that continue a word (Constraints.word_pieces)."""
+        ...
+
 
 class Terms:
     """A glossary's entries, compiled for matching; `pair`: the (source, target) languages it
@@ -94,7 +99,7 @@ def constraints(
         terms = tuple(tuple(found) for e in entries if (found := ids[e.target]))
         kept = {t for term in terms for t in term}
         avoid = frozenset().union(*(avoided[e] for e in entries)) - kept
-        result.append(Constraints(terms, avoid) if terms else NO_CONSTRAINTS)
+        result.append(Constraints(terms, avoid, model.word_pieces) if terms else NO_CONSTRAINTS)
     return result
 
 

@@ -136,6 +136,8 @@ class FakeModel:
     def target_spans(self, ids: Sequence[int]) -> list[tuple[int, int]]:
         return [(i, i + 1) for i in range(len(ids))]
 
+    word_pieces: frozenset[int] = frozenset()  # a character is a word
+
     def target_ids(self, terms: Sequence[str]) -> list[list[int] | None]:
         """Code points; a term with a "☃" is one the fake cannot spell."""
         return [None if "☃" in t else [ord(c) for c in t] for t in terms]

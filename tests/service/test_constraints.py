@@ -117,3 +117,16 @@ def test_avoided_tokens_are_never_chosen_in_a_constrained_sentence() -> None:
     avoid = frozenset(plain[0][:2]) - {9}
     (best, *_), *_ = run(5, 30, [10], opts, [Constraints(((9,),), avoid)])
     assert count(best[0], (9,)) == 1 and not avoid & set(best[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), term=st.integers(4, 11))
+def test_no_word_piece_follows_a_term(seed: int, term: int) -> None:
+    """Tokens that continue a word never come right after a term (no "Leder" + "kleidung")."""
+    pieces = frozenset(range(4, 12)) - {term}
+    opts = DecodingOptions(beam_size=3, max_decoding_length=10)
+    (best, *_), *_ = run(seed, 12, [12], opts, [Constraints(((term,),), word_pieces=pieces)])
+    tokens = best[0]
+    assert count(tokens, (term,)) == 1
+    at = tokens.index(term)
+    assert at + 1 == len(tokens) or tokens[at + 1] not in pieces
