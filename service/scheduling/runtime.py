@@ -539,15 +539,7 @@ class Runtime:
     def _spell(self, pair: tuple[str, str], entries: Sequence[Entry]) -> None:
         """Refuse an entry whose target term the pair's model cannot spell."""
         model = self.model(*pair)
-        for i, (entry, ids) in enumerate(
-            zip(entries, model.target_ids([e.target for e in entries]), strict=True)
-        ):
-            if ids is None:
-                raise ServiceError(
-                    ErrorType.INVALID_REQUEST,
-                    f"entry {i} ({entry.source!r} -> {entry.target!r}): {model.name} cannot "
-                    "spell the target term (a character its vocabulary does not have)",
-                )
+        terms.check_spelling(model, model.name, entries)
 
 
 def _labels(indices: Sequence[int]) -> Callable[[int], str]:

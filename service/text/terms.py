@@ -19,6 +19,7 @@ import regex
 
 from service.bundle.decoding import NO_CONSTRAINTS, Constraints
 from service.bundle.tokenizer import Span
+from service.errors import ErrorType, ServiceError
 from service.glossaries import Entry
 
 _WORDS = regex.compile(r"\w+(?:[-'’]\w+)*")
@@ -77,6 +78,20 @@ class Terms:
             ends = {b for _, b in tokens}
             result[i] = tuple(entry for a, b, entry in found[i] if a in starts and b in ends)
         return result
+
+
+def check_spelling(model: TermModel, name: str, entries: Sequence[Entry]) -> None:
+    """A ServiceError naming the first entry whose target term `model` (named `name`) cannot
+    spell; a glossary is refused at creation, not at a translation."""
+    for i, (entry, ids) in enumerate(
+        zip(entries, model.target_ids([e.target for e in entries]), strict=True)
+    ):
+        if ids is None:
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST,
+                f"entry {i} ({entry.source!r} -> {entry.target!r}): {name} cannot spell the "
+                "target term (a character its vocabulary does not have)",
+            )
 
 
 def constraints(

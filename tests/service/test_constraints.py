@@ -10,28 +10,19 @@ from hypothesis import strategies as st
 
 from service.bundle.decoding import Constraints, DecodingOptions
 from service.inference.search import FloatArray, IntArray, search
-from tests.service.test_decoding import BOS, EOS, RandomModel, top_k
+from tests.service.test_decoding import BOS, EOS, NumpyState, RandomModel, top_k
 
 
-class WholeState:
+class WholeState(NumpyState):
     """The random model's steps, with the whole distribution kept for `log_probs_of`."""
 
     def __init__(self, model: RandomModel) -> None:
-        self.model = model
+        super().__init__(model)
         self.last: FloatArray = np.zeros((0, 0), np.float32)
 
     def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
         self.last = self.model.log_probs(tokens.tolist())
         return top_k(self.last, k)
-
-    def select(self, rows: IntArray, sentences: IntArray) -> None:
-        self.model.keep(rows.tolist(), sentences.tolist())
-
-    def reorder(self, rows: IntArray) -> None:
-        self.model.keep(rows.tolist())
-
-    def alignment(self) -> None:
-        return None
 
     def log_probs_of(self, ids: IntArray) -> FloatArray:
         scored: FloatArray = np.take_along_axis(self.last, ids, axis=1)

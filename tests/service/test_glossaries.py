@@ -5,17 +5,20 @@ the search as constraints."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from service.errors import ServiceError
 from service.glossaries import Entry
 from service.http.app import create_app
 from service.inference.engine import Engine
 from service.text import pipeline, terms
 from service.text.terms import Terms
+from service.translate import read_glossary, translate_lines
 from tests.service.helpers import FakeModel, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -120,15 +123,9 @@ async def test_a_translation_hands_its_terms_to_the_search_with_a_beam() -> None
         rad = tuple(map(ord, "RAD"))
         assert [c.terms for c in sentences] == [(rad,), (rad,)]  # "bikes" is another word
         assert fake.calls[-1][1].beam_size == 4
-        inline = await client.post(
-            "/libretranslate/translate",
-            json={
-                "q": "a bike",
-                "source": "en",
-                "target": "de",
-                "glossary": [{"source": "bike", "target": "RAD"}],
-            },
-        )
+        entries = [{"source": "bike", "target": "RAD"}]
+        libre = {"q": "a bike", "source": "en", "target": "de", "glossary": entries}
+        inline = await client.post("/libretranslate/translate", json=libre)
         assert inline.status_code == 200
         wrong = await client.post(
             "/translate",
@@ -186,3 +183,21 @@ def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: P
     assert translate(["<p>A man is riding a <b>bike</b>.</p>"], "html") == [
         "<p>Ein Mann fährt <b>Rad</b>.</p>"
     ]
+
+
+def test_the_file_cli_reads_a_glossary_file(shipped_bundle: Path, tmp_path: Path) -> None:
+    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    path = tmp_path / "shop.csv"
+    path.write_text('bike,Rad\n"street",Gasse,en,de\n', encoding="utf-8")
+    glossary = read_glossary(path, engine, ("en", "de"), 10)
+    out = io.StringIO()
+    lines = ["A man is riding a bike.", "Two dogs play in the snow."]
+    options = pipeline.DecodingOptions(beam_size=4, max_length_a=3, max_length_b=10)
+    translate_lines(engine, lines, options, out=out, max_segment_characters=1000, glossary=glossary)
+    assert out.getvalue() == "Ein Mann fährt Rad.\nZwei Hunde spielen im Schnee.\n"
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("snow\t雪\n", encoding="utf-8")
+    with pytest.raises(ServiceError, match=r"entry 0 .* cannot spell"):
+        read_glossary(bad, engine, ("en", "de"), 10)
+    with pytest.raises(ValueError, match="--glossary"):
+        read_glossary(tmp_path / "missing.tsv", engine, ("en", "de"), 10)
