@@ -116,13 +116,13 @@ class TranslateRequest(BaseModel):
     )
     placeholders: bool = Field(
         True,
-        description="format text: placeholders (%s, {name}, {{x}}, ${x}, <0>...</0>, `code`), "
-        "URLs and e-mail addresses come back byte for byte (docs/api.md)",
+        description="placeholders (%s, {name}, {{x}}, ${x}, <0>...</0>, `code`), URLs and "
+        "e-mail addresses come back byte for byte (docs/api.md)",
     )
     placeholder_patterns: list[str] = Field(
         [],
         max_length=16,
-        description="format text: more spans to keep as they are, as regular expressions",
+        description="more spans to keep as they are, as regular expressions",
     )
     glossary_id: str | None = Field(
         None, description="a glossary of this API key and language pair (POST /glossaries)"

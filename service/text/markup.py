@@ -314,8 +314,9 @@ class _Flattener:
     space; a unit leaves no double space, and remembers what was on either side of it so that
     render can give it the same."""
 
-    def __init__(self, collapse: bool = True) -> None:
+    def __init__(self, collapse: bool = True, protection: Protection | None = None) -> None:
         self.collapse = collapse  # whitespace collapses to one space (markup), else kept
+        self.protection = protection  # markup's placeholders kept out too (placeholders.py)
         self.between = ""  # plain text's first whitespace since the last character
         self.parts: list[str] = []
         self.length = 0
@@ -356,10 +357,14 @@ class _Flattener:
 
     def _text(self, raw: str, into: list[_Child]) -> None:
         done = 0
-        for special in _SPECIAL.finditer(raw):
-            self._plain(raw[done : special.start()])
-            into.append(self._place(_Item(None, special.group(), self.length)))
-            done = special.end()
+        if self.protection is None:
+            spans = [special.span() for special in _SPECIAL.finditer(raw)]
+        else:
+            spans = [(s.start, s.end) for s in self.protection.find(raw, _SPECIAL)]
+        for start, end in spans:
+            self._plain(raw[done:start])
+            into.append(self._place(_Item(None, raw[start:end], self.length)))
+            done = end
         self._plain(raw[done:])
 
     def _plain(self, text: str) -> None:
@@ -450,9 +455,15 @@ class _Found:
 class _Collector:
     """What both walkers produce: blocks, runs and attribute blocks, in document order."""
 
-    def __init__(self, translate_attributes: bool, collapse: bool = True) -> None:
+    def __init__(
+        self,
+        translate_attributes: bool,
+        collapse: bool = True,
+        protection: Protection | None = None,
+    ) -> None:
         self.translate_attributes = translate_attributes
         self.collapse = collapse
+        self.protection = protection
         self.blocks: list[str] = []
         self.runs: list[_Run] = []
         self.attributes: list[_Attribute] = []
@@ -477,7 +488,7 @@ class _Collector:
         if all(isinstance(raw, str) and not _WORD.search(raw) for raw in raws):
             self.add_attributes(found)  # whitespace between blocks, most often
             return
-        flattener = _Flattener(self.collapse)
+        flattener = _Flattener(self.collapse, self.protection)
         children: list[_Child] = []
         flattener.feed(raws, children)
         text = "".join(flattener.parts)
@@ -915,11 +926,19 @@ def _render_text(document: Document, translations: Sequence[tuple[str, Projectio
 # --- Parse and render --------------------------------------------------------------------------
 
 
-def parse(markup: str, format: Format, *, translate_attributes: bool = False) -> Document:
+def parse(
+    markup: str,
+    format: Format,
+    *,
+    translate_attributes: bool = False,
+    protection: Protection | None = None,
+) -> Document:
     """The blocks of `markup` to translate. HTML never fails (the HTML5 algorithm repairs
     anything); malformed XML raises MarkupError. `translate_attributes`: alt and title values
-    become blocks of their own (plain text) and come back translated."""
-    collector = _Collector(translate_attributes)
+    become blocks of their own (plain text) and come back translated. `protection`: the
+    placeholders of the text (placeholders.py) are kept out with its URLs and mentions, as
+    units (a numbered tag too: in markup, elements are the tags)."""
+    collector = _Collector(translate_attributes, protection=protection)
     if format == "html":
         fragment = not _DOCUMENT.match(markup)
         _HtmlWalker(_parse_html(markup, fragment), fragment, collector)

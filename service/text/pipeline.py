@@ -185,14 +185,15 @@ def prepare(
     and sentence over a limit. `source`: the texts' language, for a model of several (None:
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
-    title attributes are translated too. `protection` (plain text, a model that aligns
-    words): its placeholders are kept out of the model's sentences (`markup.protect`).
+    title attributes are translated too. `protection`: placeholders are kept out of the
+    model's sentences (plain text, a model that aligns words: `markup.protect`; markup: with
+    its URLs).
     `terms`: a glossary, matched in every sentence (Prepared.matched)."""
     documents: list[markup.Document | None] | None = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = list(_parse(texts, format, translate_attributes, label))
+        documents = list(_parse(texts, format, translate_attributes, label, protection))
     elif protection is not None and model.aligns:
         protected = [markup.protect(text, protection) for text in texts]
         if any(document is not None for document in protected):
@@ -250,12 +251,17 @@ def _parse(
     format: MarkupFormat,
     translate_attributes: bool,
     label: Callable[[int], str],
+    protection: Protection | None = None,
 ) -> list[markup.Document]:
     """Each text parsed as a document; a ServiceError names the first that cannot be."""
     documents = []
     for t, text in enumerate(texts):
         try:
-            documents.append(markup.parse(text, format, translate_attributes=translate_attributes))
+            documents.append(
+                markup.parse(
+                    text, format, translate_attributes=translate_attributes, protection=protection
+                )
+            )
         except markup.MarkupError as e:
             raise ServiceError(ErrorType.INVALID_REQUEST, f"{label(t)}: {e}") from e
     return documents

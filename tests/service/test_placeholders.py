@@ -4,6 +4,7 @@ times as sent, where the alignment puts them."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,10 +54,15 @@ def test_a_requests_patterns_are_kept_too_and_bad_ones_are_refused() -> None:
         Protection(["x"] * 17)
 
 
-def translate(model: FakeModel | Engine, texts: Sequence[str], **options: int) -> list[str]:
-    """The pipeline as the runtime runs it (plain text, placeholders on), through `model`."""
+def translate(
+    model: FakeModel | Engine,
+    texts: Sequence[str],
+    format: pipeline.Format = "text",
+    **options: int,
+) -> list[str]:
+    """The pipeline as the runtime runs it (placeholders on), through `model`."""
     prepared = pipeline.prepare(
-        model, texts, None, max_segment_characters=10_000, protection=PROTECTION
+        model, texts, None, max_segment_characters=10_000, protection=PROTECTION, format=format
     )
     chosen = prepared.decoding(DecodingOptions(**options))
     nbest = model.generate(prepared.sources, chosen)
@@ -85,6 +91,17 @@ def test_any_placeholders_anywhere_come_back_byte_for_byte_as_many_times(
     assert _words(out) == _words(text).upper()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(PLACEHOLDERS, WORDS), st.sampled_from([" ", "", "  "]))))
+def test_placeholders_in_html_text_come_back_too(parts: list[tuple[str, str]]) -> None:
+    """In an HTML paragraph with an inline element, as in plain text (numbered tags aside:
+    in HTML they are text the parser escapes, and elements are the tags)."""
+    text = "".join(part + gap for part, gap in parts if part != "<1/>")
+    (out,) = translate(FakeModel(), [f"<p>{text} <b>dogs</b></p>"], "html")
+    assert out.startswith("<p>") and out.endswith("<b>DOGS</b></p>")
+    assert found(html.unescape(out[3:])) == found(text)
+
+
 def _words(text: str) -> str:
     """`text` without its protected spans and whitespace."""
     spans = PROTECTION.find(text, markup._SPECIAL)
@@ -102,7 +119,7 @@ def test_numbered_tags_wrap_the_words_and_alternatives_keep_them_too() -> None:
     # An end tag without its start, and a start without its end: units, as sent.
     assert translate(FakeModel(), ["a </3> dog <4> runs"]) == ["A </3> DOG <4> RUNS"]
     # Each alternative is placed through its own alignment (the fake's k-th adds k tildes).
-    alternatives = translate(FakeModel(), ["{n} dogs"], beam_size=2, num_hypotheses=2)
+    alternatives = translate(FakeModel(), ["{n} dogs"], "text", beam_size=2, num_hypotheses=2)
     assert alternatives == ["{n} DOGS", "{n} DOGS~"]
 
 
@@ -126,7 +143,7 @@ def test_the_shipped_model_keeps_the_issues_placeholders(engine: Engine) -> None
         "A <0>man</0> is riding a bike.",
         "A man types `make test` in the park.",
     ]
-    out = translate(engine, texts, beam_size=4)
+    out = translate(engine, texts, "text", beam_size=4)
     assert out[0] == "{count} Hunde spielen im Schnee."
     assert out[1].count("%s") == 1 and out[1].startswith("Ein Mann")
     assert out[2].count("{{name}}") == 1 and "Hunde" in out[2]
