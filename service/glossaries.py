@@ -136,7 +136,8 @@ def checked(entries: Sequence[Entry], max_entries: int) -> tuple[Entry, ...]:
 
 class GlossaryStore(Protocol):
     """Where glossaries live. Each method is one short operation (a file, a key), called on
-    the event loop's executor by `Glossaries`."""
+    the event loop: a glossary is at most max_glossary_entries entries, a key's list at most
+    max_glossaries_per_key of them."""
 
     def put(self, glossary: Glossary) -> None: ...
 

@@ -47,13 +47,10 @@ from service.http.schemas import (
     TranslationOut,
 )
 from service.metrics import Metrics
-from service.scheduling.runtime import DetectedTranslation, Runtime, TranslationModel
+from service.scheduling.runtime import AUTO, DetectedTranslation, Runtime, TranslationModel
 from service.text.alignment import TextAlignment
 from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
-
-# The source that asks for each text's language to be detected.
-AUTO = "auto"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503, 504)

@@ -7,6 +7,10 @@ segments of the request, batched with everyone else's, whatever their target) ->
 `assemble` (decode, reassemble each text around its original separators). The HTTP routes
 (service/http/routes.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
 
+A request's glossary (`terms`: one of `glossaries`, its store, or inline entries) is matched
+in the pipeline; the matched terms become the search's constraints here (`_constraints`, after
+the model's own translation of each new source term, one batch of its own).
+
 With `source: "auto"` (`translate_detected`) each text's language is detected on its own
 (service/text/detect.py) and each text goes to the model of its (detected, target) pair: the
 texts of one request may go to several models, at the same time, and come back in order.
