@@ -109,6 +109,7 @@ _SPECIAL = re.compile(
 )
 # Punctuation that ends or continues what comes before it.
 _CLOSING = re.compile(r"[.,;:!?)\]}…»”’]")
+_CLOSING_RUN = re.compile(r"[.,;:!?)\]}…»”’]+")
 # Something to translate: a character that is neither whitespace of any kind nor a format
 # character (segment.py's VISIBLE: U+200B, U+FEFF...). A run or attribute of spaces, &nbsp;s
 # and zero-width spaces (a spacer <p>&nbsp;</p> or <p>&#8203;</p>) is not a block, though
@@ -1132,8 +1133,17 @@ def _space_after(tokens: list[_Token], start: int, unit: _Item | _Wrap) -> bool:
         token = tokens[i]
         if isinstance(token, str):
             if token:
-                # Never before punctuation that closes ("%s ." where the model moved the unit).
-                closing = _CLOSING.match(token) is not None
+                # Never before punctuation that closes ("%s ." where the model moved the unit)
+                # and ends the text or a word: glued to more, it would read as part of a URL.
+                punctuation = _CLOSING_RUN.match(token)
+                rest = token[punctuation.end() :] if punctuation else ""
+                closing = punctuation is not None and (
+                    rest[:1].isspace()
+                    or (
+                        not rest
+                        and all(isinstance(t, str) and not t.strip() for t in tokens[i + 1 :])
+                    )
+                )
                 return token[0] not in _WHITESPACE and not unit.glue_after and not closing
         elif isinstance(token, _Item):
             return unit.space_after or token.space_before

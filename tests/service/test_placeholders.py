@@ -72,7 +72,7 @@ def translate(
 
 PLACEHOLDERS = st.sampled_from(
     ["%s", "%1$s", "%(name)s", "{0}", "{name}", "{{user}}", "${var}", "<1/>", "`a b`",
-     "{n, plural, one {# x} other {# y}}", " https://x.org/p", " a@b.com"]
+     "{n, plural, one {# x} other {# y}}", " https://x.org/p ", " a@b.com "]
 )  # fmt: skip
 WORDS = st.sampled_from(["dogs", "run", "in", "the", "snow", ".", ",", "!"])
 
@@ -84,10 +84,11 @@ def test_any_placeholders_anywhere_come_back_byte_for_byte_as_many_times(
 ) -> None:
     """The fake upper-cases what the model reads and aligns each character to itself: every
     placeholder comes back as sent, in its order, and nothing else of it reached the model.
-    (A URL or e-mail address starts after a space: glued to a word it is none.)"""
+    (A URL or e-mail address has spaces around it: glued to a word it is none, and what
+    follows it glued would be read as part of it.)"""
     text = "".join(part + gap for part, gap in parts)
     (out,) = translate(FakeModel(), [text])
-    assert found(out) == found(text)  # the same spans, as many, in the same order
+    assert_kept(text, out)
     assert _words(out) == _words(text).upper()
 
 
@@ -99,7 +100,21 @@ def test_placeholders_in_html_text_come_back_too(parts: list[tuple[str, str]]) -
     text = "".join(part + gap for part, gap in parts if part != "<1/>")
     (out,) = translate(FakeModel(), [f"<p>{text} <b>dogs</b></p>"], "html")
     assert out.startswith("<p>") and out.endswith("<b>DOGS</b></p>")
-    assert found(html.unescape(out[3:])) == found(text)
+    assert_kept(text, html.unescape(out))
+
+
+def assert_kept(text: str, out: str) -> None:
+    """Each protected span of `text` is in `out`, byte for byte, in the same order, and as
+    many times. (Not `found(out)`: a URL that the model's punctuation now follows with no
+    space reads longer, though its bytes are all there.)"""
+    spans = found(text)
+    at = 0
+    for span in spans:
+        at = out.find(span, at)
+        assert at >= 0, (span, out)
+        at += len(span)
+    for span in set(spans):
+        assert out.count(span) == text.count(span), (span, out)
 
 
 def _words(text: str) -> str:
