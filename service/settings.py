@@ -110,6 +110,15 @@ class Settings(BaseSettings):
         default_factory=list,
         description="accepted API keys (comma-separated in the environment); none: no key needed",
     )
+    glossary_dir: Path | None = Field(
+        None,
+        description="where glossaries are kept, one JSON file each (survives restarts; share it "
+        "between --workers); unset: in the process's memory, gone at a restart",
+    )
+    max_glossary_entries: int = Field(
+        1000, ge=1, description="entries per glossary, a request's inline glossary too"
+    )
+    max_glossaries_per_key: int = Field(100, ge=1, description="glossaries each API key may keep")
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="origins allowed by CORS (comma-separated); none: off"
     )

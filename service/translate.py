@@ -26,15 +26,19 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TextIO
 
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
 from service.errors import ServiceError
+from service.glossaries import EntriesFormat, Entry, checked, parse_entries
 from service.inference.engine import Engine
 from service.inference.models import step_threads
 from service.settings import Settings
 from service.text import pipeline
+from service.text.terms import Terms, check_spelling
+from service.text.terms import constraints as term_constraints
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,7 @@ def translate_lines(
     source: str | None = None,
     on_progress: Callable[[int], None] = lambda done: None,
     form: pipeline.Form = pipeline.PLAIN,
+    glossary: Terms | None = None,
 ) -> int:
     """Write one translation per line to `out`, window by window; returns target tokens.
     Refuses a `form` the engine cannot do (pipeline.check_form) before anything is read.
@@ -90,13 +95,23 @@ def translate_lines(
         label=lambda index: f"line {index + 1}",
         format=form.format,
         translate_attributes=form.translate_attributes,
+        protection=form.protection,
+        terms=glossary,
     )
+    options = prepared.decoding(options)
+    renderings: dict[str, str] = {}
     window = engine.max_batch_size * _BATCHES_PER_WINDOW
     tokens = 0
     for start in range(0, len(lines), window):
         part = prepared.texts(start, start + window)
         prefix = engine.decoder_prefix(target)
-        nbest = engine.generate(part.sources, options, prefixes=[prefix] * len(part.sources))
+        constraints = None
+        if any(part.matched):
+            _render(engine, part.matched, renderings, target, source)
+            constraints = term_constraints(engine, part.matched, renderings.__getitem__)
+        nbest = engine.generate(
+            part.sources, options, prefixes=[prefix] * len(part.sources), constraints=constraints
+        )
         tokens += sum(len(hyps[0].ids) for hyps in nbest)
         for translation in pipeline.assemble(engine, part, nbest, 1):
             # One line in, one line out: a newline in a translation would shift every line.
@@ -104,6 +119,39 @@ def translate_lines(
         out.flush()
         on_progress(min(start + window, len(lines)))
     return tokens
+
+
+def _render(
+    engine: Engine,
+    matched: Sequence[Sequence[Entry]],
+    renderings: dict[str, str],
+    target: str | None,
+    source: str | None,
+) -> None:
+    """The model's own greedy translation of each matched source term it has not translated
+    yet, into `renderings` (what the search avoids beside the glossary's term)."""
+    missing = sorted({e.source for own in matched for e in own} - renderings.keys())
+    if not missing:
+        return
+    greedy = DecodingOptions(max_length_a=3.0, max_length_b=10)
+    prefix = engine.decoder_prefix(target)
+    found = engine.generate(
+        engine.encode(missing, target, source), greedy, prefixes=[prefix] * len(missing)
+    )
+    renderings.update((s, engine.decode(h[0].ids)) for s, h in zip(missing, found, strict=True))
+
+
+def read_glossary(path: Path, engine: Engine, pair: tuple[str, str], max_entries: int) -> Terms:
+    """A glossary file's terms: DeepL's CSV for a .csv name, else its TSV; checked as the
+    service checks a glossary (service/glossaries.py), each target term one the model spells."""
+    entries_format: EntriesFormat = "csv" if path.suffix.lower() == ".csv" else "tsv"
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"--glossary {path}: {e.strerror}") from None
+    entries = checked(parse_entries(read_utf8(data), entries_format, pair), max_entries)
+    check_spelling(engine, engine.name, entries)
+    return Terms(entries)
 
 
 def read_utf8(data: bytes) -> str:
@@ -173,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="html/xml: translate alt and title attributes too",
     )
+    p.add_argument(
+        "--glossary",
+        type=Path,
+        help="a glossary file whose terms are enforced: DeepL's TSV (source<TAB>target a line), "
+        "or its CSV for a .csv name (docs/api.md#glossaries)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -197,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             {name: value for name, value in requested.items() if value is not None},
             max_input_tokens=engine.max_input_tokens,
         )
+        glossary = None
+        if args.glossary is not None:
+            pair = (
+                args.source or engine.source_language,
+                args.target or engine.target_languages[0],
+            )
+            glossary = read_glossary(args.glossary, engine, pair, settings.max_glossary_entries)
         # Lines end at "\n" only (str.splitlines would also split at U+2028 and friends, and
         # the output would no longer line up with the input).
         lines = read_utf8(sys.stdin.buffer.read()).split("\n")
@@ -213,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             source=args.source,
             on_progress=_Progress(len(lines), sys.stderr).update,
             form=pipeline.Form(args.format, args.translate_attributes),
+            glossary=glossary,
         )
     except (BundleError, ServiceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

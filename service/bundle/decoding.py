@@ -38,6 +38,26 @@ import numpy.typing as npt
 
 FinishReason = Literal["eos", "length", "deadline"]
 
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """A sentence's terms (service/text/terms.py) for constrained beam search: the target ids
+    of each, which its translation holds exactly once each (a term matched twice: twice), and
+    the ids it may not produce (`avoid`: the model's own words for a source term where the
+    glossary says otherwise, which it would otherwise write beside the term)."""
+
+    terms: tuple[tuple[int, ...], ...] = ()
+    avoid: frozenset[int] = frozenset()
+    # The ids that continue a word (no space before them): never right after a term, which
+    # would glue "Leder" and "kleidung" (the model's, shared by its sentences).
+    word_pieces: frozenset[int] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.terms)
+
+
+NO_CONSTRAINTS = Constraints()
+
 # When sentence i of a search must be done (time.monotonic()); read before every step, so it
 # may change while the search runs (a caller that no longer wants a sentence moves it to the
 # past). The service's search stops a sentence past it ("deadline").
@@ -343,10 +363,18 @@ class BeamBook:
     candidates, a </s> among the first K finishes a hypothesis, the others continue until K
     beams are filled; a sentence with K finished hypotheses leaves the batch, and so does one
     whose beams reach its limit (`limits`, one per sentence: DecodingOptions.limit), its live
-    beams finishing with "length"."""
+    beams finishing with "length". `preferred(sentence, hypothesis)`, when given, ranks the
+    hypotheses it prefers before the others, each by score (a constrained search's: those
+    that hold every term)."""
 
-    def __init__(self, policy: StepPolicy, limits: Sequence[int]) -> None:
+    def __init__(
+        self,
+        policy: StepPolicy,
+        limits: Sequence[int],
+        preferred: Callable[[int, Hypothesis], bool] | None = None,
+    ) -> None:
         self.policy = policy
+        self._preferred = preferred
         self.k = policy.options.beam_size
         self.alive = list(range(len(limits)))  # sentence index of each live block of rows
         self._limits = list(limits)
@@ -462,4 +490,8 @@ class BeamBook:
     def result(self, sentence: int) -> list[Hypothesis]:
         """A finished sentence's n-best list, best first."""
         n = self.policy.options.num_hypotheses
-        return sorted(self._finished[sentence], key=lambda h: h.score, reverse=True)[:n]
+        finished = sorted(self._finished[sentence], key=lambda h: h.score, reverse=True)
+        if self._preferred is not None:
+            preferred = self._preferred
+            finished.sort(key=lambda h: not preferred(sentence, h))  # stable: by score within
+        return finished[:n]

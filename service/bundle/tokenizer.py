@@ -70,6 +70,10 @@ class TextTokenizer(Protocol):
         """Target ids (special tokens left out) -> text."""
         ...
 
+    def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+        """Target ids of each text as a word of a translation (no </s>): a glossary's term."""
+        ...
+
     def token_id(self, token: str) -> int | None:
         """The source id of a whole token (e.g. ">>fra<<"), None if it is not one."""
         ...
@@ -120,6 +124,10 @@ class BpeTokenizer:
         text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
         return _cleaned(text) if self._clean_up else text
 
+    def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+        # One joint vocabulary; its pre-tokenizer adds the space a word has inside a sentence.
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
@@ -152,6 +160,7 @@ class SentencePieceTokenizer:
         self._source_ids = _load_vocab(directory / files.source_vocab, vocab_sizes[0])
         target_ids = _load_vocab(directory / files.target_vocab, vocab_sizes[1])
         self._target_pieces = {i: piece for piece, i in target_ids.items()}
+        self._target_ids = target_ids
         missing = [token for token in files.special_tokens if token not in target_ids]
         if missing:
             raise BundleError(f"{directory / files.target_vocab}: no special token {missing}")
@@ -174,6 +183,10 @@ class SentencePieceTokenizer:
         text: str = self._target.decode_pieces(pieces)
         text = text.replace(_WORD_BOUNDARY, " ").strip()
         return _cleaned(text) if self._clean_up else text
+
+    def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+        ids, unk = self._target_ids, self._unk
+        return [[ids.get(p, unk) for p in self._target.encode(t, out_type=str)] for t in texts]
 
     def token_id(self, token: str) -> int | None:
         return self._source_ids.get(token)

@@ -14,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from service.http.deepl import InProcessUsage, deepl_face, deepl_router
 from service.http.docs_ui import docs_router
 from service.http.errors import ErrorRenderer, install_error_handlers
+from service.http.glossaries import glossary_router
 from service.http.libretranslate import libretranslate_face, libretranslate_router
 from service.http.middleware import (
     BodyLimitMiddleware,
@@ -74,6 +75,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     )
     app.state.metrics = metrics
     app.include_router(router)
+    app.include_router(glossary_router)
     app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     if settings.libretranslate_prefix:
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
@@ -91,7 +93,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "X-API-Key"],
             expose_headers=["Retry-After"],  # when a page's script may retry a 429 or 503
         )

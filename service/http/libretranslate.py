@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, field_validator
 
 from service.errors import ErrorType, ServiceError
+from service.glossaries import owner_of
 from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.middleware import (
     PresentedKey,
@@ -21,10 +22,12 @@ from service.http.middleware import (
     form_items,
     is_json,
     json_or_form_body,
+    protection,
     read_json_or_refuse,
     translate_texts,
     validate,
 )
+from service.http.schemas import GlossaryEntry
 from service.keys.store import ApiKey
 from service.scheduling.runtime import UNDETERMINED, Runtime, Untranslated
 from service.text.detect import Candidate
@@ -49,6 +52,11 @@ class LibreTranslateRequest(BaseModel):
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, description="number of alternative translations")
     api_key: str | None = None
+    # Ours (docs/api.md): placeholders kept byte for byte, and a request's own patterns.
+    placeholders: bool = True
+    placeholder_patterns: list[str] = Field([], max_length=16)
+    glossary_id: str | None = None
+    glossary: list[GlossaryEntry] | None = None
 
     @field_validator("format", mode="before")
     @classmethod
@@ -172,12 +180,15 @@ async def libretranslate_translate(
         await runtime.access.charge(caller, sum(len(text) for text in texts))
         n = body.alternatives + 1
         requested = {"beam_size": max(runtime.settings.default_beam_size, n), "num_hypotheses": n}
-        form = Form(body.format)
+        form = Form(body.format, protection=protection(body))
+        inline = None if body.glossary is None else [e.entry() for e in body.glossary]
+        owner = owner_of(_key(fields, header_key))
+        terms = runtime.terms(owner, (source, target), body.glossary_id, inline)
         # With auto, each text's own language, not one for the batch as LibreTranslate does.
         auto = source == "auto"
         found = await translate_texts(
             request, runtime, texts, None if auto else source, target, requested,
-            deadline=deadline, form=form,
+            deadline=deadline, form=form, terms=terms,
         )  # fmt: skip
         results = [d.translation for d in found]
         detected = [_detected(d.detected) for d in found] if auto else None
@@ -217,10 +228,13 @@ async def _check_key(
 ) -> ApiKey | None:
     """The key in the body (LibreTranslate's `api_key`), else the header's: checked before the
     fields are validated, so that a client without a key learns nothing about the API."""
+    return await check_api_key(runtime, _key(fields, header_key), request)
+
+
+def _key(fields: dict[str, Any], header_key: str | None) -> str | None:
+    """The request's API key: the body's `api_key`, else the header's."""
     api_key = fields.get("api_key")
-    return await check_api_key(
-        runtime, api_key if isinstance(api_key, str) else header_key, request
-    )
+    return api_key if isinstance(api_key, str) else header_key
 
 
 async def _libretranslate_fields(

@@ -9,7 +9,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request, Security
@@ -26,6 +26,8 @@ from service.metrics import Metrics
 from service.scheduling.runtime import DetectedTranslation, Runtime
 from service.text.detect import Candidate
 from service.text.pipeline import Form
+from service.text.placeholders import Protection
+from service.text.terms import Terms
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -164,6 +166,17 @@ def validate(model: type[M], fields: dict[str, Any], *, strict: bool | None = No
         raise ServiceError(ErrorType.INVALID_REQUEST, describe_validation_errors(e.errors())) from e
 
 
+class _Protecting(Protocol):
+    placeholders: bool
+    placeholder_patterns: list[str]
+
+
+def protection(body: _Protecting) -> Protection | None:
+    """What a request's plain text keeps byte for byte (service/text/placeholders.py): None
+    when it turned placeholders off; a ServiceError for a pattern that does not compile."""
+    return Protection(body.placeholder_patterns) if body.placeholders else None
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -225,20 +238,21 @@ async def translate_texts(
     *,
     deadline: float,
     form: Form,
+    terms: Terms | None = None,
 ) -> list[DetectedTranslation]:
     """Each text translated into `target` from `source`, or with None from its own detected
-    language (Runtime.translate_detected), with the options `requested`, cancelled if the
-    client leaves (the compatible APIs' translation). With a source, each text's `detected`
-    is that source, at confidence 1."""
+    language (Runtime.translate_detected), with the options `requested` and a glossary's
+    `terms`, cancelled if the client leaves (the compatible APIs' translation). With a source,
+    each text's `detected` is that source, at confidence 1."""
     if source is None:
         detecting = runtime.translate_detected(
-            texts, target, requested, deadline=deadline, form=form
+            texts, target, requested, deadline=deadline, form=form, terms=terms
         )
         return await unless_disconnected(request, detecting)
     pair = (source, target)
     model = runtime.model(*pair)  # a pair no model serves is refused before any work
     options = runtime.decoding_options(pair, requested)
-    work = runtime.translate(texts, pair, options, deadline=deadline, form=form)
+    work = runtime.translate(texts, pair, options, deadline=deadline, form=form, terms=terms)
     results = await unless_disconnected(request, work)
     return [DetectedTranslation(r, Candidate(source, 1.0), model.name, None) for r in results]
 

@@ -18,9 +18,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
+from service.glossaries import owner_of
 from service.http.middleware import (
     Caller,
+    PresentedKey,
     RuntimeDep,
+    protection,
     read_json,
     unless_disconnected,
     validate,
@@ -47,13 +50,10 @@ from service.http.schemas import (
 )
 from service.keys.access import Count
 from service.metrics import Metrics
-from service.scheduling.runtime import DetectedTranslation, Runtime, TranslationModel
+from service.scheduling.runtime import AUTO, DetectedTranslation, Runtime, TranslationModel
 from service.text.alignment import TextAlignment
 from service.text.detect import Candidate
 from service.text.pipeline import Form, TextTranslation
-
-# The source that asks for each text's language to be detected.
-AUTO = "auto"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 413, 422, 429, 500, 503, 504)
@@ -76,19 +76,33 @@ router = APIRouter()
         }
     },
 )
-async def translate(request: Request, runtime: RuntimeDep, caller: Caller) -> TranslateResponse:
+async def translate(
+    request: Request, runtime: RuntimeDep, key: PresentedKey, caller: Caller
+) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
-    form = Form(body.format, body.translate_attributes, body.return_alignments)
+    form = Form(
+        body.format, body.translate_attributes, body.return_alignments, protection=protection(body)
+    )
+    inline = None if body.glossary is None else [e.entry() for e in body.glossary]
     characters = sum(len(text) for text in texts)
     with runtime.accept():
+        if body.source != AUTO:
+            runtime.model(body.source, body.target)  # an unknown pair before the glossary
+        terms = runtime.terms(owner_of(key), (body.source, body.target), body.glossary_id, inline)
         if body.source == AUTO:
             _check_count(runtime, len(texts))
             await runtime.access.charge(caller, characters)
             detecting = runtime.translate_detected(
-                texts, body.target, body.decoding(), deadline=deadline, form=form, cache=body.cache
+                texts,
+                body.target,
+                body.decoding(),
+                deadline=deadline,
+                form=form,
+                terms=terms,
+                cache=body.cache,
             )
             detected = await unless_disconnected(request, detecting)
             return TranslateResponse(
@@ -103,7 +117,7 @@ async def translate(request: Request, runtime: RuntimeDep, caller: Caller) -> Tr
         options = runtime.decoding_options(pair, body.decoding())
         await runtime.access.charge(caller, characters)
         work = runtime.translate(
-            texts, pair, options, deadline=deadline, form=form, cache=body.cache
+            texts, pair, options, deadline=deadline, form=form, terms=terms, cache=body.cache
         )
         results = await unless_disconnected(request, work)
     return TranslateResponse(

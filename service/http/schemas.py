@@ -14,9 +14,66 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.bundle.decoding import DecodingOptions
 from service.errors import ErrorType
+from service.glossaries import Entry
 
 # The request fields that are decoding options.
 OPTION_FIELDS = {field.name for field in dataclasses.fields(DecodingOptions)}
+
+
+class GlossaryEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    source: str = Field(description="the source term, matched by whole words")
+    target: str = Field(description="its translation, which the output holds exactly once")
+    case_sensitive: bool = Field(False, description="match the source term's case exactly")
+
+    def entry(self) -> Entry:
+        return Entry(self.source, self.target, self.case_sensitive)
+
+
+class GlossaryRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "shop",
+                    "source": "en",
+                    "target": "de",
+                    "entries": "checkout\tKasse\nbike\tRad",
+                    "entries_format": "tsv",
+                }
+            ]
+        },
+    )
+
+    name: str
+    source: str = Field(description="source language code")
+    target: str = Field(description="target language code")
+    entries: list[GlossaryEntry] | str = Field(
+        description="entries as objects, or as DeepL's TSV or CSV text (entries_format)"
+    )
+    entries_format: Literal["tsv", "csv"] = Field(
+        "tsv", description="when entries is text: tsv (source<TAB>target) or csv (source,target)"
+    )
+
+
+class GlossaryOut(BaseModel):
+    glossary_id: str
+    name: str
+    source: str
+    target: str
+    entry_count: int
+    creation_time: str = Field(description="ISO 8601, UTC")
+
+
+class GlossaryList(BaseModel):
+    glossaries: list[GlossaryOut]
+
+
+class GlossaryEntries(BaseModel):
+    entries: list[GlossaryEntry]
 
 
 class TranslateRequest(BaseModel):
@@ -61,6 +118,22 @@ class TranslateRequest(BaseModel):
         True,
         description="false: every sentence is decoded for this request, neither answered from "
         "the translation cache or another request's decoding nor stored",
+    )
+    placeholders: bool = Field(
+        True,
+        description="placeholders (%s, {name}, {{x}}, ${x}, <0>...</0>, `code`), URLs and "
+        "e-mail addresses come back byte for byte (docs/api.md)",
+    )
+    placeholder_patterns: list[str] = Field(
+        [],
+        max_length=16,
+        description="more spans to keep as they are, as regular expressions",
+    )
+    glossary_id: str | None = Field(
+        None, description="a glossary of this API key and language pair (POST /glossaries)"
+    )
+    glossary: list[GlossaryEntry] | None = Field(
+        None, description="inline glossary entries, instead of a glossary_id"
     )
 
     def decoding(self) -> dict[str, Any]:

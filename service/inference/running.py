@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from service.bundle.decoding import DecodingOptions, Hypothesis, Prefixes
+from service.bundle.decoding import Constraints, DecodingOptions, Hypothesis, Prefixes
 from service.bundle.manifest import (
     ALIGNMENT,
     ALIGNMENT_WANTED,
@@ -68,6 +68,7 @@ from service.inference.step_state import (
     beam_parents,
     bucket,
     follow_indirection,
+    log_probs_of,
     wanted_alignment,
 )
 
@@ -86,6 +87,7 @@ class Segment(Protocol):
 
     ids: list[int]  # its token ids (Engine.encode), not empty
     prefix: list[int]  # the ids its translation is forced to start with (Engine.decoder_prefix)
+    constraints: Constraints  # its terms' target ids (constrained beam search)
     options: DecodingOptions
     deadline: float  # time.monotonic(); read before every step: past it, the sentence stops
 
@@ -227,6 +229,7 @@ class _Search:
         self.prefixes = Prefixes([tuple(s.prefix) for s in segments])
         self.answered: set[int] = set()
         self._alignment: FloatArray | None = None
+        self.stepped: IntArray = np.zeros(0, np.int64)  # the batch rows of its last step
         limits = self.prefixes.limits(
             [options.limit(len(s.ids)) for s in segments], engine.max_input_tokens
         )
@@ -234,6 +237,7 @@ class _Search:
         self.steps: Steps = search_steps(
             self, limits, options, bos_id=ids.bos, eos_id=ids.eos,
             deadline=lambda sentence: segments[sentence].deadline, prefixes=self.prefixes,
+            constraints=[s.constraints for s in segments],
         )  # fmt: skip
         self.call: StepCall | None = None
 
@@ -259,6 +263,9 @@ class _Search:
 
     def alignment(self) -> FloatArray | None:
         return self._alignment
+
+    def log_probs_of(self, ids: IntArray) -> FloatArray:
+        return self.batch.log_probs_of(self.stepped, ids)
 
     # --- Driven by the batch ------------------------------------------------------------------
 
@@ -384,7 +391,9 @@ class _Batch:
         self._mask[new, :width] = mask
         self._start[new] = self.clock
         if self._shortlist is not None:
-            self._candidates[new] = [self._shortlist.candidates(s.ids, s.prefix) for s in segments]
+            self._candidates[new] = [
+                self._shortlist.candidates(s.ids, s.prefix, s.constraints) for s in segments
+            ]
             self._members += 1
         search = _Search(self, segments, options, np.arange(self.n, self.n + k))
         self._owner[new] = [search] * k
@@ -438,6 +447,7 @@ class _Batch:
         for search in self._searches:
             assert search.call is not None
             rows, wanted = search.rows(), search.call.k
+            search.stepped = rows
             search._alignment = (
                 _width(alignment[rows], search.width)
                 if alignment is not None and search.aligned
@@ -448,6 +458,18 @@ class _Batch:
         for search, log_probs, ids in stepped:
             finished += self._drop_ended(search.advance(log_probs, ids), search)
         return finished
+
+    def log_probs_of(self, rows: IntArray, ids: IntArray) -> FloatArray:
+        """The last step's log-probs of `ids` (R, W) in these batch rows (a search's, as they
+        were at the step: its moves since change its slots, not the step's outputs)."""
+        inputs = self._shortlist_inputs
+        shortlist = None if inputs is None else inputs[0]
+        return log_probs_of(
+            self._outputs[LOG_PROBS][rows],
+            ids,
+            shortlist,
+            self.engine.manifest.model.suppressed_ids,
+        )
 
     def follow(self, slots: IntArray, parents: IntArray | None) -> None:
         """Beam b of each of these slots now continues beam parents[., b] of the same slot

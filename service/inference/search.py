@@ -38,7 +38,7 @@ tests/service/test_decoding.py checks on random tables that both searches agree.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from service.bundle.decoding import (
     BeamBook,
+    Constraints,
     Deadline,
     DecodingOptions,
     GreedyBook,
@@ -54,6 +55,7 @@ from service.bundle.decoding import (
     Prefixes,
     StepPolicy,
 )
+from service.inference.constraints import Bank
 
 T = TypeVar("T")
 FloatArray = npt.NDArray[np.float32]
@@ -80,6 +82,12 @@ class DecoderRows(Protocol):
     def alignment(self) -> FloatArray | None:
         """The last step's alignment of every row the search sees, (R, S): where its query
         looked in its sentence's source; None when the decoder has no alignment output."""
+        ...
+
+    def log_probs_of(self, ids: IntArray) -> FloatArray:
+        """The last step's log-probs of `ids` (R, W) for every row the search sees, (R, W):
+        tokens outside a row's top k that a constrained search wants (service/inference/
+        constraints.py); -inf for an id the step does not score (a shortlist's, suppressed)."""
         ...
 
 
@@ -130,15 +138,18 @@ def search(
     eos_id: int,
     deadline: Deadline | None = None,
     prefixes: Prefixes | None = None,
+    constraints: Sequence[Constraints] | None = None,
 ) -> list[list[Hypothesis]]:
     """n-best lists for len(limits) sentences, each of at most its limit of tokens
     (DecodingOptions.limit, plus its prefix: Prefixes.limits); `state` holds one row per
     sentence. A sentence past its `deadline` leaves before the next step with one "deadline"
-    hypothesis. Hypotheses keep their `prefixes` (Prefixes.strip takes them off)."""
+    hypothesis. Hypotheses keep their `prefixes` (Prefixes.strip takes them off).
+    `constraints[i]`: sentence i's terms, each in its translation exactly once (a beam search
+    even at beam_size 1: service/inference/constraints.py)."""
     return drive(
         search_steps(
             state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline,
-            prefixes=prefixes,
+            prefixes=prefixes, constraints=constraints,
         ),
         state,
     )  # fmt: skip
@@ -153,18 +164,21 @@ def search_steps(
     eos_id: int,
     deadline: Deadline | None = None,
     prefixes: Prefixes | None = None,
+    constraints: Sequence[Constraints] | None = None,
 ) -> Steps:
     """`search`, one step at a time, for a driver that runs the steps (`Steps`)."""
     forced = prefixes or Prefixes.none(len(limits))
-    if options.beam_size == 1:
+    bank = Bank.of(constraints, eos_id)
+    if options.beam_size == 1 and bank is None:
         greedy = yield from greedy_steps(
             state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline,
             prefixes=forced,
         )  # fmt: skip
         return [[h] for h in greedy]
     beams = yield from beam_steps(
-        state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline, prefixes=forced
-    )
+        state, limits, options, bos_id=bos_id, eos_id=eos_id, deadline=deadline, prefixes=forced,
+        bank=bank,
+    )  # fmt: skip
     return beams
 
 
@@ -238,11 +252,13 @@ def beam_steps(
     eos_id: int,
     deadline: Deadline | None = None,
     prefixes: Prefixes | None = None,
+    bank: Bank | None = None,
 ) -> Generator[StepCall, tuple[FloatArray, IntArray], list[list[Hypothesis]]]:
     """Batched beam search; `state` holds one row per sentence, expanded to beam_size rows per
-    sentence (sentence-major) after the first step."""
+    sentence (sentence-major) after the first step. `bank`: the sentences' terms, whose steps
+    it chooses (constrained beam search, service/inference/constraints.py)."""
     forced = prefixes or Prefixes.none(len(limits))
-    book = BeamBook(StepPolicy(options, eos_id), limits)
+    book = BeamBook(StepPolicy(options, eos_id), limits, None if bank is None else bank.holds)
     batch_size = len(limits)
     k = options.beam_size
     # One beam per sentence on the first step (all k would be the same), k from then on.
@@ -281,6 +297,10 @@ def beam_steps(
         # more per banned token, as it may be one of them).
         stepped = yield StepCall(tokens, 2 * k + _extra(bans), {s: book.result(s) for s in gone})
         top_log_probs, top_ids = _without(*stepped, bans)
+        if bank is not None:
+            top_log_probs, top_ids = _wanted(
+                state, bank, book.alive, scores.shape[1], tokens_of, bans, top_log_probs, top_ids
+            )
         _force(top_log_probs, top_ids, forced.forced(step, book.alive), scores.shape[1])
         step_alignment = state.alignment()
         if step_alignment is not None and aligned is None:
@@ -293,14 +313,13 @@ def beam_steps(
         ties = beam_of * (int(ids.max(initial=0)) + 1) + ids
         order = np.lexsort((ties, -candidates), axis=-1)[:, : min(2 * k, beams * c)]  # (N, 2K)
         picked = np.arange(n)[:, None], order
+        chosen = (candidates[picked].tolist(), beam_of[order].tolist(), ids[picked].tolist())
+        if bank is not None:
+            chosen = _constrained(
+                bank, book.alive, beams, k, candidates, beam_of, ids, chosen, tokens_of
+            )
         moves = book.advance(
-            step,
-            beams,
-            candidates[picked].tolist(),
-            beam_of[order].tolist(),
-            ids[picked].tolist(),
-            tokens_of,
-            None if aligned is None else ending_alignment,
+            step, beams, *chosen, tokens_of, None if aligned is None else ending_alignment
         )
         if moves is None:
             break
@@ -316,6 +335,55 @@ def beam_steps(
         history = np.concatenate([history[np.array(moves.rows)], tokens[:, None]], axis=1)
         scores = np.array(moves.scores, dtype=np.float32).reshape(-1, k)
     return book.results()
+
+
+def _wanted(
+    state: DecoderRows,
+    bank: Bank,
+    alive: list[int],
+    beams: int,
+    history: Callable[[int], list[int]],
+    bans: list[tuple[int, ...]],
+    log_probs: FloatArray,
+    ids: IntArray,
+) -> tuple[FloatArray, IntArray]:
+    """Each row's candidates with the tokens its terms want after them (Bank.wanted), at their
+    log-probs; -inf where banned, and for every row of a sentence without terms."""
+    wanted, real = bank.wanted(alive, beams, history)
+    scored = state.log_probs_of(wanted).astype(np.float32)
+    banned = np.array([[t in b for t in row] for row, b in zip(wanted.tolist(), bans, strict=True)])
+    scored[~real | banned.reshape(real.shape)] = -np.inf
+    return np.concatenate([log_probs, scored], axis=1), np.concatenate([ids, wanted], axis=1)
+
+
+def _constrained(
+    bank: Bank,
+    alive: list[int],
+    beams: int,
+    k: int,
+    candidates: FloatArray,
+    beam_of: IntArray,
+    ids: IntArray,
+    chosen: tuple[list[list[float]], list[list[int]], list[list[int]]],
+    history: Callable[[int], list[int]],
+) -> tuple[list[list[float]], list[list[int]], list[list[int]]]:
+    """The step's candidates for BeamBook.advance with each constrained sentence's replaced by
+    its bank's choice (Bank.choose); the others' as beam search ranked them."""
+    scores, beam_ids, tokens = chosen
+    beam_list = beam_of.tolist()
+    for i, sentence in enumerate(alive):
+        if not bank.constrained(sentence):
+            continue
+        row_scores, row_ids = candidates[i].tolist(), ids[i].tolist()
+
+        def own(beam: int, i: int = i) -> list[int]:
+            return history(i * beams + beam)
+
+        columns = bank.choose(sentence, k, row_scores, beam_list, row_ids, own)
+        scores[i] = [row_scores[c] for c in columns]
+        beam_ids[i] = [beam_list[c] for c in columns]
+        tokens[i] = [row_ids[c] for c in columns]
+    return scores, beam_ids, tokens
 
 
 def _gone(before: list[int], alive: list[int]) -> list[int]:

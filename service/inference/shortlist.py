@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.bundle.decoding import NO_CONSTRAINTS, Constraints
 from service.bundle.manifest import Bundle, BundleError
 from service.inference.search import FloatArray, IntArray
 from service.inference.step_state import bucket
@@ -63,13 +64,17 @@ class Shortlist:
         every = np.setdiff1d(np.arange(vocab), excluded)
         return cls(frequent, offsets, targets, excluded, tuple(prefix), every)
 
-    def candidates(self, source: Sequence[int], prefix: Sequence[int] = ()) -> IntArray:
+    def candidates(
+        self, source: Sequence[int], prefix: Sequence[int] = (), terms: Constraints = NO_CONSTRAINTS
+    ) -> IntArray:
         """The ids a sentence with these source ids and this decoder prefix may produce,
-        ascending: every id for a prefix into another language than the shortlist's."""
+        ascending: every id for a prefix into another language than the shortlist's; the ids
+        of its `terms` too (a glossary's, service/inference/constraints.py)."""
         if prefix and tuple(prefix) != self.prefix:
             return self.every
         offsets = self.offsets
         own = [self.targets[offsets[s] : offsets[s + 1]] for s in set(source)]
+        own += [np.array(term, np.int64) for term in terms.terms]
         ids: IntArray = np.unique(np.concatenate([self.frequent, *own]))
         if len(self.excluded):  # (export/shortlist.py leaves them out; another file may not)
             ids = np.setdiff1d(ids, self.excluded, assume_unique=True)

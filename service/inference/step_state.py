@@ -32,7 +32,7 @@ masked garbage must still be finite.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -396,6 +396,11 @@ class StaticCacheState:
         rows: np.ndarray = self._host(ALIGNMENT)[self._stepped]  # (R, S) copy
         return rows
 
+    def log_probs_of(self, ids: np.ndarray) -> np.ndarray:
+        shortlist = None if self._shortlist is None else self._shortlist[0]
+        log_probs = self._host(LOG_PROBS)[self._stepped]
+        return log_probs_of(log_probs, ids, shortlist, self._suppressed)
+
     # --- What the parity checks read ----------------------------------------------------------
 
     def log_probs(self) -> np.ndarray:
@@ -602,6 +607,25 @@ class StaticCacheState:
             self._warm.add(shape)
             graph = -1
         return self._graphs.run_options(graph)
+
+
+def log_probs_of(
+    log_probs: np.ndarray,
+    ids: np.ndarray,
+    shortlist: np.ndarray | None,
+    suppressed: Collection[int],
+) -> np.ndarray:
+    """The log-probs (R, W) of `ids` (R, W) in a step's `log_probs` (R, V') of the same rows,
+    whose columns are the vocabulary's or a shortlist's ids (`shortlist`, ascending, its last
+    perhaps repeated); -inf for an id outside the shortlist, or suppressed (the graph leaves
+    those out of its top-k only)."""
+    columns, valid = ids, np.ones(ids.shape, bool)
+    if shortlist is not None:
+        columns = np.minimum(np.searchsorted(shortlist, ids), len(shortlist) - 1)
+        valid = shortlist[columns] == ids
+    scored = np.take_along_axis(log_probs, columns, axis=1).astype(np.float32)
+    scored[~valid | np.isin(ids, list(suppressed))] = -np.inf
+    return scored
 
 
 def wanted_alignment(manifest: Manifest, wanted: bool) -> np.ndarray | None:

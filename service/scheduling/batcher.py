@@ -35,7 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
+from service.bundle.decoding import (
+    NO_CONSTRAINTS,
+    Constraints,
+    Deadline,
+    DecodingOptions,
+    Hypothesis,
+)
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 
@@ -44,9 +50,10 @@ if TYPE_CHECKING:  # the batcher itself loads no engine
 
 log = logging.getLogger(__name__)
 
-# The engine's generate: sources, options, each source's deadline and decoder prefix.
+# The engine's generate: sources, options, each source's deadline, decoder prefix and terms.
 Generate = Callable[
-    [list[list[int]], DecodingOptions, Deadline, list[list[int]]], list[list[Hypothesis]]
+    [list[list[int]], DecodingOptions, Deadline, list[list[int]], list[Constraints]],
+    list[list[Hypothesis]],
 ]
 
 
@@ -87,6 +94,7 @@ class _Pending:
     enqueued: float  # time.monotonic()
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
     request: object = None  # the same for the segments of one request (fair admission)
+    constraints: Constraints = NO_CONSTRAINTS  # its terms (constrained beam search)
     decoding: bool = False  # taken into a batch
     # Step-level: since when it has been its request's next segment to admit (when its request
     # submitted it or last had a segment admitted): how long it has waited its turn, STARVING_S.
@@ -170,11 +178,13 @@ class Batcher:
         *,
         deadline: float,
         prefix: Sequence[int] = (),
+        constraints: Sequence[Constraints] | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each source, in order; `prefix`: the ids their translations are
         forced to start with (a multilingual model's target: requests with different ones
-        share batches). All sources are queued or none is: a request is never half-admitted.
-        Cancelling the caller takes its segments still queued out of the queue at once."""
+        share batches); `constraints[i]`: source i's terms (they share batches too). All
+        sources are queued or none is: a request is never half-admitted. Cancelling the
+        caller takes its segments still queued out of the queue at once."""
         if self._closed:
             raise ServiceError(ErrorType.UNAVAILABLE, "the service is shutting down")
         if not self.running:
@@ -199,9 +209,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         request = object()
+        terms = constraints or [NO_CONSTRAINTS] * len(sources)
         pending = [
-            _Pending(list(ids), list(prefix), options, loop.create_future(), now, deadline, request)
-            for ids in sources
+            _Pending(
+                list(ids), list(prefix), options, loop.create_future(), now, deadline, request, own
+            )
+            for ids, own in zip(sources, terms, strict=True)
         ]
         self._queue.extend(pending)
         self._queue_changed()
@@ -538,6 +551,7 @@ class Batcher:
                 options,
                 _deadlines(batch),
                 [item.prefix for item in batch],
+                [item.constraints for item in batch],
             )
             if len(results) != len(batch):
                 raise RuntimeError(f"engine returned {len(results)} results for {len(batch)}")

@@ -30,7 +30,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import NO_CONSTRAINTS, Constraints, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.scheduling.batcher import DECODING_TIMEOUT_MESSAGE
@@ -57,17 +57,20 @@ def sentence_key(
     ids: Sequence[int],
     prefix: Sequence[int],
     options: DecodingOptions,
+    constraints: Constraints = NO_CONSTRAINTS,
 ) -> bytes:
     """The cache key of a sentence: `model` is the model's fingerprint (its bundle's content
     hash), `ids` and `prefix` what its encoder and decoder read, `options` every decoding
-    option but those in SAME_HYPOTHESES."""
+    option but those in SAME_HYPOTHESES, `constraints` the glossary terms its search must write
+    and the words it must avoid (service/text/terms.py: what a glossary changes of it)."""
     fields = {
         field.name: getattr(options, field.name)
         for field in dataclasses.fields(options)
         if field.name not in SAME_HYPOTHESES
     }
-    # A glossary (the terminology issue) joins the parts here, as its id and version.
     parts = [FORMAT, model, list(pair), list(ids), list(prefix), fields]
+    if constraints:
+        parts += [[list(term) for term in constraints.terms], sorted(constraints.avoid)]
     text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=20).digest()
 

@@ -7,6 +7,10 @@ segments of the request, batched with everyone else's, whatever their target) ->
 `assemble` (decode, reassemble each text around its original separators). The HTTP routes
 (service/http/routes.py, libretranslate.py) validate and call it; it knows nothing of HTTP.
 
+A request's glossary (`terms`: one of `glossaries`, its store, or inline entries) is matched
+in the pipeline; the matched terms become the search's constraints here (`_constraints`, after
+the model's own translation of each new source term, one batch of its own).
+
 With `source: "auto"` (`translate_detected`) each text's language is detected on its own
 (service/text/detect.py) and each text goes to the model of its (detected, target) pair: the
 texts of one request may go to several models, at the same time, and come back in order.
@@ -24,8 +28,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis, nothing
+from service import glossaries
+from service.bundle.decoding import (
+    NO_CONSTRAINTS,
+    Constraints,
+    Deadline,
+    DecodingOptions,
+    Hypothesis,
+    nothing,
+)
 from service.errors import ErrorType, ServiceError
+from service.glossaries import Entry, Glossaries, Glossary, open_store
 from service.keys.access import Access
 from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
@@ -39,10 +52,11 @@ from service.scheduling.cache import (
 )
 from service.settings import Settings
 from service.store.connection import RedisLink
-from service.text import pipeline
+from service.text import pipeline, terms
 from service.text.detect import Candidate, Detector
 from service.text.markup import NO_TAGS, Tags
 from service.text.pipeline import PLAIN, Form, Format, TextModel, TextTranslation
+from service.text.terms import Terms
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
@@ -50,6 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARM_UP_TEXT = "A man is riding a bike."
+AUTO = "auto"  # the source that asks for each text's language to be detected
 # The language of a text with nothing to detect (ISO 639's "undetermined"), confidence 0.
 UNDETERMINED = Candidate("und", 0.0)
 
@@ -94,6 +109,7 @@ class TranslationModel(TextModel, Protocol):
         options: DecodingOptions,
         deadline: Deadline | None = None,
         prefixes: Sequence[Sequence[int]] | None = None,
+        constraints: Sequence[Constraints] | None = None,
     ) -> list[list[Hypothesis]]: ...
 
     def decoder_prefix(self, target: str | None = None) -> list[int]: ...
@@ -186,6 +202,13 @@ class Runtime:
         self.access = Access(settings, self.redis, metrics)
         # Every served language, targets too: a text already in its target is seen as such.
         self.detector = Detector({language for pair in self.models for language in pair})
+        # The model's own translation of each source term seen (by model and pair).
+        self._renderings: dict[tuple[str, str, str], dict[str, str]] = {}
+        self.glossaries = Glossaries(
+            open_store(settings.glossary_dir),
+            max_entries=settings.max_glossary_entries,
+            max_per_owner=settings.max_glossaries_per_key,
+        )
 
     @property
     def ready(self) -> bool:
@@ -307,6 +330,7 @@ class Runtime:
         pair: tuple[str, str],
         form: Form,
         label: Callable[[int], str],
+        terms: Terms | None,
     ) -> pipeline.Prepared:
         source, target = pair
         return pipeline.prepare(
@@ -321,6 +345,8 @@ class Runtime:
             translate_attributes=form.translate_attributes,
             splitting=form.splitting,
             tags=form.tags,
+            protection=form.protection,
+            terms=terms,
         )
 
     async def _prepare(
@@ -330,10 +356,13 @@ class Runtime:
         pair: tuple[str, str],
         form: Form,
         label: Callable[[int], str],
+        terms: Terms | None,
     ) -> pipeline.Prepared:
         """Parse, split and tokenize, after the cheap limits: the characters of the request
         (markup as sent) first."""
-        return await self._text_work(texts, self._prepare_now, model, texts, pair, form, label)
+        return await self._text_work(
+            texts, self._prepare_now, model, texts, pair, form, label, terms
+        )
 
     async def _text_work(self, texts: Sequence[str], work: Callable[..., _T], *args: Any) -> _T:
         """`work(*args)` on the request's `texts`, once they are within max_characters: on
@@ -381,27 +410,44 @@ class Runtime:
         deadline: float,
         form: Form = PLAIN,
         label: Callable[[int], str] = pipeline.text_label,
+        terms: Terms | None = None,
         cache: bool = True,
     ) -> list[TextTranslation]:
-        """Each text translated as `form` says (plain text or markup, alignments or not); an
-        error names a text by `label(its index)`. `cache`: its sentences may be answered
-        from the sentence cache or another request's decoding (and are stored there)."""
+        """Each text translated as `form` says (plain text or markup, alignments or not), with
+        `terms` (a glossary) enforced in decoding; an error names a text by `label(its
+        index)`. `cache`: its sentences may be answered from the sentence cache or another
+        request's decoding (and are stored there)."""
         model = self.models[pair]
         options = pipeline.check_form(model, form, options)
-        prepared = await self._prepare(model, texts, pair, form, label)
+        prepared = await self._prepare(model, texts, pair, form, label, terms)
+        options = prepared.decoding(options, min(pipeline.TERMS_BEAM, self.settings.max_beam_size))
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
         batcher = self.batchers[model.name]
         prefix = model.decoder_prefix(pair[1])
+        constraints = await self._constraints(model, pair, prepared, to_run, deadline)
 
         async def submit(positions: list[int]) -> list[list[Hypothesis]]:
-            chosen = [sources[to_run[j]] for j in positions]
-            return await batcher.submit(chosen, options, deadline=deadline, prefix=prefix)
+            return await batcher.submit(
+                [sources[to_run[j]] for j in positions],
+                options,
+                deadline=deadline,
+                prefix=prefix,
+                constraints=None if constraints is None else [constraints[j] for j in positions],
+            )
 
         if cache and self.sentences is not None:
             keys = [
-                sentence_key(model.fingerprint, pair, sources[i], prefix, options) for i in to_run
+                sentence_key(
+                    model.fingerprint,
+                    pair,
+                    sources[i],
+                    prefix,
+                    options,
+                    NO_CONSTRAINTS if constraints is None else constraints[j],
+                )
+                for j, i in enumerate(to_run)
             ]
             results = await self.sentences.decode(keys, submit, deadline=deadline)
         else:
@@ -431,13 +477,15 @@ class Runtime:
         *,
         deadline: float,
         form: Form = PLAIN,
+        terms: Terms | None = None,
         cache: bool = True,
     ) -> list[DetectedTranslation]:
         """Each text translated from the language detected in it into `target`, by the model
         of that pair with the options `requested` (as `decoding_options` takes them); a text
         already in `target`, or with nothing to detect, comes back as it was sent. A text
-        whose pair no model serves fails the request, before anything is translated. `cache`:
-        as `translate`'s."""
+        whose pair no model serves fails the request, before anything is translated. `terms`
+        apply to the texts of their pair (inline ones: to every text); `cache`: as
+        `translate`'s."""
         if all(t != target for _, t in self.models):
             raise ServiceError(
                 ErrorType.UNSUPPORTED_LANGUAGE_PAIR,
@@ -478,6 +526,7 @@ class Runtime:
                     deadline=deadline,
                     form=form,
                     label=_labels(indices),
+                    terms=terms if terms is not None and terms.pair in (None, pair) else None,
                     cache=cache,
                 )
                 for pair, indices in routes.items()
@@ -496,6 +545,76 @@ class Runtime:
             for i, translation in zip(indices, translated[pair], strict=True):
                 results[i] = DetectedTranslation(translation, best[i], self.models[pair].name, None)
         return results
+
+    def create_glossary(
+        self, owner: str, name: str, pair: tuple[str, str], entries: Sequence[Entry]
+    ) -> Glossary:
+        """A glossary of `owner` for a served pair, every target term spelled by its model."""
+        self._spell(pair, glossaries.checked(entries, self.settings.max_glossary_entries))
+        return self.glossaries.create(owner, name, pair, entries)
+
+    def terms(
+        self,
+        owner: str,
+        pair: tuple[str, str],
+        glossary_id: str | None = None,
+        entries: Sequence[Entry] | None = None,
+    ) -> Terms | None:
+        """What a request for `pair` (its source may be "auto") enforces: the owner's glossary
+        `glossary_id` of that pair, or its inline `entries` (checked as a glossary's), or
+        nothing."""
+        if glossary_id is not None and entries is not None:
+            raise ServiceError(
+                ErrorType.INVALID_REQUEST, "give a glossary_id or inline glossary entries, not both"
+            )
+        if glossary_id is not None:
+            if pair[0] == AUTO:
+                glossary = self.glossaries.get(owner, glossary_id)
+                self.glossaries.for_pair(owner, glossary_id, (glossary.source, pair[1]))
+            else:
+                glossary = self.glossaries.for_pair(owner, glossary_id, pair)
+            return Terms(glossary.entries, (glossary.source, glossary.target))
+        if entries is None:
+            return None
+        kept = glossaries.checked(entries, self.settings.max_glossary_entries)
+        if pair[0] != AUTO:
+            self._spell(pair, kept)
+        return Terms(kept)
+
+    async def _constraints(
+        self,
+        model: TranslationModel,
+        pair: tuple[str, str],
+        prepared: pipeline.Prepared,
+        to_run: list[int],
+        deadline: float,
+    ) -> list[Constraints] | None:
+        """The constraints of the sentences to run (service/text/terms.py), None without any:
+        the model's own translation of each matched source term it has not translated yet is
+        one batch of its own first (what the search then avoids beside the glossary's term)."""
+        if not any(prepared.matched):
+            return None
+        matched = [prepared.matched[i] for i in to_run]
+        key = (model.name, *pair)
+        known = self._renderings.setdefault(key, {})
+        missing = sorted({e.source for own in matched for e in own} - known.keys())
+        if missing:
+            options = self.decoding_options(pair, {"beam_size": 1})
+            found = await self.batchers[model.name].submit(
+                model.encode(missing, pair[1], pair[0]),
+                options,
+                deadline=deadline,
+                prefix=model.decoder_prefix(pair[1]),
+            )
+            if sum(map(len, self._renderings.values())) > _MAX_RENDERINGS:
+                self._renderings = {key: known}
+            known.update((s, model.decode(h[0].ids)) for s, h in zip(missing, found, strict=True))
+        return terms.constraints(model, matched, known.__getitem__)
+
+    def _spell(self, pair: tuple[str, str], entries: Sequence[Entry]) -> None:
+        """Refuse an entry whose target term the pair's model cannot spell."""
+        model = self.model(*pair)
+        terms.check_spelling(model, model.name, entries)
 
 
 def _labels(indices: Sequence[int]) -> Callable[[int], str]:
@@ -530,6 +649,8 @@ def _pairs(model: TranslationModel) -> list[tuple[str, str]]:
     ]
 
 
+# Source terms' own translations kept (Runtime._constraints); past it, they start again.
+_MAX_RENDERINGS = 100_000
 # Texts up to this many characters in all are split and tokenised on the event loop: well under
 # a millisecond, less than the hop to a worker thread and back costs under load.
 _INLINE_CHARACTERS = 2000
@@ -547,9 +668,10 @@ def _counting_graphs(model: TranslationModel, graphs: Gauge) -> Generate:
         options: DecodingOptions,
         deadline: Deadline,
         prefixes: list[list[int]],
+        constraints: list[Constraints],
     ) -> list[list[Hypothesis]]:
         try:
-            return model.generate(sources, options, deadline, prefixes)
+            return model.generate(sources, options, deadline, prefixes, constraints)
         finally:
             graphs.set(model.cuda_graphs_captured)
 

@@ -31,6 +31,11 @@ algorithm builds, as browsers do, written out by hand in the benchmark):
 - XML: lxml.etree (libxml2): errors with line and column (`MarkupError`), entities kept as
   references and never expanded (no XXE, no billion laughs), nesting beyond 256 levels refused.
 
+Plain text with placeholders (`protect`, service/text/placeholders.py) goes the same way: each
+line is a run, each placeholder an item, a pair of numbered tags (`<0>...</0>`) an inline
+element; `render` writes the tokens out as text. Markup's own text keeps its placeholders as
+items too (`parse`'s `protection`).
+
 With them, this module's `parse` takes 97 µs on that status (3 blocks), 12 ms on that page (455
 blocks); `render` 45 µs and 5.8 ms when every block changed, 14 µs and 0.9 ms when none did.
 
@@ -84,9 +89,12 @@ from typing import Any, Literal, Protocol, TypeAlias
 from lxml import etree
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from service.text.placeholders import Protection, Span
 from service.text.segment import LETTER, VISIBLE
 
 Format = Literal["html", "xml"]
+# A document's kind: markup, or plain text with placeholders kept out (`protect`).
+Kind = Literal["html", "xml", "text"]
 
 # HTML's ASCII whitespace: what collapses. U+00A0 (&nbsp;) is a character like any other.
 _WHITESPACE = " \t\n\f\r"
@@ -100,6 +108,9 @@ _SPECIAL = re.compile(
     r"|(?<![\w@/])@\w+(?:@[\w-]+(?:\.[\w-]+)+)?"  # @user or @user@host
     r"|(?<![\w#&/])#\w*[^\W\d]\w*"  # #hashtag, at least one letter ("#1" is a number)
 )
+# Punctuation that ends or continues what comes before it.
+_CLOSING = re.compile(r"[.,;:!?)\]}…»”’]")
+_CLOSING_RUN = re.compile(r"[.,;:!?)\]}…»”’]+")
 # Something to translate: a character that is neither whitespace of any kind nor a format
 # character (segment.py's VISIBLE: U+200B, U+FEFF...). A run or attribute of spaces, &nbsp;s
 # and zero-width spaces (a spacer <p>&nbsp;</p> or <p>&#8203;</p>) is not a block, though
@@ -258,11 +269,13 @@ class Document:
     rendered any number of times, and holds no parser memory while the model works."""
 
     blocks: list[str]
-    format: Format
+    format: Kind
     _source: str = field(repr=False)
     _fragment: bool = field(repr=False)
     _runs: tuple[_Run, ...] = field(repr=False)
     _attributes: tuple[_Attribute, ...] = field(repr=False)
+    # Plain text (`protect`): each node's source text, an element's start and end tags.
+    _pieces: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 # --- From the tree to runs ---------------------------------------------------------------------
@@ -327,7 +340,10 @@ class _Flattener:
     space; a unit leaves no double space, and remembers what was on either side of it so that
     render can give it the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, collapse: bool = True, protection: Protection | None = None) -> None:
+        self.collapse = collapse  # whitespace collapses to one space (markup), else kept
+        self.protection = protection  # markup's placeholders kept out too (placeholders.py)
+        self.between = ""  # plain text's first whitespace since the last character
         self.parts: list[str] = []
         self.length = 0
         self.gap = False  # whitespace since the last character
@@ -367,10 +383,14 @@ class _Flattener:
 
     def _text(self, raw: str, into: list[_Child]) -> None:
         done = 0
-        for special in _SPECIAL.finditer(raw):
-            self._plain(raw[done : special.start()])
-            into.append(self._place(_Item(None, special.group(), self.length)))
-            done = special.end()
+        if self.protection is None:
+            spans = [special.span() for special in _SPECIAL.finditer(raw)]
+        else:
+            spans = [(s.start, s.end) for s in self.protection.find(raw, _SPECIAL)]
+        for start, end in spans:
+            self._plain(raw[done:start])
+            into.append(self._place(_Item(None, raw[start:end], self.length)))
+            done = end
         self._plain(raw[done:])
 
     def _plain(self, text: str) -> None:
@@ -382,7 +402,7 @@ class _Flattener:
             self._whitespace(text[: len(text) - len(left)])
         words = left.rstrip(_WHITESPACE)
         if words:
-            self._characters(_WHITESPACE_RUN.sub(" ", words))
+            self._characters(_WHITESPACE_RUN.sub(" ", words) if self.collapse else words)
         if len(words) < len(left):
             self._whitespace(left[len(words) :])
 
@@ -393,6 +413,7 @@ class _Flattener:
         self.group.clear()
         self.gap = self.spaced = True
         self.glued = False
+        self.between = self.between or raw
         (self.trailing if self.started else self.leading).append(raw)
 
     def _characters(self, words: str) -> None:
@@ -400,15 +421,20 @@ class _Flattener:
         for unit in self.pending:
             unit.glue_after = True
         self.pending.clear()
-        if self.gap and self.length:
-            self.parts.append(" ")
-            self.length += 1
+        # Plain text: a unit between a word and punctuation leaves no space before it ("in
+        # {place}." reads "in."; the unit keeps its space on the way back).
+        closing = not self.collapse and self.group and _CLOSING.match(words) is not None
+        if self.gap and self.length and not closing:
+            gap = " " if self.collapse else self.between or " "
+            self.parts.append(gap)
+            self.length += len(gap)
             # The whitespace was before these units, none after: they go after the space.
             for unit in self.group:
                 unit.position = self.length
         self.group.clear()
         self.gap = self.spaced = False
         self.glued = True
+        self.between = ""
         for wrap in reversed(self.open):
             if wrap.start >= 0:
                 break
@@ -455,8 +481,15 @@ class _Found:
 class _Collector:
     """What both walkers produce: blocks, runs and attribute blocks, in document order."""
 
-    def __init__(self, translate_attributes: bool) -> None:
+    def __init__(
+        self,
+        translate_attributes: bool,
+        collapse: bool = True,
+        protection: Protection | None = None,
+    ) -> None:
         self.translate_attributes = translate_attributes
+        self.collapse = collapse
+        self.protection = protection
         self.blocks: list[str] = []
         self.runs: list[_Run] = []
         self.attributes: list[_Attribute] = []
@@ -481,7 +514,7 @@ class _Collector:
         if all(isinstance(raw, str) and not _WORD.search(raw) for raw in raws):
             self.add_attributes(found)  # whitespace between blocks, most often
             return
-        flattener = _Flattener()
+        flattener = _Flattener(self.collapse, self.protection)
         children: list[_Child] = []
         flattener.feed(raws, children)
         text = "".join(flattener.parts)
@@ -818,6 +851,122 @@ def _render_xml(document: Document, translations: Sequence[tuple[str, Projection
     return written.decode("utf-8")
 
 
+# --- Plain text with placeholders --------------------------------------------------------------
+
+# A line break of plain text: a protected span's lines stay together, other lines are runs.
+_LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def protect(text: str, protection: Protection) -> Document | None:
+    """Plain `text` as a document whose blocks are its lines without their protected spans
+    (placeholders.py), which return at `projection.point()` of where they sat, as a URL in an
+    HTML run does; a pair of numbered tags (`<0>...</0>`) wraps the target words of the words
+    it wrapped, as an inline element does. Whitespace is kept as it is, not collapsed. None
+    when `text` has nothing to protect."""
+    spans = protection.find(text, _SPECIAL)
+    if not spans:
+        return None
+    pieces: list[tuple[str, str]] = []
+    collector = _Collector(False, collapse=False)
+    breaks = [
+        match.span()
+        for match in _LINE_BREAK.finditer(text)
+        if not any(s.start < match.start() < s.end for s in spans)
+    ]
+    start, i = 0, 0
+    for line_end, next_start in [*breaks, (len(text), len(text))]:
+        inside = []
+        while i < len(spans) and spans[i].start < line_end:
+            inside.append(spans[i])
+            i += 1
+        raws = _line_raws(text, start, line_end, inside, pieces)
+        collector.add_run([start, line_end], raws, [])
+        start = next_start
+    return Document(collector.blocks, "text", text, False, tuple(collector.runs), (), tuple(pieces))
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A numbered start tag waiting for its end tag."""
+
+    node: int
+    name: str
+    start: int  # where its start tag starts in the text
+    children: list[_Raw]
+
+
+def _line_raws(
+    text: str, start: int, end: int, spans: list[Span], pieces: list[tuple[str, str]]
+) -> list[_Raw]:
+    """A line's raw pieces for the flattener: text, kept units, and the elements numbered tags
+    make (an end tag closes the nearest open one of its number; tags without a partner are
+    units)."""
+
+    def node(piece: tuple[str, str]) -> int:
+        pieces.append(piece)
+        return len(pieces) - 1
+
+    root: list[_Raw] = []
+    stack: list[_Pending] = []
+
+    def into() -> list[_Raw]:
+        return stack[-1].children if stack else root
+
+    def unwind(frame: _Pending) -> None:
+        """An element without its end tag: its start tag is a unit, its content stays."""
+        into().extend([_Kept(frame.node), *frame.children])
+
+    done = start
+    for span in spans:
+        into().append(text[done : span.start])
+        done = span.end
+        tag = text[span.start : span.end]
+        if span.kind == "open":
+            stack.append(_Pending(node((tag, "")), span.name, span.start, []))
+            continue
+        if span.kind == "close" and any(f.name == span.name for f in stack):
+            while stack[-1].name != span.name:
+                unwind(stack.pop())
+            frame = stack.pop()
+            content = frame.children
+            if any(isinstance(c, str) and _WORD.search(c) for c in content) or any(
+                isinstance(c, _Inline) for c in content
+            ):
+                pieces[frame.node] = (pieces[frame.node][0], tag)
+                into().append(_Inline(frame.node, content, None))
+            else:  # an element without words: one unit, as written
+                pieces[frame.node] = (text[frame.start : span.end], "")
+                into().append(_Kept(frame.node))
+            continue
+        into().append(_Kept(node((tag, ""))))
+    into().append(text[done:end])
+    while stack:
+        unwind(stack.pop())
+    return root
+
+
+def _render_text(document: Document, translations: Sequence[tuple[str, Projection]]) -> str:
+    """Plain text: each changed line's tokens written out, the rest as it was."""
+    source, pieces = document._source, document._pieces
+    out: list[str] = []
+    done = 0
+    for run, tokens in _changes(document, translations):
+        start, end = run.place
+        out.append(source[done:start])
+        for token in tokens:
+            if isinstance(token, str):
+                out.append(token)
+            elif isinstance(token, _Item):
+                out.append(token.text if token.node is None else pieces[token.node][0])
+            elif isinstance(token, _Open):
+                out.append(pieces[token.wrap.node][0])
+            else:
+                out.append(pieces[token.wrap.node][1])
+        done = end
+    out.append(source[done:])
+    return "".join(out)
+
+
 # --- Parse and render --------------------------------------------------------------------------
 
 
@@ -827,12 +976,15 @@ def parse(
     *,
     translate_attributes: bool = False,
     tags: Tags = NO_TAGS,
+    protection: Protection | None = None,
 ) -> Document:
     """The blocks of `markup` to translate. HTML never fails (the HTML5 algorithm repairs
     anything); malformed XML raises MarkupError. `translate_attributes`: alt and title values
     become blocks of their own (plain text) and come back translated. `tags`: the elements a
-    request ignores, and where its runs end (`Tags`)."""
-    collector = _Collector(translate_attributes)
+    request ignores, and where its runs end (`Tags`). `protection`: the placeholders of the
+    text (placeholders.py) are kept out with its URLs and mentions, as units (a numbered tag
+    too: in markup, elements are the tags)."""
+    collector = _Collector(translate_attributes, protection=protection)
     if format == "html":
         fragment = not _DOCUMENT.match(markup)
         _HtmlWalker(_parse_html(markup, fragment), fragment, collector, tags)
@@ -873,6 +1025,8 @@ def render(document: Document, translations: Sequence[tuple[str, Projection]]) -
         )
     # A byte order mark the source starts with: the HTML parser never sees it, lxml reads it as
     # the encoding's; the output starts with it as the source did.
+    if document.format == "text":
+        return _render_text(document, translations)
     bom = _BOM if document._source.startswith(_BOM) else ""
     if document.format == "html":
         return bom + _render_html(document, translations)
@@ -1019,7 +1173,18 @@ def _space_after(tokens: list[_Token], start: int, unit: _Item | _Wrap) -> bool:
         token = tokens[i]
         if isinstance(token, str):
             if token:
-                return token[0] not in _WHITESPACE and not unit.glue_after
+                # Never before punctuation that closes ("%s ." where the model moved the unit)
+                # and ends the text or a word: glued to more, it would read as part of a URL.
+                punctuation = _CLOSING_RUN.match(token)
+                rest = token[punctuation.end() :] if punctuation else ""
+                closing = punctuation is not None and (
+                    rest[:1].isspace()
+                    or (
+                        not rest
+                        and all(isinstance(t, str) and not t.strip() for t in tokens[i + 1 :])
+                    )
+                )
+                return token[0] not in _WHITESPACE and not unit.glue_after and not closing
         elif isinstance(token, _Item):
             return unit.space_after or token.space_before
         elif token.wrap.start < 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -22,16 +22,20 @@ import numpy as np
 from service.bundle.decoding import DecodingOptions, Hypothesis
 from service.bundle.tokenizer import Span
 from service.errors import ErrorType, ServiceError
+from service.glossaries import Entry
 from service.settings import Settings
 from service.text import markup, segment
 from service.text.alignment import TextAlignment, sentence_alignment
 from service.text.markup import Format as MarkupFormat
+from service.text.placeholders import Protection
+from service.text.terms import TermModel, Terms
 
 Format = Literal["text", MarkupFormat]
 
 
-class TextModel(Protocol):
-    """What the pipeline needs of a model: its tokenizer, its limits, and whether it aligns."""
+class TextModel(TermModel, Protocol):
+    """What the pipeline needs of a model: its tokenizer, its limits, whether it aligns, and
+    what matching a glossary's terms needs (TermModel)."""
 
     name: str
     source_language: str
@@ -44,15 +48,19 @@ class TextModel(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def source_spans(self, texts: Sequence[str]) -> list[list[Span]]: ...
-
     def target_spans(self, ids: Sequence[int]) -> list[Span]: ...
+
+
+# The beam a request with terms gets at least (constrained beam search shares it out).
+TERMS_BEAM = 4
 
 
 @dataclass(frozen=True)
 class Prepared:
     """Texts ready for the model. A plain text is one block; a markup document (`documents`)
-    is the blocks of text its markup holds (service/text/markup.py). Each block's layout, the
+    is the blocks of text its markup holds (service/text/markup.py), and so is a plain text
+    with placeholders (`markup.protect`: its lines, placeholders out; None in `documents` for
+    a plain text without any, one block as it is). Each block's layout, the
     input text it belongs to (`owners`, ascending), and the token ids of every sentence, block
     after block (`origins[i]` is sentence i's (block index, sentence index))."""
 
@@ -60,7 +68,20 @@ class Prepared:
     sources: list[list[int]]
     origins: list[tuple[int, int]]
     owners: list[int]
-    documents: list[markup.Document] | None = None
+    documents: list[markup.Document | None] | None = None
+    # Each sentence's glossary entries found in it (service/text/terms.py); [] without terms.
+    matched: list[tuple[Entry, ...]] = field(default_factory=list)
+
+    def decoding(self, options: DecodingOptions, terms_beam: int = TERMS_BEAM) -> DecodingOptions:
+        """`options` as these texts need them: a document is rendered through its blocks'
+        alignments (a plain text's placeholders too); sentences with terms are searched with a
+        beam (`terms_beam` at least: constrained beam search shares its beams out among the
+        terms' progress)."""
+        if self.documents is not None:
+            options = replace(options, alignments=True)
+        if any(self.matched) and options.beam_size < terms_beam:
+            options = replace(options, beam_size=terms_beam)
+        return options
 
     @property
     def count(self) -> int:
@@ -79,6 +100,7 @@ class Prepared:
             [(b - first_block, n) for b, n in self.origins[first:last]],
             [t - start for t in self.owners[first_block:last_block]],
             None if self.documents is None else self.documents[start:stop],
+            self.matched[first:last],
         )
 
 
@@ -92,19 +114,25 @@ class TextTranslation:
     scores: Sequence[float | None]
     segments: list[Hypothesis]
     alignment: TextAlignment | None = None
+    # With the alignment, every alternative's (the first is `alignment`): what a plain text's
+    # placeholders are placed back in each alternative by.
+    projections: list[TextAlignment] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Form:
     """What a request's texts are and what comes back besides translations: plain text or
     markup (format), markup's alt/title translated or kept, word alignments or not; where
-    segments end; the markup elements a request ignores, and where its runs end."""
+    segments end; the markup elements a request ignores, and where its runs end; and what is
+    kept byte for byte (`protection`: placeholders.py; None: nothing, a URL and `%s` go to the
+    model as words do)."""
 
     format: Format = "text"
     translate_attributes: bool = False
     alignments: bool = False
     splitting: segment.Splitting = "lines"  # where segments end (service/text/segment.py)
     tags: markup.Tags = markup.NO_TAGS  # a request's markup element lists (markup.Tags)
+    protection: Protection | None = field(default_factory=Protection)
 
     @property
     def aligned(self) -> bool:
@@ -154,6 +182,8 @@ def prepare(
     translate_attributes: bool = False,
     splitting: segment.Splitting = "lines",
     tags: markup.Tags = markup.NO_TAGS,
+    protection: Protection | None = None,
+    terms: Terms | None = None,
 ) -> Prepared:
     """Parse (`format` "html" or "xml"), split, check and encode `texts` for `model`; a
     ServiceError names the first text (by `label(index)`) that cannot be parsed, or the text
@@ -161,14 +191,23 @@ def prepare(
     the model's source_language). `max_segments` bounds the sentences of all texts together (a
     request's), checked before anything is tokenized. `translate_attributes`: markup's alt and
     title attributes are translated too. `splitting`: where segments end (segment.py);
-    `tags`: the markup elements the request ignores, and where runs end (markup.Tags)."""
-    documents = None
+    `tags`: the markup elements the request ignores, and where runs end (markup.Tags).
+    `protection`: placeholders are kept out of the model's sentences (plain text, a model that
+    aligns words: `markup.protect`; markup: with its URLs). `terms`: a glossary, matched in
+    every sentence (Prepared.matched)."""
+    documents: list[markup.Document | None] | None = None
     blocks: Sequence[str] = texts
     owners = list(range(len(texts)))
     if format != "text":
-        documents = _parse(texts, format, translate_attributes, label, tags)
-        blocks = [block for document in documents for block in document.blocks]
-        owners = [t for t, document in enumerate(documents) for _ in document.blocks]
+        documents = list(_parse(texts, format, translate_attributes, label, tags, protection))
+    elif protection is not None and model.aligns:
+        protected = [markup.protect(text, protection) for text in texts]
+        if any(document is not None for document in protected):
+            documents = protected
+    if documents is not None:
+        each = [[t] if d is None else d.blocks for t, d in zip(texts, documents, strict=True)]
+        blocks = [block for own in each for block in own]
+        owners = [t for t, own in enumerate(each) for _ in own]
     language = source or model.source_language
     layouts = [_layout(block, language, format, splitting) for block in blocks]
     encode = functools.partial(
@@ -198,7 +237,10 @@ def prepare(
                 f"model's limit of {limit} tokens per sentence (</s> included); split it into "
                 "shorter sentences",
             )
-    return Prepared(layouts, sources, origins, owners, documents)
+    matched = []
+    if terms is not None:
+        matched = terms.matches(model, [s for layout in layouts for s in layout.inputs])
+    return Prepared(layouts, sources, origins, owners, documents, matched)
 
 
 def _layout(
@@ -218,6 +260,7 @@ def _parse(
     translate_attributes: bool,
     label: Callable[[int], str],
     tags: markup.Tags = markup.NO_TAGS,
+    protection: Protection | None = None,
 ) -> list[markup.Document]:
     """Each text parsed as a document; a ServiceError names the first that cannot be."""
     documents = []
@@ -229,6 +272,7 @@ def _parse(
                     format,
                     translate_attributes=translate_attributes,
                     tags=tags,
+                    protection=protection,
                 )
             )
         except markup.MarkupError as e:
@@ -301,8 +345,9 @@ def assemble(
     A text without sentences translates to "" when it is empty, or only whitespace, control
     and format characters, else to itself (emoji, digits, a URL: nothing to translate). With
     `alignments`, the best translation's word alignment comes along (the hypotheses must carry
-    theirs). A markup document is rendered from its blocks' best translations, its inline
-    elements re-placed through their alignments (its one text; n > 1 is for plain text)."""
+    theirs). A document is rendered from its blocks' translations, its inline elements and
+    placeholders re-placed through their alignments (a markup document has one translation;
+    a plain text's n alternatives are each rendered through its own)."""
     per_block: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
     for (block, _), hypotheses in zip(prepared.origins, nbest, strict=True):
         per_block[block].append(hypotheses)
@@ -313,35 +358,50 @@ def assemble(
     ]
     if documents is None:
         return translated
-    if n != 1:
+    if n != 1 and any(d is not None and d.format != "text" for d in documents):
         raise ValueError("a markup document has one translation")
     by_document: list[list[TextTranslation]] = [[] for _ in documents]
     for owner, translation in zip(prepared.owners, translated, strict=True):
         by_document[owner].append(translation)
     return [
-        _document(document, blocks, alignments)
+        _document(document, blocks, n, alignments)
+        if document is not None
+        else blocks[0]
+        if alignments
+        else replace(blocks[0], alignment=None, projections=[])
         for document, blocks in zip(documents, by_document, strict=True)
     ]
 
 
 def _document(
-    document: markup.Document, blocks: list[TextTranslation], alignments: bool
+    document: markup.Document, blocks: list[TextTranslation], n: int, alignments: bool
 ) -> TextTranslation:
-    """A document's translation from its blocks': rendered, scored by its sentences' mean;
-    its alignment, when asked for, is its blocks' sentences (placed within their blocks)."""
-    rendered = markup.render(document, [(block.texts[0], _projection(block)) for block in blocks])
+    """A document's n translations from its blocks': rendered, scored by its sentences'
+    mean; its alignment, when asked for, is its blocks' sentences (placed within their
+    blocks)."""
+    texts = [
+        markup.render(document, [(block.texts[k], _projection(block, k)) for block in blocks])
+        for k in range(n)
+    ]
     segments = [h for block in blocks for h in block.segments]
-    score = sum(h.score for h in segments) / len(segments) if segments else None
+    scores: list[float | None] = [
+        sum(h.score for h in segments) / len(segments) if segments else None
+    ]
+    for k in range(1, n):  # an alternative: its blocks' mean
+        scored = [s for block in blocks if (s := block.scores[k]) is not None]
+        scores.append(sum(scored) / len(scored) if scored else None)
     alignment = None
     if alignments:
         alignment = TextAlignment([s for block in blocks for s in _projection(block).sentences])
-    return TextTranslation([rendered], [score], segments, alignment)
+    return TextTranslation(texts, scores, segments, alignment)
 
 
-def _projection(block: TextTranslation) -> TextAlignment:
-    if block.alignment is None:
-        raise ValueError("a markup block is translated with its alignment")
-    return block.alignment
+def _projection(block: TextTranslation, k: int = 0) -> TextAlignment:
+    """The alignment of a block's k-th translation."""
+    alignment = block.projections[k] if k else block.alignment
+    if alignment is None:
+        raise ValueError("a document's block is translated with its alignment")
+    return alignment
 
 
 def _assemble(
@@ -357,18 +417,20 @@ def _assemble(
         kept = layout.join([])
         text = kept if segment.VISIBLE.search(kept) else ""
         alignment = TextAlignment([]) if alignments else None
-        return TextTranslation([text] * n, [None] * n, [], alignment)
-    texts, scores = [], []
-    best: list[segment.Rewrapped] = []
+        return TextTranslation(
+            [text] * n, [None] * n, [], alignment, [] if alignment is None else [alignment] * n
+        )
+    texts, scores, projections = [], [], []
     for k in range(n):
         chosen = [hyps[min(k, len(hyps) - 1)] for hyps in nbest]
         translations = layout.rewrap([model.decode(h.ids) for h in chosen])
         texts.append(layout.join([t.text for t in translations]))
         scores.append(sum(h.score for h in chosen) / len(chosen))
-        best = best or translations
+        if alignments:
+            projections.append(_text_alignment(model, layout, chosen, translations))
     segments = [hyps[0] for hyps in nbest]
-    alignment = _text_alignment(model, layout, segments, best) if alignments else None
-    return TextTranslation(texts, scores, segments, alignment)
+    alignment = projections[0] if projections else None
+    return TextTranslation(texts, scores, segments, alignment, projections)
 
 
 def _text_alignment(

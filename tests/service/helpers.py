@@ -31,7 +31,7 @@ from fastapi import FastAPI
 
 from benchmarks.servers import free_port, wait_until_ready
 from export.onnx_export import save_graph
-from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
+from service.bundle.decoding import Constraints, Deadline, DecodingOptions, Hypothesis
 from service.bundle.manifest import (
     ALIGNMENT,
     ALIGNMENT_WANTED,
@@ -116,6 +116,7 @@ class FakeModel:
         self.cuda_graphs_captured = 0
         self.aligns = True
         self.calls: list[tuple[list[list[int]], DecodingOptions]] = []
+        self.constraints: list[list[Constraints]] = []  # each generate call's
         self.gate: threading.Event | None = None
         self.entered = threading.Event()  # set when a generate call starts
 
@@ -136,17 +137,25 @@ class FakeModel:
     def target_spans(self, ids: Sequence[int]) -> list[tuple[int, int]]:
         return [(i, i + 1) for i in range(len(ids))]
 
+    word_pieces: frozenset[int] = frozenset()  # a character is a word
+
+    def target_ids(self, terms: Sequence[str]) -> list[list[int] | None]:
+        """Code points; a term with a "☃" is one the fake cannot spell."""
+        return [None if "☃" in t else [ord(c) for c in t] for t in terms]
+
     def generate(
         self,
         sources: Sequence[Sequence[int]],
         options: DecodingOptions,
         deadline: Deadline | None = None,
         prefixes: Sequence[Sequence[int]] | None = None,
+        constraints: Sequence[Constraints] | None = None,
     ) -> list[list[Hypothesis]]:
         """Upper-cased sources (n-best: with k tildes), after the gate opens; the deadlines
         are read then, as the engine reads them between steps: a source past its own gets one
         "deadline" hypothesis."""
         self.calls.append(([list(s) for s in sources], options))
+        self.constraints.append(list(constraints or []))
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)

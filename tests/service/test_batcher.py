@@ -193,6 +193,7 @@ async def test_the_engine_runs_off_the_event_loop_one_call_at_a_time(fake: FakeM
         options: DecodingOptions,
         deadline: Deadline,
         prefixes: list[list[int]],
+        constraints: list[tuple[tuple[int, ...], ...]],
     ) -> object:
         assert busy.acquire(blocking=False), "two engine calls at once"
         try:

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.servers import RedisServer
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import NO_CONSTRAINTS, Constraints, DecodingOptions, Hypothesis
 from service.http.app import create_app
 from service.inference.engine import Engine
 from service.metrics import Metrics
@@ -157,6 +157,25 @@ async def test_options_that_change_the_hypotheses_are_never_answered_from_each_o
     await translate(client, "A cat.", beam_size=2, num_hypotheses=2, return_scores=True)
     assert fake.calls == []
     assert cached == plain and "alignments" in cached["translations"][0]
+
+
+def test_a_glossarys_constraints_are_in_the_key() -> None:
+    """A sentence searched with a glossary's terms (or words to avoid) is never answered from
+    the same sentence searched without them, nor with other terms; no constraints is the key
+    of a sentence without a glossary."""
+    options = DecodingOptions(beam_size=4)
+    plain = sentence_key("m", ("en", "de"), [5, 6, 2], [], options)
+    assert sentence_key("m", ("en", "de"), [5, 6, 2], [], options, NO_CONSTRAINTS) == plain
+    keys = {
+        sentence_key("m", ("en", "de"), [5, 6, 2], [], options, constraints)
+        for constraints in (
+            Constraints(terms=((7, 8),)),
+            Constraints(terms=((7, 9),)),
+            Constraints(terms=((7, 8),), avoid=frozenset({11})),
+            Constraints(terms=((7, 8), (7, 8))),
+        )
+    }
+    assert len(keys) == 4 and plain not in keys
 
 
 def test_every_decoding_option_but_return_scores_is_in_the_key() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.bundle.decoding import DecodingOptions, Hypothesis
+from service.bundle.decoding import NO_CONSTRAINTS, Constraints, DecodingOptions, Hypothesis
 from service.inference import running as running_module
 from service.inference import step_state
 from service.inference.engine import Engine
@@ -47,6 +47,7 @@ class Segment:
     prefix: list[int]
     options: DecodingOptions
     deadline: float = math.inf
+    constraints: Constraints = NO_CONSTRAINTS
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,9 @@ def sentences(engine: Engine) -> list[list[int]]:
 
 
 def alone(engine: Engine, segment: Segment) -> list[Hypothesis]:
-    [nbest] = engine.generate([segment.ids], segment.options, prefixes=[segment.prefix])
+    [nbest] = engine.generate(
+        [segment.ids], segment.options, prefixes=[segment.prefix], constraints=[segment.constraints]
+    )
     return nbest
 
 
@@ -132,12 +135,16 @@ def test_joining_and_leaving_between_steps_changes_no_translation(
     engine: Engine, sentences: list[list[int]], seed: int
 ) -> None:
     """Seeds 0-2 step the batches in a random order (seed 0 once found buffers replaced twice
-    between two steps, which left the step bound to the old ones); seed 3 as the service does."""
+    between two steps, which left the step bound to the old ones); seed 3 as the service does.
+    A fifth of the sentences have a term ("Hund", "Rad" or "Gasse": constrained beam search,
+    greedy ones too), searched with the others."""
     rng = random.Random(seed)
     segments = [
         Segment(ids, [rng.randrange(4, 1000)] if rng.random() < 0.2 else [], rng.choice(OPTIONS))
         for ids in rng.sample(sentences, len(sentences))
     ]
+    for segment in rng.sample(segments, len(segments) // 5):
+        segment.constraints = Constraints(((rng.choice([485, 1505, 4331]),),))
     expected = [alone(engine, s) for s in segments]
     cancel = set(rng.sample(range(len(segments)), 4))
     running = Running(engine, 6) if seed == 3 else AnyOrder(engine, 6, random.Random(seed))

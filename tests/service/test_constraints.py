@@ -1,0 +1,123 @@
+"""Constrained beam search (service/inference/constraints.py) on random log-prob tables: a
+sentence without terms is searched exactly as without them, one with terms gets each exactly
+once."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.bundle.decoding import Constraints, DecodingOptions
+from service.inference.search import FloatArray, IntArray, search
+from tests.service.test_decoding import BOS, EOS, NumpyState, RandomModel, top_k
+
+
+class WholeState(NumpyState):
+    """The random model's steps, with the whole distribution kept for `log_probs_of`."""
+
+    def __init__(self, model: RandomModel) -> None:
+        super().__init__(model)
+        self.last: FloatArray = np.zeros((0, 0), np.float32)
+
+    def step(self, tokens: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+        self.last = self.model.log_probs(tokens.tolist())
+        return top_k(self.last, k)
+
+    def log_probs_of(self, ids: IntArray) -> FloatArray:
+        scored: FloatArray = np.take_along_axis(self.last, ids, axis=1)
+        return scored
+
+
+def run(
+    seed: int, vocab: int, limits: list[int], opts: DecodingOptions, terms: list[Constraints] | None
+) -> list[list[tuple[list[int], str, float]]]:
+    state = WholeState(RandomModel(seed, vocab, len(limits)))
+    found = search(state, limits, opts, bos_id=BOS, eos_id=EOS, constraints=terms)
+    return [[(h.ids, h.finish_reason, h.score) for h in n] for n in found]
+
+
+def count(tokens: list[int], term: tuple[int, ...]) -> int:
+    n = i = 0
+    while i + len(term) <= len(tokens):
+        if tuple(tokens[i : i + len(term)]) == term:
+            n, i = n + 1, i + len(term)
+        else:
+            i += 1
+    return n
+
+
+OPTIONS = st.builds(
+    DecodingOptions,
+    beam_size=st.integers(2, 5),
+    length_penalty=st.sampled_from([0.0, 1.0]),
+    max_decoding_length=st.integers(6, 14),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), sentences=st.integers(1, 4), opts=OPTIONS, data=st.data())
+def test_sentences_without_terms_are_searched_as_without_constraints(
+    seed: int, sentences: int, opts: DecodingOptions, data: st.DataObject
+) -> None:
+    """Whatever terms the other sentences of the search have."""
+    vocab = 12
+    limits = [opts.max_decoding_length] * sentences
+    token = st.integers(4, vocab - 1)
+    terms = [
+        Constraints(tuple(data.draw(st.lists(st.tuples(token), max_size=2))))
+        for _ in range(sentences)
+    ]
+    plain = run(seed, vocab, limits, opts, None)
+    constrained = run(seed, vocab, limits, opts, terms)
+    for own, without, with_ in zip(terms, plain, constrained, strict=True):
+        if not own:
+            assert with_ == without
+    assert run(seed, vocab, limits, opts, [Constraints()] * sentences) == plain
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), opts=OPTIONS, data=st.data())
+def test_each_term_appears_exactly_once(
+    seed: int, opts: DecodingOptions, data: st.DataObject
+) -> None:
+    vocab = 40
+    word = st.integers(4, vocab - 1)
+    terms = data.draw(
+        st.lists(st.lists(word, min_size=1, max_size=3).map(tuple), min_size=1, max_size=3)
+    )
+    # A term inside another cannot be held exactly once with it.
+    if any(a != b and count(list(a), b) for a in terms for b in terms):
+        return
+    limit = sum(map(len, terms)) + opts.max_decoding_length
+    (best, *_), *_ = run(seed, vocab, [limit], opts, [Constraints(tuple(terms))])
+    tokens, _, _ = best
+    for term in set(terms):
+        assert count(tokens, term) == terms.count(term), (tokens, terms)
+
+
+def test_greedy_with_terms_searches_a_beam_and_meets_them() -> None:
+    opts = DecodingOptions(beam_size=1, max_decoding_length=12)
+    (best,), *_ = run(3, 30, [12], opts, [Constraints(((7, 8),))])
+    assert count(best[0], (7, 8)) == 1
+
+
+def test_avoided_tokens_are_never_chosen_in_a_constrained_sentence() -> None:
+    opts = DecodingOptions(beam_size=3, max_decoding_length=10)
+    (plain,), *_ = run(5, 30, [10], opts, None)
+    avoid = frozenset(plain[0][:2]) - {9}
+    (best, *_), *_ = run(5, 30, [10], opts, [Constraints(((9,),), avoid)])
+    assert count(best[0], (9,)) == 1 and not avoid & set(best[0])
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), term=st.integers(4, 11))
+def test_no_word_piece_follows_a_term(seed: int, term: int) -> None:
+    """Tokens that continue a word never come right after a term (no "Leder" + "kleidung")."""
+    pieces = frozenset(range(4, 12)) - {term}
+    opts = DecodingOptions(beam_size=3, max_decoding_length=10)
+    (best, *_), *_ = run(seed, 12, [12], opts, [Constraints(((term,),), word_pieces=pieces)])
+    tokens = best[0]
+    assert count(tokens, (term,)) == 1
+    at = tokens.index(term)
+    assert at + 1 == len(tokens) or tokens[at + 1] not in pieces
