@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.documents.base import DocumentFormat
+from service.documents.formats import ooxml
 from service.documents.safe import DocumentError
 from service.errors import ErrorType
 
-FORMATS: tuple[DocumentFormat, ...] = ()
+FORMATS: tuple[DocumentFormat, ...] = (*ooxml.FORMATS,)
 
 PDF_MAGIC = b"%PDF-"
 # Media types that say nothing of a file's format (curl's default, a browser's guess).
