@@ -63,9 +63,16 @@ class DocumentFormat(Protocol):
     """A family member: its name (also the `format` API field), file name extensions, media
     type, and its reader."""
 
-    name: str
-    extensions: tuple[str, ...]
-    media_type: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """Lower case, with the dot: (".docx",)."""
+        ...
+
+    @property
+    def media_type(self) -> str: ...
 
     def sniff(self, data: bytes) -> bool:
         """Whether the content is this format's, whatever the file's name says (a docx is a zip
