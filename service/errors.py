@@ -16,6 +16,7 @@ class ErrorType(StrEnum):
     INPUT_TOO_LONG = "input_too_long"
     INVALID_DOCUMENT = "invalid_document"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    DOCUMENT_NOT_READY = "document_not_ready"
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"

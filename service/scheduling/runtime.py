@@ -129,6 +129,7 @@ class Runtime:
             max_batch_tokens=settings.max_batch_tokens,
             max_wait_s=settings.max_wait_ms / 1000,
             max_queue=settings.max_queue_segments,
+            background_batch_size=settings.document_batch_size,
         )
         # One batcher per model: a multi-target or multilingual model batches all its pairs
         # together (the target is in the source ids, or the decoder's prefix).
@@ -342,9 +343,11 @@ class Runtime:
         deadline: float,
         form: Form = PLAIN,
         label: Callable[[int], str] = pipeline.text_label,
+        background: bool = False,
     ) -> list[TextTranslation]:
         """Each text translated as `form` says (plain text or markup, alignments or not); an
-        error names a text by `label(its index)`."""
+        error names a text by `label(its index)`; `background`: bulk work (a document's), decoded
+        behind interactive requests (service/scheduling/batcher.py)."""
         model = self.models[pair]
         options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label)
@@ -357,6 +360,7 @@ class Runtime:
             options,
             deadline=deadline,
             prefix=model.decoder_prefix(pair[1]),
+            background=background,
         )
         nbest = [[nothing()] for _ in sources]
         for i, hypotheses in zip(to_run, results, strict=True):
