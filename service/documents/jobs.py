@@ -206,8 +206,12 @@ class Documents:
 
     async def _worker(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), SCAN_S)
+            # Not wait_for: Python 3.11's can swallow the cancellation that stops the worker.
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({woken}, timeout=SCAN_S)
+            finally:
+                woken.cancel()
             self._wake.clear()
             self.expire()
             while (claimed := self._claim()) is not None:

@@ -126,6 +126,23 @@ class Archive:
         return rewrite_zip(self._zip, replaced)
 
 
+def peek(data: bytes, name: str, max_bytes: int = 1 << 20) -> bytes | None:
+    """One small entry of a zip archive, for a format's `sniff` (an ODF or EPUB `mimetype`,
+    OOXML's `[Content_Types].xml`), whatever the rest of the archive holds; None when the
+    data is no zip, lacks the entry, or it is larger than `max_bytes` unpacked. The archive's
+    limits are `Archive`'s, when the file is read."""
+    if not data.startswith(ZIP_MAGIC):
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            info = archive.getinfo(name)
+            if info.file_size > max_bytes or info.flag_bits & 0x1:
+                return None
+            return archive.read(info)
+    except (KeyError, zipfile.BadZipFile, NotImplementedError, ValueError, OSError, EOFError):
+        return None
+
+
 def _escapes(name: str) -> bool:
     """Whether an entry's name is absolute or climbs out of the archive (zip slip)."""
     if "\\" in name or "\x00" in name:

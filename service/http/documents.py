@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -78,18 +79,25 @@ class DocumentStatus(BaseModel):
 
 
 async def upload(
-    request: Request, runtime: Runtime, documents: Documents, fields: dict[str, Any]
+    request: Request,
+    runtime: Runtime,
+    documents: Documents,
+    authorize: Callable[[dict[str, Any]], None] = lambda fields: None,
 ) -> Job:
-    """The file of a multipart request and the fields read from it, checked (its format by its
-    name and content, readable within the limits, a served language pair) and queued."""
+    """The file of a multipart request and its fields (the query string's first), checked
+    (`authorize(fields)` first; then the file's format by its name and content, readable
+    within the limits, a served language pair) and queued."""
     settings = runtime.settings
     form = await request.form(max_files=1, max_fields=_MAX_FIELDS)
-    file = form.get("file")
-    if not isinstance(file, UploadFile):
-        raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid request: missing file parameter")
+    fields: dict[str, Any] = dict(request.query_params)
     for key, value in form.multi_items():
         if isinstance(value, str):
             fields.setdefault(key, value)
+    authorize(fields)
+    file = form.get("file")
+    if not isinstance(file, UploadFile):
+        raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid request: missing file parameter")
+    fields.pop("api_key", None)
     body = validate(DocumentFields, fields, strict=False)
     filename = (file.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
     data = await file.read(settings.max_document_bytes + 1)
@@ -194,7 +202,7 @@ async def post_document(
     request: Request, runtime: RuntimeDep, documents: DocumentsDep
 ) -> JSONResponse:
     """Queue a file for translation; its status is at the answer's Location."""
-    job = await upload(request, runtime, documents, {})
+    job = await upload(request, runtime, documents)
     body = status(job, documents).model_dump(mode="json", exclude_none=True)
     return JSONResponse(body, status_code=202, headers={"Location": f"/documents/{job.id}"})
 

@@ -2,8 +2,8 @@
 type alone decides the HTTP status, whether a Retry-After header is sent, and the metric label.
 
 Body on the native API: `{"error": {"type": ..., "message": ...}}`. Under the LibreTranslate
-prefix the body is LibreTranslate's `{"error": message}`, and the two statuses LibreTranslate
-does not use become its own: 422 -> 400 and 401 -> 403.
+prefix the body is LibreTranslate's `{"error": message}`, and the statuses LibreTranslate
+does not use become its own: 422 and 415 -> 400, 401 -> 403.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ ERROR_TABLE: dict[ErrorType, ErrorRow] = {
 }
 
 # Statuses LibreTranslate clients know for the same failures.
-_LIBRETRANSLATE_STATUS = {422: 400, 401: 403}
+_LIBRETRANSLATE_STATUS = {422: 400, 415: 400, 401: 403}
 
 # Framework HTTPExceptions (unknown path, wrong method, body over the limit) by status.
 _HTTP_STATUS_TYPES = {

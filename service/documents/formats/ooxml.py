@@ -28,7 +28,14 @@ from typing import TypeAlias
 from lxml import etree
 
 from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
-from service.documents.safe import Archive, DocumentError, parse_xml, serialize_xml
+from service.documents.safe import (
+    OLE_MAGIC,
+    Archive,
+    DocumentError,
+    parse_xml,
+    peek,
+    serialize_xml,
+)
 
 W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 A = "http://schemas.openxmlformats.org/drawingml/2006/main"
@@ -37,6 +44,7 @@ _XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
 _TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 _OFFICE = "application/vnd.openxmlformats-officedocument."
 _WORKSHEET = _OFFICE + "spreadsheetml.worksheet+xml"
+CONTENT_TYPES = "[Content_Types].xml"
 
 
 @dataclass(frozen=True)
@@ -406,15 +414,19 @@ class OfficeFormat:
     parts: dict[str, _Dialect]  # content type -> the vocabulary of its text
 
     def sniff(self, data: bytes) -> bool:
+        if data.startswith(OLE_MAGIC):  # what Office writes for a password: `read` says so
+            return True
+        types = peek(data, CONTENT_TYPES)
+        if types is None:
+            return False
         try:
-            archive = Archive(data, Limits(), self.name)
-            return self.main in _content_types(archive).values()
+            return self.main in _content_types(parse_xml(types, CONTENT_TYPES), []).values()
         except DocumentError:
             return False
 
     def read(self, data: bytes, limits: Limits) -> Extracted:
         archive = Archive(data, limits, self.name)
-        types = _content_types(archive)
+        types = _content_types(archive.xml(CONTENT_TYPES), archive.names)
         if self.main not in types.values():
             raise DocumentError(f"the file is not a {self.name} document (no {self.main} part)")
         roots: dict[str, etree._Element] = {}
@@ -435,23 +447,19 @@ class OfficeFormat:
         return _Extracted(archive, roots, found)
 
 
-def _content_types(archive: Archive) -> dict[str, str]:
-    """Each part's content type by its name in the archive (the overrides, then the defaults
-    by extension)."""
-    root = archive.xml("[Content_Types].xml")
+def _content_types(root: etree._Element, names: Sequence[str]) -> dict[str, str]:
+    """Each part's content type by its name in the archive: the overrides, and `names` not
+    overridden by the defaults for their extension."""
     defaults = {
         d.get("Extension", "").lower(): d.get("ContentType", "")
         for d in root.iter(f"{_TYPES}Default")
     }
-    overrides = {
+    types = {
         o.get("PartName", "").lstrip("/"): o.get("ContentType", "")
         for o in root.iter(f"{_TYPES}Override")
     }
-    types = {}
-    for name in archive.names:
-        if name in overrides:
-            types[name] = overrides[name]
-        elif "." in name:
+    for name in names:
+        if name not in types and "." in name:
             types[name] = defaults.get(name.rsplit(".", 1)[1].lower(), "")
     return types
 
