@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import subprocess
+import sys
 import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -130,6 +132,22 @@ async def test_docx_paragraphs_tables_headers_footers_and_runs(
         client, ["A boy jumps into the water.", "Three people walk down the street."]
     )
     unchanged_parts(sent, result, {"word/document.xml", "word/header1.xml", "word/footer1.xml"})
+
+
+async def test_the_file_cli_writes_what_the_api_answers(
+    client: httpx.AsyncClient, shipped_bundle: Path, tmp_path: Path
+) -> None:
+    sent = make_docx()
+    (tmp_path / "in.docx").write_bytes(sent)
+    command = [sys.executable, "-m", "service.translate", "--bundle", str(shipped_bundle)]
+    command += ["--file", str(tmp_path / "in.docx"), "--out", str(tmp_path / "out.docx")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.docx").read_bytes() == await translate_file(client, "in.docx", sent)
+    (tmp_path / "in.pdf").write_bytes(b"%PDF-1.4")
+    command[-3:] = [str(tmp_path / "in.pdf"), "--out", str(tmp_path / "out.pdf")]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "PDF" in refused.stderr
 
 
 async def test_pptx_slides_and_speaker_notes(client: httpx.AsyncClient) -> None:
