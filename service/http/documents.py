@@ -161,6 +161,17 @@ def status(job: Job, documents: Documents) -> DocumentStatus:
     )
 
 
+_FILE = {"type": "string", "format": "binary"}
+
+
+def multipart_body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """An upload's request body for the OpenAPI schema (the form is parsed by hand)."""
+    schema = {"type": "object", "properties": properties, "required": required}
+    return {
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}
+    }
+
+
 def result_name(job: Job) -> str:
     """The sent file's name with the target language before its extension: report.de.docx."""
     suffix = extension(job.filename)
@@ -180,23 +191,9 @@ def result_response(job: Job, documents: Documents) -> FileResponse:
     response_model_exclude_none=True,
     responses=_ERRORS,
     dependencies=[Depends(require_api_key)],
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["file", "target"],
-                        "properties": {
-                            "file": {"type": "string", "format": "binary"},
-                            **DocumentFields.model_json_schema()["properties"],
-                        },
-                    }
-                }
-            },
-        }
-    },
+    openapi_extra=multipart_body(
+        {"file": _FILE, **DocumentFields.model_json_schema()["properties"]}, ["file", "target"]
+    ),
 )
 async def post_document(
     request: Request, runtime: RuntimeDep, documents: DocumentsDep

@@ -19,7 +19,13 @@ from pydantic import BaseModel, Field, field_validator
 from service.documents.formats import FORMATS
 from service.documents.jobs import Documents, Job
 from service.errors import ErrorType, ServiceError
-from service.http.documents import DocumentsDep, result_name, result_response, upload
+from service.http.documents import (
+    DocumentsDep,
+    multipart_body,
+    result_name,
+    result_response,
+    upload,
+)
 from service.http.middleware import (
     PresentedKey,
     RuntimeDep,
@@ -313,25 +319,13 @@ _FILE_POLL_S = 0.1
     "/translate_file",
     response_model=LibreTranslateFile,
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "properties": {
-                            "file": {"type": "string", "format": "binary"},
-                            "source": {"type": "string"},
-                            "target": {"type": "string"},
-                            "api_key": {"type": "string"},
-                        },
-                        "required": ["file", "source", "target"],
-                    }
-                }
-            },
-        }
-    },
+    openapi_extra=multipart_body(
+        {
+            "file": {"type": "string", "format": "binary"},
+            **{name: {"type": "string"} for name in ("source", "target", "api_key")},
+        },
+        ["file", "source", "target"],
+    ),
 )
 async def libretranslate_translate_file(
     request: Request, runtime: RuntimeDep, documents: DocumentsDep, header_key: PresentedKey

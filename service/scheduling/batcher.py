@@ -11,11 +11,14 @@ thread (never on the event loop, never two calls at once):
   `max_wait_s` for company, forms a batch of segments with the same options under a size and a
   token budget, runs it to its end and resolves each waiter.
 Background work (a document's sentences: `submit(background=True)`) goes the same way behind
-interactive requests: whole batches hold either kind, never both, and a background batch is taken
-only when no interactive segment waits, at most `background_batch_size` segments (an interactive
-request that arrives meanwhile waits for that batch at most); step-level admits interactive
-segments first and keeps at most `background_batch_size` background sentences running, so a
-request shares its steps with few of them.
+interactive requests: whole batches hold either kind, never both, and a background batch of at
+most `background_batch_size` segments is taken only when no interactive segment waits;
+step-level admits background sentences only while no interactive one is queued or running, at
+most `background_batch_size` at once. An interactive request that arrives while background
+sentences are being decoded preempts them: they leave their batch at the next decoder step
+(as a segment past its deadline does) and go back to the queue, to start again later; a
+segment is preempted at most MAX_PREEMPTIONS times (then it runs to its end), so a document
+still moves under a steady stream of requests and wastes a bounded share of its work.
 Segments whose waiter is gone (client disconnected) or whose deadline passed are dropped before
 decoding and counted; while decoding, the engine reads each segment's deadline before every
 step, so such a segment leaves its batch at the next step (504 decoding_timeout past the
@@ -96,6 +99,10 @@ class _Pending:
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
     request: object = None  # the same for the segments of one request (fair admission)
     background: bool = False  # bulk work (a document): behind every interactive segment
+    preemptions: int = 0  # times it left its batch for an interactive request
+    # While preempted (leaving its batch at the next step): its deadline, put back when it
+    # returns to the queue (`deadline` is -inf meanwhile, which is what stops it).
+    held_deadline: float | None = None
     decoding: bool = False  # taken into a batch
     # Step-level: since when it has been its request's next segment to admit (when its request
     # submitted it or last had a segment admitted): how long it has waited its turn, STARVING_S.
@@ -125,6 +132,9 @@ REFILL_FRACTION = 4
 # Step-level: a running request's next segment that has waited this long since the request's
 # last admission joins like a new request's (one segment: the next one waits anew).
 STARVING_S = 0.5
+
+# Times a background segment may be taken out of its batch for an interactive request.
+MAX_PREEMPTIONS = 2
 
 # A request still being decoded when its deadline passes.
 _DECODING_TIMEOUT = (
@@ -225,6 +235,8 @@ class Batcher:
         ]
         self._queue.extend(pending)
         self._queue_changed()
+        if not background:
+            self._preempt()
         self._idle.clear()
         self._arrived.set()
         self._wake.set()
@@ -252,6 +264,18 @@ class Batcher:
             ) from None
         finally:
             timer.cancel()
+
+    def _preempt(self) -> None:
+        """Background segments being decoded leave their batch at its next step, for the
+        interactive segments just queued (module docstring)."""
+        for item in self._decoding:
+            if (
+                item.background
+                and item.held_deadline is None
+                and item.preemptions < (MAX_PREEMPTIONS)
+            ):
+                item.preemptions += 1
+                item.held_deadline, item.deadline = item.deadline, -math.inf
 
     def _abandon(self, items: list[_Pending], reason: Literal["deadline", "cancelled"]) -> None:
         """Nobody waits for these segments any more: those queued leave the queue now (not at
@@ -407,8 +431,10 @@ class Batcher:
 
         order = [rank(i, r) for i, r in enumerate(waiting)]
         heapq.heapify(order)
-        # Background sentences running: at most background_batch_size at once.
+        # Background sentences running: at most background_batch_size at once, and none while
+        # an interactive one is queued or running.
         background = sum(item.background for item in self._decoding)
+        interactive = any(not item.background for item in (*self._queue, *self._decoding))
         taken: list[_Pending] = []
         while order:
             _, waits, i, request = heapq.heappop(order)
@@ -416,7 +442,9 @@ class Batcher:
             beam = item.options.beam_size
             if beam in full:
                 continue
-            if item.background and background >= self._limits.background_batch_size:
+            if item.background and (
+                interactive or background >= self._limits.background_batch_size
+            ):
                 continue
             if beam not in loads:
                 loads[beam] = stepper.load(beam)
@@ -472,7 +500,17 @@ class Batcher:
         metrics.cache_bytes.labels(model).set(usage.cache_bytes)
 
     def _stop(self, item: _Pending) -> None:
-        """A segment the engine took out of its batch between two steps."""
+        """A segment the engine took out of its batch between two steps: preempted, it goes
+        back to the queue (unless nobody wants it any more); else it was late or cancelled."""
+        if item.held_deadline is not None:
+            item.deadline, item.held_deadline = item.held_deadline, None
+            item.decoding = False
+            if item.reason is None and not item.future.done():
+                self._queue.append(item)
+                self._queue_changed()
+                self._idle.clear()
+                self._arrived.set()
+                return
         self._metrics.stopped.labels(self._model, item.why()).inc()
         if not item.future.done():  # past its deadline before the request's timer ran
             item.future.set_exception(ServiceError(ErrorType.DECODING_TIMEOUT, _DECODING_TIMEOUT))
