@@ -344,7 +344,8 @@ async def libretranslate_translate_file(
         try:
             job = await unless_disconnected(request, _finished(documents, job.id))
         except BaseException:
-            documents.delete(job.id)  # nobody will download it
+            with contextlib.suppress(ServiceError):  # gone already
+                documents.delete(job.id)  # nobody will download it
             raise
     if job.status == "error":
         documents.result(job.id)  # raises the job's own error
