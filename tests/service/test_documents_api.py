@@ -141,6 +141,24 @@ async def test_the_result_is_409_until_done_and_the_jobs_are_bounded(tmp_path: P
         assert (await finished(client, id))["status"] == "done"
 
 
+async def test_deleting_a_document_in_translation_stops_it(tmp_path: Path) -> None:
+    fake = FakeModel()
+    settings = fast_settings(documents_dir=tmp_path)
+    async with running(create_app(settings, models=[fake])) as client:
+        fake.gate = threading.Event()
+        id = (await post(client, "a.docx", make_docx("Two dogs."))).json()["id"]
+        for _ in range(200):
+            if (await client.get(f"/documents/{id}")).json()["status"] == "translating":
+                break
+            await asyncio.sleep(0.02)
+        assert (await client.delete(f"/documents/{id}")).status_code == 204
+        fake.gate.set()
+        assert not (tmp_path / id).exists()
+        again = await post(client, "b.docx", make_docx("Two cats."))  # the worker goes on
+        assert (await finished(client, again.json()["id"]))["status"] == "done"
+        assert not (tmp_path / id).exists()
+
+
 def bomb() -> bytes:
     return replace_entry(make_docx("x"), "word/document.xml", b"<a>" + b" " * (40 << 20) + b"</a>")
 
