@@ -21,6 +21,8 @@ import openpyxl
 import pptx
 import pytest
 from docx.shared import RGBColor
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from service.documents.base import Limits, read_inline
@@ -285,3 +287,31 @@ def test_xlsx_shared_strings_rich_and_plain() -> None:
     assert bold is not None and bold.findtext(f"{{{S}}}t") == "große"
     assert etree.QName(second[-1]).localname == "rPh"
     assert third.findtext(f"{{{S}}}t") == "42"
+
+
+RUN = st.tuples(st.text(alphabet="ab cD.é,", min_size=1, max_size=8), st.booleans(), st.booleans())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(RUN, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_written_back_as_read_every_character_keeps_its_formatting(
+    paragraphs: list[list[tuple[str, bool, bool]]],
+) -> None:
+    """Any paragraphs of bold and italic runs, read into units and written back with the
+    units' own text: the same text, each character as bold and as italic as it was."""
+    document = docx.Document()
+    for runs in paragraphs:
+        paragraph = document.add_paragraph()
+        for text, bold, italic in runs:
+            run = paragraph.add_run(text)
+            run.bold, run.italic = bold, italic
+    out = io.BytesIO()
+    document.save(out)
+    read = ooxml.DOCX.read(out.getvalue(), Limits())
+    written = docx.Document(io.BytesIO(read.write([u.text for u in read.units])))
+
+    def characters(paragraph: Any) -> list[tuple[str, bool, bool]]:
+        return [(c, bool(r.bold), bool(r.italic)) for r in paragraph.runs for c in r.text]
+
+    source = docx.Document(io.BytesIO(out.getvalue()))
+    assert [characters(p) for p in written.paragraphs] == [characters(p) for p in source.paragraphs]
