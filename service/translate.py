@@ -34,6 +34,7 @@ from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
 from service.documents.base import Limits, UnitFormat
 from service.documents.formats import choose
+from service.documents.translate import paragraph_label
 from service.errors import ServiceError
 from service.inference.engine import Engine
 from service.inference.models import step_threads
@@ -168,7 +169,7 @@ def translate_document(
             target=target,
             source=source,
             form=pipeline.Form(unit_format),
-            label=_paragraph(indices),
+            label=paragraph_label(indices),
         )
         done = 0
         for end, window, _ in windows:
@@ -176,11 +177,6 @@ def translate_document(
                 translations[i] = translation
             done = end
     return (extracted.write(translations) if units else data), len(units)
-
-
-def _paragraph(indices: list[int]) -> Callable[[int], str]:
-    """How errors name a text of one format's group: by its paragraph in the document."""
-    return lambda index: f"paragraph {indices[index] + 1}"
 
 
 def read_utf8(data: bytes) -> str:

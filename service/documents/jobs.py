@@ -268,6 +268,8 @@ class Documents:
             job.status, job.done = "done", job.total
             self.metrics.document_sentences.labels(job.format).inc(job.total)
         except ServiceError as e:
+            if e.type is ErrorType.UNAVAILABLE and self.runtime.draining:
+                return  # the service stops: left as it is, taken up at the next start
             job.status, job.error_type, job.error_message = "error", e.type.value, e.message
         except asyncio.CancelledError:
             raise  # stopped (shutdown: resumed at the next start) or deleted

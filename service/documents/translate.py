@@ -55,6 +55,11 @@ def count_sentences(units: Sequence[Unit], language: str) -> int:
     return sum(len(segment.split(plain_text(unit), language).segments) for unit in units)
 
 
+def paragraph_label(indices: Sequence[int]) -> Callable[[int], str]:
+    """How an error names a unit of one call: by its paragraph in the document."""
+    return lambda index: f"paragraph {indices[index] + 1}"
+
+
 def chunks(units: Sequence[Unit]) -> list[list[int]]:
     """Unit indices in calls: consecutive units of one format, up to CHUNK_CHARACTERS each
     (a longer unit alone)."""
@@ -115,7 +120,13 @@ async def translate_units(
             while True:
                 try:
                     results = await runtime.translate(
-                        texts, pair, options, deadline=math.inf, form=form, background=True
+                        texts,
+                        pair,
+                        options,
+                        deadline=math.inf,
+                        form=form,
+                        label=paragraph_label(indices),
+                        background=True,
                     )
                     break
                 except ServiceError as e:
@@ -127,9 +138,12 @@ async def translate_units(
         progress.done = min(progress.total, progress.done + sum(len(r.segments) for r in results))
         on_progress()
 
-    async with asyncio.TaskGroup() as group:
-        for indices in chunks(units):
-            group.create_task(call(indices))
+    calls = [asyncio.ensure_future(call(indices)) for indices in chunks(units)]
+    try:
+        await asyncio.gather(*calls)  # the first failure as it is (a TaskGroup would wrap it)
+    finally:
+        for pending in calls:  # after a failure or a cancellation, nothing goes on
+            pending.cancel()
     progress.done = progress.total
     on_progress()
     return translations

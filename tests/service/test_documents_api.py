@@ -18,7 +18,7 @@ import pytest
 
 from service.documents.safe import OLE_MAGIC
 from service.http.app import create_app
-from tests.service.helpers import FakeModel, fast_settings, running
+from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
 
@@ -125,6 +125,41 @@ async def test_a_job_left_unfinished_is_resumed_and_a_lost_one_is_reported(
         assert docx.Document(io.BytesIO(result.content)).paragraphs[0].text == "TWO DOGS."
         lost = (await client.get(f"/documents/{broken}")).json()
         assert lost["status"] == "error" and "lost" in lost["error"]["message"]
+
+
+async def test_a_document_cut_off_by_the_drain_is_kept_for_the_next_start(tmp_path: Path) -> None:
+    """The drain's time runs out while a document is decoded (its sentences fail with 503):
+    the job is not failed but left as it was, and the next start translates it."""
+    fake = FakeModel()
+    settings = fast_settings(documents_dir=tmp_path)
+    app = create_app(settings, models=[fake])
+    async with running(app) as client:
+        fake.gate = threading.Event()
+        id = (await post(client, "a.docx", make_docx("Two dogs."))).json()["id"]
+        await async_wait_for(fake.entered.is_set)
+        runtime = app.state.runtime
+        await runtime.finish_requests(0)
+        for batcher in runtime.batchers.values():
+            batcher.give_up("the service shut down (test)")
+        fake.gate.set()
+        await asyncio.sleep(0.1)
+        assert (await client.get(f"/documents/{id}")).json()["status"] == "translating"
+    async with running(create_app(settings, models=[FakeModel()])) as client:
+        assert (await finished(client, id))["status"] == "done"
+
+
+async def test_a_document_that_fails_says_why(tmp_path: Path) -> None:
+    settings = fast_settings(documents_dir=tmp_path)
+    async with running(create_app(settings, models=[FakeModel(max_input_tokens=50)])) as client:
+        id = (await post(client, "a.docx", make_docx("Two dogs.", "Long" + "o" * 80))).json()["id"]
+        status = await finished(client, id)
+        assert status["status"] == "error"
+        assert status["error"]["type"] == "input_too_long"
+        assert (
+            "paragraph" not in status["error"]["message"] or "limit" in status["error"]["message"]
+        )
+        result = await client.get(f"/documents/{id}/result")
+        assert result.status_code == 422 and "failed" in result.json()["error"]["message"]
 
 
 async def test_the_result_is_409_until_done_and_the_jobs_are_bounded(tmp_path: Path) -> None:
