@@ -3,7 +3,8 @@ paragraph, 1-3 words of every other paragraph bold) through POST /documents, whi
 sends one-sentence POST /translate requests one after another.
 
 Reports (a service of its own for each --document-batch-size):
-- `translate_p50_ms` alone and while the document runs, and their ratio (goal: <= 1.5);
+- `translate_p50_ms` alone (before and after) and while the document runs, and their ratio
+  (goal: <= 1.5);
 - the document's sentences per second alone, against the same paragraphs' text sent as one
   plain POST /translate (goal: >= 0.9x).
 
@@ -113,6 +114,13 @@ def measure(
             thread = threading.Thread(target=probe, args=(client, stop, loaded))
             thread.start()
             loaded_document_s, _ = translate_document(client, data)
+            stop.set()
+            thread.join()
+            # Alone again right after: on a shared machine the load moves between phases.
+            stop = threading.Event()
+            thread = threading.Thread(target=probe, args=(client, stop, alone))
+            thread.start()
+            time.sleep(args.probe_s)
             stop.set()
             thread.join()
     p50_alone, p50_loaded = percentile_ms(alone, 50), percentile_ms(loaded, 50)
