@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +45,8 @@ AUTO = "auto"
 SCAN_S = 2.0
 # Progress is written to disk at most this often (a status request reads it from there).
 SAVE_PROGRESS_S = 0.5
+# Starts of one job (each restart takes up a job left unfinished) before it is failed.
+MAX_ATTEMPTS = 3
 _STATE, _SOURCE, _RESULT, _LOCK = "job.json", "source", "result", "lock"
 
 
@@ -68,7 +70,7 @@ class Job:
     error_type: str | None = None
     error_message: str | None = None
     size: int = 0  # bytes of the file sent and its result
-    attempts: int = field(default=0)  # times a worker started it
+    attempts: int = 0  # times a worker started it (MAX_ATTEMPTS)
 
     def seconds_left(self, now: float) -> float | None:
         """At the pace so far; None until a sentence is done."""
@@ -90,6 +92,7 @@ class Documents:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
 
     @classmethod
     def open(cls, settings: Settings, runtime: Runtime, metrics: Metrics) -> Documents:
@@ -109,10 +112,12 @@ class Documents:
         self._wake.set()  # jobs left by a previous run: at once
 
     async def stop(self) -> None:
-        """Stop translating: jobs in progress stay on disk as they are, for the next start."""
-        for task in self._tasks:
+        """Stop translating: jobs in progress are queued again on disk, for the next start."""
+        self._stopping = True
+        tasks = [*self._tasks, *self._running.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.settings.documents_dir is None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -254,12 +259,18 @@ class Documents:
         started = time.time()
         if job.started is None:
             self.metrics.document_queue_seconds.observe(max(0.0, started - job.created))
-        job.status, job.started, job.done, job.attempts = (
-            "translating",
-            started,
-            0,
-            job.attempts + 1,
-        )
+        if job.attempts >= MAX_ATTEMPTS:  # a document that takes the process down with it
+            job.status, job.error_type = "error", ErrorType.INTERNAL.value
+            job.error_message = (
+                f"the translation was started {job.attempts} times and never finished (the "
+                "service stopped during each)"
+            )
+            job.finished = started
+            self.metrics.documents.labels(job.format, job.error_type).inc()
+            self._save(job)
+            return
+        job.status, job.started, job.done = "translating", started, 0
+        job.attempts += 1
         self._save(job)
         try:
             result = await self._translate(job, (folder / _SOURCE).read_bytes())
@@ -269,10 +280,13 @@ class Documents:
             self.metrics.document_sentences.labels(job.format).inc(job.total)
         except ServiceError as e:
             if e.type is ErrorType.UNAVAILABLE and self.runtime.draining:
-                return  # the service stops: left as it is, taken up at the next start
+                self._set_aside(job)
+                return
             job.status, job.error_type, job.error_message = "error", e.type.value, e.message
         except asyncio.CancelledError:
-            raise  # stopped (shutdown: resumed at the next start) or deleted
+            if self._stopping:
+                self._set_aside(job)
+            raise  # stopped, or deleted
         except FileNotFoundError:
             return  # deleted while it was being translated
         except Exception:
@@ -283,6 +297,13 @@ class Documents:
         self.metrics.documents.labels(job.format, job.error_type or "done").inc()
         self.metrics.document_seconds.labels(job.format).observe(job.finished - started)
         if folder.exists():
+            self._save(job)
+
+    def _set_aside(self, job: Job) -> None:
+        """The service stops while `job` is translated: queued again for the next start, this
+        start not counted (only a start that the process did not survive is)."""
+        job.status, job.attempts, job.done = "queued", job.attempts - 1, 0
+        if (self.directory / job.id).exists():
             self._save(job)
 
     async def _translate(self, job: Job, data: bytes) -> bytes:

@@ -112,7 +112,7 @@ async def test_a_job_left_unfinished_is_resumed_and_a_lost_one_is_reported(
         id = (await post(client, "a.docx", make_docx("Two dogs."))).json()["id"]
         await finished(client, id)
     state = json.loads((tmp_path / id / "job.json").read_text())
-    state.update(status="translating", finished=None, done=0)
+    state.update(status="translating", finished=None, done=0, attempts=2)
     (tmp_path / id / "job.json").write_text(json.dumps(state))
     (tmp_path / id / "result").unlink()
     broken = "f" * 32
@@ -125,6 +125,14 @@ async def test_a_job_left_unfinished_is_resumed_and_a_lost_one_is_reported(
         assert docx.Document(io.BytesIO(result.content)).paragraphs[0].text == "TWO DOGS."
         lost = (await client.get(f"/documents/{broken}")).json()
         assert lost["status"] == "error" and "lost" in lost["error"]["message"]
+    # Started three times and never finished (each start's process died): failed, not retried.
+    state = json.loads((tmp_path / id / "job.json").read_text())
+    assert state["attempts"] == 3
+    state.update(status="translating", finished=None)
+    (tmp_path / id / "job.json").write_text(json.dumps(state))
+    async with running(create_app(settings, models=[FakeModel()])) as client:
+        failed = await finished(client, id)
+        assert failed["status"] == "error" and "never finished" in failed["error"]["message"]
 
 
 async def test_a_document_cut_off_by_the_drain_is_kept_for_the_next_start(tmp_path: Path) -> None:
@@ -142,8 +150,13 @@ async def test_a_document_cut_off_by_the_drain_is_kept_for_the_next_start(tmp_pa
         for batcher in runtime.batchers.values():
             batcher.give_up("the service shut down (test)")
         fake.gate.set()
-        await asyncio.sleep(0.1)
-        assert (await client.get(f"/documents/{id}")).json()["status"] == "translating"
+
+        def state() -> dict[str, Any]:
+            loaded: dict[str, Any] = json.loads((tmp_path / id / "job.json").read_text())
+            return loaded
+
+        await async_wait_for(lambda: state()["status"] == "queued")
+    assert json.loads((tmp_path / id / "job.json").read_text())["attempts"] == 0
     async with running(create_app(settings, models=[FakeModel()])) as client:
         assert (await finished(client, id))["status"] == "done"
 
