@@ -21,8 +21,9 @@ import random
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import docx
 import httpx
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_2016 = Path("/work/shared/data/multi30k/test_2016_flickr.en.gz")
 EN_DE = {"source": "en", "target": "de"}
 PROBE = "A man in a blue shirt is riding a bike."
+T = TypeVar("T")
 
 
 def make_docx(sentences: list[str], paragraphs: int, seed: int = 0) -> tuple[bytes, list[str]]:
@@ -63,6 +65,19 @@ def probe(client: httpx.Client, stop: threading.Event, times: list[float]) -> No
         start = time.perf_counter()
         client.post("/translate", json={"text": PROBE, **EN_DE}, timeout=60).raise_for_status()
         times.append(time.perf_counter() - start)
+
+
+def probing(client: httpx.Client, times: list[float], during: Callable[[], T]) -> T:
+    """`during()`'s answer, one-sentence requests timed into `times` one after another
+    meanwhile."""
+    stop = threading.Event()
+    thread = threading.Thread(target=probe, args=(client, stop, times))
+    thread.start()
+    try:
+        return during()
+    finally:
+        stop.set()
+        thread.join()
 
 
 def translate_document(client: httpx.Client, data: bytes) -> tuple[float, int]:
@@ -97,12 +112,7 @@ def measure(
             for _ in range(10):
                 client.post("/translate", json={"text": PROBE, **EN_DE}).raise_for_status()
             alone: list[float] = []
-            stop = threading.Event()
-            thread = threading.Thread(target=probe, args=(client, stop, alone))
-            thread.start()
-            time.sleep(args.probe_s)
-            stop.set()
-            thread.join()
+            probing(client, alone, lambda: time.sleep(args.probe_s))
             start = time.perf_counter()
             plain = client.post("/translate", json={"text": texts, **EN_DE}, timeout=600)
             plain.raise_for_status()
@@ -110,19 +120,9 @@ def measure(
             sentences = sum(len(t["segments"]) for t in plain.json()["translations"])
             document_s, counted = translate_document(client, data)
             loaded: list[float] = []
-            stop = threading.Event()
-            thread = threading.Thread(target=probe, args=(client, stop, loaded))
-            thread.start()
-            loaded_document_s, _ = translate_document(client, data)
-            stop.set()
-            thread.join()
+            loaded_document_s, _ = probing(client, loaded, lambda: translate_document(client, data))
             # Alone again right after: on a shared machine the load moves between phases.
-            stop = threading.Event()
-            thread = threading.Thread(target=probe, args=(client, stop, alone))
-            thread.start()
-            time.sleep(args.probe_s)
-            stop.set()
-            thread.join()
+            probing(client, alone, lambda: time.sleep(args.probe_s))
     p50_alone, p50_loaded = percentile_ms(alone, 50), percentile_ms(loaded, 50)
     return {
         "document_batch_size": batch_size,
