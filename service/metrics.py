@@ -25,6 +25,8 @@ from prometheus_client import (
 
 # Request latency and queue wait (seconds): from a few ms to a minute.
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A document's wait and translation (seconds): a second to an hour.
+_DOCUMENT_SECONDS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 _BATCH_SEGMENTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _BATCH_TOKENS = (16, 64, 256, 1024, 4096, 16384, 65536)
 # One decoder step (seconds): from a fraction of a ms (one row) to tens of ms (hundreds).
@@ -231,6 +233,37 @@ class Metrics:
             ["model", "source", "target", "provider"],
             registry=r,
             multiprocess_mode="livemax",
+        )
+        # Documents (service/documents/jobs.py): formats are the registry's names, outcomes
+        # done, error (by its type), deleted.
+        self.documents = Counter(
+            "mt_documents",
+            "Documents finished, by format and outcome",
+            ["format", "outcome"],
+            registry=r,
+        )
+        self.document_sentences = Counter(
+            "mt_document_sentences", "Sentences of documents translated", ["format"], registry=r
+        )
+        self.document_queue_seconds = Histogram(
+            "mt_document_queue_seconds",
+            "Time a document waited before its translation started",
+            buckets=_DOCUMENT_SECONDS,
+            registry=r,
+        )
+        self.document_seconds = Histogram(
+            "mt_document_translation_seconds",
+            "Time a document took to translate, read and write included",
+            ["format"],
+            buckets=_DOCUMENT_SECONDS,
+            registry=r,
+        )
+        self.documents_kept = Gauge(
+            "mt_documents_kept",
+            "Document jobs kept, by status",
+            ["status"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
 
     def connection_event(self, kind: str) -> None:

@@ -311,6 +311,36 @@ class Settings(BaseSettings):
         description="when Redis cannot count a request against its key's limits: serve it "
         "(true) or answer 503 (false); logged and counted either way",
     )
+    # --- Documents -----------------------------------------------------------------------------
+    documents_dir: Path | None = Field(
+        None,
+        description="where document jobs live (sent file, state, result); they survive a "
+        "restart there. Unset: a temporary directory removed at exit",
+    )
+    max_document_bytes: int = Field(
+        20 << 20, ge=1, description="largest document file accepted; larger: 413"
+    )
+    max_document_characters: int = Field(
+        2_000_000, ge=1, description="text a document may hold (all its paragraphs); more: 413"
+    )
+    max_documents: int = Field(
+        100, ge=1, description="jobs kept at once (queued, translating or done); beyond: 429"
+    )
+    max_documents_bytes: int = Field(
+        1 << 30, ge=1, description="bytes of sent files and results kept at once; beyond: 429"
+    )
+    document_ttl_s: float = Field(
+        3600.0, gt=0.0, description="how long a job and its result are kept after it ends"
+    )
+    document_workers: int = Field(
+        1, ge=1, description="documents translated at once (each behind interactive requests)"
+    )
+    document_batch_size: int = Field(
+        8,
+        ge=1,
+        description="a document's sentences per batch (batch) or running at once (step): "
+        "what an interactive request may have to wait behind",
+    )
 
     @field_validator("bundle", "model", "checkpoint", "api_keys", "cors_origins", mode="before")
     @classmethod

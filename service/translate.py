@@ -5,6 +5,7 @@
         [--device auto|cpu|cuda] [--device-id N] [--threads N] [--length-penalty A]
         [--max-decoding-length N] [--format text|html|xml [--translate-attributes]]
         < in.txt > out.txt
+    python -m service.translate --bundle BUNDLE --file in.docx --out out.docx [...]
 
 One output line per input line, in order; empty lines stay empty. Each line goes through the same
 text pipeline as a text sent over HTTP (service/text/pipeline.py): split into sentences, decoded
@@ -25,12 +26,15 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
 from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import BundleError
+from service.documents.base import Limits, UnitFormat
+from service.documents.formats import choose
+from service.documents.translate import paragraph_label
 from service.errors import ServiceError
 from service.glossaries import EntriesFormat, Entry, checked, parse_entries
 from service.inference.engine import Engine
@@ -85,14 +89,51 @@ def translate_lines(
 
     Raises ServiceError, naming the line, before anything is written if a line is over a limit.
     """
+    tokens = 0
+    windows = _windows(
+        engine,
+        lines,
+        options,
+        max_segment_characters=max_segment_characters,
+        target=target,
+        source=source,
+        form=form,
+        label=lambda index: f"line {index + 1}",
+        glossary=glossary,
+    )
+    for done, translations, window_tokens in windows:
+        tokens += window_tokens
+        for translation in translations:
+            # One line in, one line out: a newline in a translation would shift every line.
+            out.write(translation.replace("\n", " ") + "\n")
+        out.flush()
+        on_progress(done)
+    return tokens
+
+
+def _windows(
+    engine: Engine,
+    texts: Sequence[str],
+    options: DecodingOptions,
+    *,
+    max_segment_characters: int,
+    target: str | None,
+    source: str | None,
+    form: pipeline.Form,
+    label: Callable[[int], str],
+    glossary: Terms | None = None,
+) -> Iterator[tuple[int, list[str], int]]:
+    """The texts' translations a window at a time: (texts done, the window's translations,
+    its target tokens), with a glossary's terms enforced. Every text is checked before the
+    first window is translated."""
     options = pipeline.check_form(engine, form, options)
     prepared = pipeline.prepare(
         engine,
-        lines,
+        texts,
         target,
         source=source,
         max_segment_characters=max_segment_characters,
-        label=lambda index: f"line {index + 1}",
+        label=label,
         format=form.format,
         translate_attributes=form.translate_attributes,
         protection=form.protection,
@@ -101,10 +142,9 @@ def translate_lines(
     options = prepared.decoding(options)
     renderings: dict[str, str] = {}
     window = engine.max_batch_size * _BATCHES_PER_WINDOW
-    tokens = 0
-    for start in range(0, len(lines), window):
+    prefix = engine.decoder_prefix(target)
+    for start in range(0, len(texts), window):
         part = prepared.texts(start, start + window)
-        prefix = engine.decoder_prefix(target)
         constraints = None
         if any(part.matched):
             _render(engine, part.matched, renderings, target, source)
@@ -112,13 +152,50 @@ def translate_lines(
         nbest = engine.generate(
             part.sources, options, prefixes=[prefix] * len(part.sources), constraints=constraints
         )
-        tokens += sum(len(hyps[0].ids) for hyps in nbest)
-        for translation in pipeline.assemble(engine, part, nbest, 1):
-            # One line in, one line out: a newline in a translation would shift every line.
-            out.write(translation.texts[0].replace("\n", " ") + "\n")
-        out.flush()
-        on_progress(min(start + window, len(lines)))
-    return tokens
+        translations = [t.texts[0] for t in pipeline.assemble(engine, part, nbest, 1)]
+        yield min(start + window, len(texts)), translations, sum(len(h[0].ids) for h in nbest)
+
+
+def translate_document(
+    engine: Engine,
+    data: bytes,
+    filename: str,
+    options: DecodingOptions,
+    *,
+    max_segment_characters: int,
+    target: str | None = None,
+    source: str | None = None,
+    glossary: Terms | None = None,
+) -> tuple[bytes, int]:
+    """A document file translated (its format by its name and content, as POST /documents
+    reads it: service/documents/) and its paragraphs' count. Each paragraph is one text of
+    the engine's path in its own format, so it gets the translation its text gets."""
+    format = choose(filename, None, data)
+    extracted = format.read(data, Limits())
+    units = extracted.units
+    translations = [unit.text for unit in units]
+    by_format: dict[UnitFormat, list[int]] = {}
+    for i, unit in enumerate(units):
+        by_format.setdefault(unit.format, []).append(i)
+    for unit_format, indices in by_format.items():
+        texts = [units[i].text for i in indices]
+        windows = _windows(
+            engine,
+            texts,
+            options,
+            max_segment_characters=max_segment_characters,
+            target=target,
+            source=source,
+            form=pipeline.Form(unit_format),
+            label=paragraph_label(indices),
+            glossary=glossary,
+        )
+        done = 0
+        for end, window, _ in windows:
+            for i, translation in zip(indices[done:end], window, strict=True):
+                translations[i] = translation
+            done = end
+    return (extracted.write(translations) if units else data), len(units)
 
 
 def _render(
@@ -227,7 +304,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a glossary file whose terms are enforced: DeepL's TSV (source<TAB>target a line), "
         "or its CSV for a .csv name (docs/api.md#glossaries)",
     )
+    p.add_argument(
+        "--file",
+        type=Path,
+        help="translate this document (docx, pptx, xlsx, ...: docs/api.md) instead of stdin",
+    )
+    p.add_argument("--out", type=Path, help="with --file: where the translated document goes")
     args = p.parse_args(argv)
+    if (args.file is None) != (args.out is None):
+        p.error("--file and --out go together")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.model_validate({})  # the defaults under the MT_* variables
@@ -258,6 +343,27 @@ def main(argv: list[str] | None = None) -> int:
                 args.target or engine.target_languages[0],
             )
             glossary = read_glossary(args.glossary, engine, pair, settings.max_glossary_entries)
+        if args.file is not None:
+            start = time.perf_counter()
+            translated, paragraphs = translate_document(
+                engine,
+                args.file.read_bytes(),
+                args.file.name,
+                options,
+                max_segment_characters=settings.max_segment_characters,
+                target=args.target,
+                source=args.source,
+                glossary=glossary,
+            )
+            args.out.write_bytes(translated)
+            log.info(
+                "translated %s (%d paragraphs) into %s in %.1f s",
+                args.file,
+                paragraphs,
+                args.out,
+                time.perf_counter() - start,
+            )
+            return 0
         # Lines end at "\n" only (str.splitlines would also split at U+2028 and friends, and
         # the output would no longer line up with the input).
         lines = read_utf8(sys.stdin.buffer.read()).split("\n")
@@ -276,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             form=pipeline.Form(args.format, args.translate_attributes),
             glossary=glossary,
         )
-    except (BundleError, ServiceError, ValueError) as e:
+    except (BundleError, ServiceError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start

@@ -11,8 +11,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from service.documents.jobs import Documents
 from service.http.deepl import InProcessUsage, deepl_face, deepl_router
 from service.http.docs_ui import docs_router
+from service.http.documents import documents_router
 from service.http.errors import ErrorRenderer, install_error_handlers
 from service.http.glossaries import glossary_router
 from service.http.libretranslate import libretranslate_face, libretranslate_router
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 # Bodies over this (64 KiB: some 15,000 words) take turns (service.http.middleware.LargeBodyGate).
 LARGE_BODY_BYTES = 1 << 16
 LARGE_BODY_HOLD_S = 0.05
+UPLOAD_OVERHEAD_BYTES = 1 << 16
 
 
 def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None = None) -> FastAPI:
@@ -53,12 +56,18 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         if loaded is None:
             loaded = await asyncio.to_thread(load_models, settings)
         runtime = Runtime(settings, metrics, loaded)
+        documents: Documents | None = None
         try:
             await runtime.start()
             app.state.runtime = runtime
+            documents = Documents.open(settings, runtime, metrics)
+            app.state.documents = documents
+            documents.start()
             log.info("ready: %s", runtime.describe())
             yield
         finally:
+            if documents is not None:  # documents in progress stay on disk for the next start
+                await documents.stop()
             await runtime.shutdown(settings.drain_timeout_s)
 
     app = FastAPI(
@@ -76,6 +85,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     app.state.metrics = metrics
     app.include_router(router)
     app.include_router(glossary_router)
+    app.include_router(documents_router)
     app.include_router(docs_router(app.openapi_url or "/openapi.json", app.title))
     if settings.libretranslate_prefix:
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
@@ -88,7 +98,14 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     # The last added is the outermost: metrics see every answer, CORS and 413s included.
     # Inside the body limit: a body over it is refused at once, not after waiting its turn.
     app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer)
+    # A document's upload: its file, and room for the multipart framing and fields.
+    upload = settings.max_document_bytes + UPLOAD_OVERHEAD_BYTES
+    uploads = {"/documents": upload}
+    if settings.libretranslate_prefix:
+        uploads[settings.libretranslate_prefix + "/translate_file"] = upload
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer, uploads=uploads
+    )
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,18 +1,31 @@
 """The LibreTranslate-compatible surface (mounted under `libretranslate_prefix`): its
 /translate, /detect and /languages with LibreTranslate's fields, form bodies and error shape, over
-the same pipeline as the native routes."""
+the same pipeline as the native routes; its /translate_file, /download_file and /frontend/settings
+over the document jobs (service/http/documents.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+import urllib.parse
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field, field_validator
 
+from service.documents.formats import FORMATS
+from service.documents.jobs import Documents, Job
 from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
+from service.http.documents import (
+    DocumentsDep,
+    multipart_body,
+    result_name,
+    result_response,
+    upload,
+)
 from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.middleware import (
     PresentedKey,
@@ -25,6 +38,7 @@ from service.http.middleware import (
     protection,
     read_json_or_refuse,
     translate_texts,
+    unless_disconnected,
     validate,
 )
 from service.http.schemas import GlossaryEntry
@@ -123,10 +137,10 @@ _DETECT_SCHEMA = {
 
 
 def libretranslate_face(prefix: str) -> ErrorFace:
-    """LibreTranslate's error body, `{"error": message}`, and its statuses for the two the
-    native API uses and it does not: 422 -> 400, 401 -> 403."""
+    """LibreTranslate's error body, `{"error": message}`, and its statuses for those the
+    native API uses and it does not: 422 and 415 -> 400, 401 -> 403."""
     statuses = {
-        **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
+        **{type: 400 for type, row in ERROR_TABLE.items() if row.status in (422, 415)},
         ErrorType.UNAUTHORIZED: 403,
     }
     return ErrorFace((prefix,), statuses, lambda message: {"error": message})
@@ -296,3 +310,108 @@ async def libretranslate_languages(runtime: RuntimeDep) -> list[LibreTranslateLa
         )
         for code in sorted(targets)
     ]
+
+
+class LibreTranslateFile(BaseModel):
+    translatedFileUrl: str
+
+
+# How often a synchronous /translate_file looks at its job.
+_FILE_POLL_S = 0.1
+
+
+@libretranslate_router.post(
+    "/translate_file",
+    response_model=LibreTranslateFile,
+    responses=_LIBRETRANSLATE_ERRORS,
+    openapi_extra=multipart_body(
+        {
+            "file": {"type": "string", "format": "binary"},
+            **{name: {"type": "string"} for name in ("source", "target", "api_key")},
+        },
+        ["file", "source", "target"],
+    ),
+)
+async def libretranslate_translate_file(
+    request: Request, runtime: RuntimeDep, documents: DocumentsDep, header_key: PresentedKey
+) -> LibreTranslateFile:
+    """LibreTranslate's /translate_file: answers when the file is translated, with the URL of
+    its download (a document job underneath: the same as POST /documents, waited for)."""
+
+    async def authorize(fields: dict[str, Any]) -> ApiKey | None:
+        caller = await _check_key(runtime, fields, header_key, request)
+        for name in ("source", "target"):
+            if not fields.get(name):
+                raise _missing(name)
+        return caller
+
+    with runtime.accept():
+        job = await upload(request, runtime, documents, authorize)
+        try:
+            job = await unless_disconnected(request, _finished(documents, job.id))
+        except BaseException:
+            with contextlib.suppress(ServiceError):  # gone already
+                documents.delete(job.id)  # nobody will download it
+            raise
+    if job.status == "error":
+        documents.result(job.id)  # raises the job's own error
+    prefix = runtime.settings.libretranslate_prefix
+    name = urllib.parse.quote(f"{job.id}.{result_name(job)}")
+    return LibreTranslateFile(
+        translatedFileUrl=f"{str(request.base_url).rstrip('/')}{prefix}/download_file/{name}"
+    )
+
+
+async def _finished(documents: Documents, id: str) -> Job:
+    while (job := documents.get(id)).status not in ("done", "error"):
+        await asyncio.sleep(_FILE_POLL_S)
+    return job
+
+
+@libretranslate_router.get(
+    "/download_file/{filename}",
+    responses={200: {"content": {"application/octet-stream": {}}}, **_LIBRETRANSLATE_ERRORS},
+    response_class=FileResponse,
+)
+async def libretranslate_download_file(filename: str, documents: DocumentsDep) -> FileResponse:
+    """A file /translate_file translated: its id, a dot, then its name."""
+    return result_response(documents.get(filename.split(".", 1)[0]), documents)
+
+
+class LibreTranslateFrontendLanguage(BaseModel):
+    code: str
+    name: str
+
+
+class LibreTranslateFrontendSettings(BaseModel):
+    charLimit: int
+    frontendTimeout: int
+    apiKeys: bool
+    keyRequired: bool
+    suggestions: bool
+    filesTranslation: bool
+    supportedFilesFormat: list[str]
+    language: dict[str, LibreTranslateFrontendLanguage]
+
+
+@libretranslate_router.get("/frontend/settings", response_model=LibreTranslateFrontendSettings)
+async def libretranslate_frontend_settings(runtime: RuntimeDep) -> LibreTranslateFrontendSettings:
+    """What LibreTranslate's web page reads at its start: limits, keys, and the file formats
+    /translate_file takes."""
+    settings = runtime.settings
+    target = next(iter(runtime.models))[1]
+    return LibreTranslateFrontendSettings(
+        charLimit=settings.max_characters,
+        frontendTimeout=500,
+        apiKeys=bool(settings.api_keys),
+        keyRequired=bool(settings.api_keys),
+        suggestions=False,
+        filesTranslation=True,
+        supportedFilesFormat=[e for f in FORMATS for e in f.extensions],
+        language={
+            "source": LibreTranslateFrontendLanguage(code="auto", name="Auto Detect"),
+            "target": LibreTranslateFrontendLanguage(
+                code=target, name=LANGUAGE_NAMES.get(target, target)
+            ),
+        },
+    )

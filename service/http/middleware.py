@@ -334,34 +334,41 @@ class ResponseHeadersMiddleware:
 
 class BodyLimitMiddleware:
     """413 for a body over the limit: at once when Content-Length says so, else as soon as
-    the bytes received pass it."""
+    the bytes received pass it. `uploads`: paths (file uploads) with a limit of their own."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int, renderer: ErrorRenderer) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        renderer: ErrorRenderer,
+        uploads: Mapping[str, int] | None = None,
+    ) -> None:
         self.app, self.max_bytes, self.renderer = app, max_bytes, renderer
-        self.message = f"the request body is larger than the limit of {max_bytes} bytes"
+        self.uploads = dict(uploads or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.uploads.get(scope["path"], self.max_bytes)
+        message = f"the request body is larger than the limit of {limit} bytes"
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            response = self.renderer.response(
-                scope["path"], ErrorType.PAYLOAD_TOO_LARGE, self.message
-            )
+        if declared.isdigit() and int(declared) > limit:
+            response = self.renderer.response(scope["path"], ErrorType.PAYLOAD_TOO_LARGE, message)
             await response(scope, receive, send)
             return
         received = 0
 
         async def receive_within_limit() -> Message:
             nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
+            got = await receive()
+            if got["type"] == "http.request":
+                received += len(got.get("body", b""))
+                if received > limit:
                     # Raised inside body parsing; the HTTPException handler answers 413.
-                    raise HTTPException(413, self.message)
-            return message
+                    raise HTTPException(413, message)
+            return got
 
         await self.app(scope, receive_within_limit, send)
 

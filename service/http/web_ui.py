@@ -1,7 +1,7 @@
 """`web_router()`: the web page at / and its files under /web/ (service/http/static/web/: plain
 HTML, CSS and JavaScript modules, no build step and no CDN, because the service often runs
 offline). The page calls the API on the same origin, as any client does: POST /translate,
-GET /languages and GET /status.
+GET /languages, GET /status, and the document routes (POST /documents, its status and result).
 
 The page is the one HTML document the service serves, so its answer carries the browser-side
 rules: a Content-Security-Policy that runs only the page's own files (no inline script or style,
@@ -31,6 +31,7 @@ ASSETS: dict[str, str] = {
     "app.js": _JS,
     "api.js": _JS,
     "dom.js": _JS,
+    "documents.js": _JS,
     "heatmap.js": _JS,
     "status.js": _JS,
     "style.css": "text/css; charset=utf-8",

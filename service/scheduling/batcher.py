@@ -10,6 +10,15 @@ thread (never on the event loop, never two calls at once):
 - whole batches (`generate`): the worker takes the oldest segment, lets it wait at most
   `max_wait_s` for company, forms a batch of segments with the same options under a size and a
   token budget, runs it to its end and resolves each waiter.
+Background work (a document's sentences: `submit(background=True)`) goes the same way behind
+interactive requests: whole batches hold either kind, never both, and a background batch of at
+most `background_batch_size` segments is taken only when no interactive segment waits;
+step-level admits background sentences only while no interactive one is queued or running, at
+most `background_batch_size` at once. An interactive request that arrives while background
+sentences are being decoded preempts them: they leave their batch at the next decoder step
+(as a segment past its deadline does) and go back to the queue, to start again later; a
+segment is preempted at most MAX_PREEMPTIONS times (then it runs to its end), so a document
+still moves under a steady stream of requests and wastes a bounded share of its work.
 Segments whose waiter is gone (client disconnected) or whose deadline passed are dropped before
 decoding and counted; while decoding, the engine reads each segment's deadline before every
 step, so such a segment leaves its batch at the next step (504 decoding_timeout past the
@@ -63,6 +72,8 @@ class BatchLimits:
     max_batch_tokens: int  # padded source tokens per engine call: size x longest segment
     max_wait_s: float  # how long the oldest segment may wait for the batch to fill
     max_queue: int  # queued segments; a request that would exceed it is refused whole
+    # Background segments per batch (whole batches), or running at once (step-level).
+    background_batch_size: int = 8
 
 
 class Stepper(Protocol):
@@ -95,6 +106,11 @@ class _Pending:
     deadline: float  # time.monotonic(); -inf once nobody wants the segment (read while decoding)
     request: object = None  # the same for the segments of one request (fair admission)
     constraints: Constraints = NO_CONSTRAINTS  # its terms (constrained beam search)
+    background: bool = False  # bulk work (a document): behind every interactive segment
+    preemptions: int = 0  # times it left its batch for an interactive request
+    # While preempted (leaving its batch at the next step): its deadline, put back when it
+    # returns to the queue (`deadline` is -inf meanwhile, which is what stops it).
+    held_deadline: float | None = None
     decoding: bool = False  # taken into a batch
     # Step-level: since when it has been its request's next segment to admit (when its request
     # submitted it or last had a segment admitted): how long it has waited its turn, STARVING_S.
@@ -124,6 +140,9 @@ REFILL_FRACTION = 4
 # Step-level: a running request's next segment that has waited this long since the request's
 # last admission joins like a new request's (one segment: the next one waits anew).
 STARVING_S = 0.5
+
+# Times a background segment may be taken out of its batch for an interactive request.
+MAX_PREEMPTIONS = 2
 
 # A request still being decoded when its deadline passes.
 DECODING_TIMEOUT_MESSAGE = (
@@ -179,12 +198,14 @@ class Batcher:
         deadline: float,
         prefix: Sequence[int] = (),
         constraints: Sequence[Constraints] | None = None,
+        background: bool = False,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each source, in order; `prefix`: the ids their translations are
         forced to start with (a multilingual model's target: requests with different ones
-        share batches); `constraints[i]`: source i's terms (they share batches too). All
-        sources are queued or none is: a request is never half-admitted. Cancelling the
-        caller takes its segments still queued out of the queue at once."""
+        share batches); `constraints[i]`: source i's terms (they share batches too);
+        `background`: bulk work, decoded behind interactive requests (module docstring). All
+        sources are queued or none is: a request is never half-admitted. Cancelling the caller
+        takes its segments still queued out of the queue at once."""
         if self._closed:
             raise ServiceError(ErrorType.UNAVAILABLE, "the service is shutting down")
         if not self.running:
@@ -212,12 +233,22 @@ class Batcher:
         terms = constraints or [NO_CONSTRAINTS] * len(sources)
         pending = [
             _Pending(
-                list(ids), list(prefix), options, loop.create_future(), now, deadline, request, own
+                list(ids),
+                list(prefix),
+                options,
+                loop.create_future(),
+                now,
+                deadline,
+                request,
+                own,
+                background,
             )
             for ids, own in zip(sources, terms, strict=True)
         ]
         self._queue.extend(pending)
         self._queue_changed()
+        if not background:
+            self._preempt()
         self._idle.clear()
         self._arrived.set()
         self._wake.set()
@@ -245,6 +276,18 @@ class Batcher:
             ) from None
         finally:
             timer.cancel()
+
+    def _preempt(self) -> None:
+        """Background segments being decoded leave their batch at its next step, for the
+        interactive segments just queued (module docstring)."""
+        for item in self._decoding:
+            if (
+                item.background
+                and item.held_deadline is None
+                and item.preemptions < (MAX_PREEMPTIONS)
+            ):
+                item.preemptions += 1
+                item.held_deadline, item.deadline = item.deadline, -math.inf
 
     def _abandon(self, items: list[_Pending], reason: Literal["deadline", "cancelled"]) -> None:
         """Nobody waits for these segments any more: those queued leave the queue now (not at
@@ -320,14 +363,15 @@ class Batcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            oldest = self._queue[0]
+            # The oldest interactive segment; background work when there is none.
+            oldest = next((item for item in self._queue if not item.background), self._queue[0])
             wait = oldest.enqueued + self._limits.max_wait_s - time.monotonic()
-            if wait > 0 and not self._closed and not self._batch_is_full(oldest.options):
+            if wait > 0 and not self._closed and not self._batch_is_full(oldest):
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._arrived.wait(), wait)
                 continue
-            await self._run(self._take(oldest.options))
+            await self._run(self._take(oldest))
 
     async def _step_loop(self, stepper: Stepper) -> None:
         """Step-level scheduling: at every step boundary, admit what fits (`_admit`), run the
@@ -390,19 +434,29 @@ class Batcher:
         full: set[int] = set()  # beam sizes whose next segment did not fit
         refill = max(1, stepper.slots // REFILL_FRACTION)
 
-        def rank(i: int, request: object) -> tuple[bool, int, object]:
-            """(waits its turn, arrival rank, request): new or starving requests first."""
-            starving = now - waiting[request][0].next_since >= STARVING_S
-            return (request in running and not starving, i, request)
+        def rank(i: int, request: object) -> tuple[bool, bool, int, object]:
+            """(background, waits its turn, arrival rank, request): interactive requests
+            first, of each kind new or starving requests first."""
+            first = waiting[request][0]
+            starving = now - first.next_since >= STARVING_S
+            return (first.background, request in running and not starving, i, request)
 
         order = [rank(i, r) for i, r in enumerate(waiting)]
         heapq.heapify(order)
+        # Background sentences running: at most background_batch_size at once, and none while
+        # an interactive one is queued or running.
+        background = sum(item.background for item in self._decoding)
+        interactive = any(not item.background for item in (*self._queue, *self._decoding))
         taken: list[_Pending] = []
         while order:
-            waits, i, request = heapq.heappop(order)
+            _, waits, i, request = heapq.heappop(order)
             item = waiting[request][0]
             beam = item.options.beam_size
             if beam in full:
+                continue
+            if item.background and (
+                interactive or background >= self._limits.background_batch_size
+            ):
                 continue
             if beam not in loads:
                 loads[beam] = stepper.load(beam)
@@ -417,6 +471,7 @@ class Batcher:
                 # encoder run and one search for several sentences, not one each.
                 continue  # its request waits for the next round; others may still fit
             load[beam] = (n + 1, longest)
+            background += item.background
             taken.append(waiting[request].popleft())
             running.add(request)
             if waiting[request]:
@@ -457,7 +512,17 @@ class Batcher:
         metrics.cache_bytes.labels(model).set(usage.cache_bytes)
 
     def _stop(self, item: _Pending) -> None:
-        """A segment the engine took out of its batch between two steps."""
+        """A segment the engine took out of its batch between two steps: preempted, it goes
+        back to the queue (unless nobody wants it any more); else it was late or cancelled."""
+        if item.held_deadline is not None:
+            item.deadline, item.held_deadline = item.held_deadline, None
+            item.decoding = False
+            if item.reason is None and not item.future.done():
+                self._queue.append(item)
+                self._queue_changed()
+                self._idle.clear()
+                self._arrived.set()
+                return
         self._metrics.stopped.labels(self._model, item.why()).inc()
         if not item.future.done():  # past its deadline before the request's timer ran
             item.future.set_exception(
@@ -497,30 +562,35 @@ class Batcher:
             self._queue = alive
             self._queue_changed()
 
-    def _batch_is_full(self, options: DecodingOptions) -> bool:
+    def _batch_size(self, background: bool) -> int:
+        limits = self._limits
+        return limits.background_batch_size if background else limits.max_batch_size
+
+    def _batch_is_full(self, oldest: _Pending) -> bool:
         count, longest = 0, 0
+        size = self._batch_size(oldest.background)
         for item in self._queue:
-            if item.options == options:
+            if item.options == oldest.options and item.background == oldest.background:
                 count, longest = count + 1, max(longest, len(item.ids))
-                if count >= self._limits.max_batch_size:
+                if count >= size:
                     return True
                 if count * longest >= self._limits.max_batch_tokens:
                     return True
         return False
 
-    def _take(self, options: DecodingOptions) -> list[_Pending]:
-        """The oldest segments with these options that fit the limits, in queue order; the
-        oldest is always taken even if alone it exceeds the token budget."""
+    def _take(self, oldest: _Pending) -> list[_Pending]:
+        """The oldest segments of `oldest`'s kind (interactive or background) with its options
+        that fit the limits, in queue order; `oldest` is always taken even if alone it exceeds
+        the token budget."""
         batch: list[_Pending] = []
         rest: deque[_Pending] = deque()
         longest = 0
-        limits = self._limits
+        size = self._batch_size(oldest.background)
         for item in self._queue:
             longer = max(longest, len(item.ids))
-            fits = len(batch) < limits.max_batch_size and (len(batch) + 1) * longer <= (
-                limits.max_batch_tokens
-            )
-            if item.options == options and (fits or not batch):
+            fits = len(batch) < size and (len(batch) + 1) * longer <= self._limits.max_batch_tokens
+            same = item.options == oldest.options and item.background == oldest.background
+            if same and (fits or (not batch and item is oldest)):
                 batch.append(item)
                 longest = longer
             else:

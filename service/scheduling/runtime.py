@@ -159,6 +159,7 @@ class Runtime:
             max_batch_tokens=settings.max_batch_tokens,
             max_wait_s=settings.max_wait_ms / 1000,
             max_queue=settings.max_queue_segments,
+            background_batch_size=settings.document_batch_size,
         )
         # One batcher per model: a multi-target or multilingual model batches all its pairs
         # together (the target is in the source ids, or the decoder's prefix).
@@ -412,11 +413,13 @@ class Runtime:
         label: Callable[[int], str] = pipeline.text_label,
         terms: Terms | None = None,
         cache: bool = True,
+        background: bool = False,
     ) -> list[TextTranslation]:
         """Each text translated as `form` says (plain text or markup, alignments or not), with
         `terms` (a glossary) enforced in decoding; an error names a text by `label(its
         index)`. `cache`: its sentences may be answered from the sentence cache or another
-        request's decoding (and are stored there)."""
+        request's decoding (and are stored there). `background`: bulk work (a document's),
+        decoded behind interactive requests (service/scheduling/batcher.py)."""
         model = self.models[pair]
         options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label, terms)
@@ -435,6 +438,7 @@ class Runtime:
                 deadline=deadline,
                 prefix=prefix,
                 constraints=None if constraints is None else [constraints[j] for j in positions],
+                background=background,
             )
 
         if cache and self.sentences is not None:

@@ -534,3 +534,68 @@ async def test_step_level_a_long_request_waiting_its_turn_does_not_go_before_new
         assert len(await long) == 1500
     finally:
         assert await batcher.stop(5)
+
+
+async def test_background_segments_batch_apart_and_give_way_to_interactive_ones() -> None:
+    """A document's sentences (background) never share a batch with a request's and come in
+    batches of at most background_batch_size; an interactive request that arrives while they
+    are decoded preempts them (their batch stops, they are queued again) and goes next."""
+    fake = FakeModel()
+    fake.gate = threading.Event()
+    batcher = Batcher(
+        fake.generate,
+        model="m",
+        limits=limits(max_wait_s=0, background_batch_size=4),
+        metrics=Metrics(),
+    )
+    batcher.start()
+    try:
+        document = asyncio.ensure_future(
+            batcher.submit([ids(f"d{i}") for i in range(12)], GREEDY, deadline=FAR, background=True)
+        )
+        await async_wait_for(fake.entered.is_set)  # the first background batch is decoding
+        interactive = asyncio.ensure_future(
+            batcher.submit([ids("q1"), ids("q2")], GREEDY, deadline=FAR)
+        )
+        await asyncio.sleep(0.01)
+        fake.gate.set()
+        translated, _ = await asyncio.gather(document, interactive)
+    finally:
+        await batcher.stop(1.0)
+    batches = [sorted("".join(map(chr, s[:-1])) for s in sources) for sources, _ in fake.calls]
+    assert batches[0] == ["d0", "d1", "d2", "d3"]  # preempted
+    assert batches[1] == ["q1", "q2"]
+    assert [len(b) for b in batches[2:]] == [4, 4, 4]
+    assert sorted(d for b in batches[2:] for d in b) == sorted(f"d{i}" for i in range(12))
+    assert ["".join(map(chr, n[0].ids)) for n in translated] == [f"d{i}" for i in range(12)]
+
+
+async def test_step_level_admits_background_only_when_no_request_runs_and_at_most_its_share() -> (
+    None
+):
+    limits = BatchLimits(
+        max_batch_size=4, max_batch_tokens=100, max_wait_s=0, max_queue=100, background_batch_size=1
+    )
+    stepper = FakeStepper(steps=2)
+    admitted: list[list[bool]] = []
+    admit = stepper.admit
+
+    def spy(segments: Sequence[Any]) -> list[Any]:
+        admitted.append([s.background for s in segments])
+        return admit(segments)
+
+    stepper.admit = spy  # type: ignore[method-assign]
+    batcher = Batcher(
+        FakeModel().generate, model="m", limits=limits, metrics=Metrics(), stepper=stepper
+    )
+    batcher.start()
+    try:
+        document = batcher.submit([ids("d")] * 3, GREEDY, deadline=FAR, background=True)
+        request = batcher.submit([ids("q")] * 2, GREEDY, deadline=FAR)
+        await asyncio.gather(document, request)
+    finally:
+        assert await batcher.stop(5)
+    first = next(a for a in admitted if a)
+    assert first == [False, False]  # the request's, no background sentence beside them
+    assert all(sum(a) <= 1 for a in admitted)
+    assert sum(sum(a) for a in admitted) == 3

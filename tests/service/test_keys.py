@@ -172,6 +172,27 @@ async def test_characters_are_charged_before_any_work_and_only_when_served(
         assert sample.labels == {"limit": "characters_per_day"} and sample.value == 1
 
 
+async def test_a_documents_characters_are_charged_when_it_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fake: FakeModel
+) -> None:
+    """A document pays for its text when it is sent, as a request does: one over the key's
+    quota is refused (429) before it is queued, natively and through LibreTranslate's
+    /translate_file."""
+    store = sqlite(tmp_path)
+    secret = await added(capsys, store, "docs", "--characters-per-day", "30")
+    headers = {"X-API-Key": secret}
+    text = "A dog runs.\nA cat sleeps.\n"  # 26 characters of text, two paragraphs
+    async with app_on(store, fake) as client:
+        files = {"file": ("a.txt", text.encode(), "text/plain")}
+        sent = await client.post("/documents", data=EN_DE, files=files, headers=headers)
+        assert sent.status_code == 202, sent.text
+        again = await client.post("/documents", data=EN_DE, files=files, headers=headers)
+        assert again.status_code == 429 and again.json()["error"]["type"] == "quota_exceeded"
+        form = {**EN_DE, "api_key": secret}
+        libre = await client.post("/libretranslate/translate_file", data=form, files=files)
+        assert libre.status_code == 429, libre.text
+
+
 async def test_usage_needs_a_stored_key(fake: FakeModel) -> None:
     async with running(create_app(fast_settings(api_keys="static"), models=[fake])) as client:
         response = await client.get("/usage", headers={"X-API-Key": "static"})

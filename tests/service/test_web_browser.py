@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docx
 import httpx
 import pytest
 
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.skipif(
 )
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the dev extra)")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -309,7 +311,9 @@ def test_every_control_is_named_and_reached_by_the_keyboard(
     browser.execute_script("document.querySelector('nav a').focus()")  # the first stop
     reached = []
     for _ in range(20):
-        browser.switch_to.active_element.send_keys(Keys.TAB)
+        # The keyboard's Tab, not typed into the focused element (a file input reads typed
+        # keys as a file name).
+        ActionChains(browser).send_keys(Keys.TAB).perform()
         reached.append(browser.switch_to.active_element.get_attribute("id"))
     # Disabled controls are skipped (beam size and n-best while greedy, copy with nothing to
     # copy, swap without a model for the other direction); a radio group is one stop.
@@ -359,3 +363,29 @@ def test_a_keyed_service_refuses_without_the_key_and_serves_with_it(
     open_page(browser, keyed_service)  # kept in the browser: the next visit needs no typing
     browser.find_element(By.ID, "text").send_keys(SENTENCE)
     wait_for_translation(browser, expected)
+
+
+def test_a_document_is_sent_followed_and_offered_for_download(
+    browser: WebDriver, service: ServerProcess, tmp_path: Path
+) -> None:
+    """The document panel: a docx sent with the languages chosen above, its status followed,
+    a link to the translated file named with the target language; a PDF gets the API's 415."""
+    document = docx.Document()
+    document.add_paragraph(SENTENCE)
+    path = tmp_path / "story.docx"
+    document.save(str(path))
+    open_page(browser, service)
+    browser.find_element(By.ID, "document-file").send_keys(str(path))
+    browser.find_element(By.ID, "document-translate").click()
+    result = browser.find_element(By.ID, "document-result")
+    wait(browser, result.is_displayed, "the document's download link")
+    assert result.get_attribute("download") == "story.de.docx"
+    assert result.get_attribute("href").startswith("blob:")
+    assert text_of(browser, "document-state") == "story.docx: done, 1 sentence"
+    pdf = tmp_path / "paper.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n")
+    browser.find_element(By.ID, "document-file").send_keys(str(pdf))
+    browser.find_element(By.ID, "document-translate").click()
+    wait(browser, lambda: "415" in text_of(browser, "document-state"), "the API's refusal")
+    assert "PDF files are not translated" in text_of(browser, "document-state")
+    assert not result.is_displayed()

@@ -44,13 +44,17 @@ function headerBytes(text) {
   return String.fromCharCode(...new TextEncoder().encode(text));
 }
 
-/** GET `path` (relative to the page), or POST `body` as JSON; the parsed answer or an ApiError. */
-export async function callApi(path, { body, signal } = {}) {
-  const headers = { Accept: "application/json" };
+function keyed(headers) {
   const key = storedKey();
   if (key) {
     headers["X-API-Key"] = headerBytes(key);
   }
+  return headers;
+}
+
+/** GET `path` (relative to the page), or POST `body` as JSON; the parsed answer or an ApiError. */
+export async function callApi(path, { body, signal } = {}) {
+  const headers = keyed({ Accept: "application/json" });
   const init = { method: "GET", headers, signal, cache: "no-store" };
   if (body !== undefined) {
     init.method = "POST";
@@ -63,6 +67,25 @@ export async function callApi(path, { body, signal } = {}) {
   }
   const type = response.headers.get("Content-Type") ?? "";
   return type.startsWith("application/json") ? response.json() : response.text();
+}
+
+/** POST `form` (a FormData: a file upload) to `path`; the parsed JSON answer or an ApiError. */
+export async function sendForm(path, form) {
+  const init = { method: "POST", headers: keyed({ Accept: "application/json" }), body: form };
+  const response = await fetch(path, init);
+  if (!response.ok) {
+    throw await errorOf(response);
+  }
+  return response.json();
+}
+
+/** GET `path` as a file: its Blob, or an ApiError. */
+export async function fetchFile(path) {
+  const response = await fetch(path, { headers: keyed({}), cache: "no-store" });
+  if (!response.ok) {
+    throw await errorOf(response);
+  }
+  return response.blob();
 }
 
 async function errorOf(response) {

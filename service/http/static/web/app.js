@@ -2,6 +2,7 @@
 // word alignment and the request's time, and the service's status. No framework, no build.
 
 import { ApiError, callApi, forgetKey, storedKey, storeKey } from "./api.js";
+import { setUpDocuments } from "./documents.js";
 import { element } from "./dom.js";
 import { renderHeatmap } from "./heatmap.js";
 import { watchStatus } from "./status.js";
@@ -359,6 +360,15 @@ function wire() {
   });
   $("key-form").addEventListener("submit", saveKey);
   $("forget-key").addEventListener("click", dropKey);
+  const documents = {
+    form: $("document-form"),
+    file: $("document-file"),
+    button: $("document-translate"),
+    progress: $("document-progress"),
+    state: $("document-state"),
+    result: $("document-result"),
+  };
+  setUpDocuments(documents, () => ({ source: ui.source.value, target: ui.target.value }));
 }
 
 async function start() {

@@ -1,0 +1,164 @@
+"""A document beside interactive requests: a docx of Multi30k test sentences (three to a
+paragraph, 1-3 words of every other paragraph bold) through POST /documents, while one client
+sends one-sentence POST /translate requests one after another.
+
+Reports (a service of its own for each --document-batch-size):
+- `translate_p50_ms` alone (before and after) and while the document runs, and their ratio
+  (goal: <= 1.5);
+- the document's sentences per second alone, against the same paragraphs' text sent as one
+  plain POST /translate (goal: >= 0.9x).
+
+    python -m benchmarks.document_bench --bundle bundles/multi30k-en-de [--paragraphs 300]
+        [--document-batch-size 8 32] [--scheduler batch] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docx
+import httpx
+
+from benchmarks.servers import percentile_ms, read_texts, service
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_2016 = Path("/work/shared/data/multi30k/test_2016_flickr.en.gz")
+EN_DE = {"source": "en", "target": "de"}
+PROBE = "A man in a blue shirt is riding a bike."
+T = TypeVar("T")
+
+
+def make_docx(sentences: list[str], paragraphs: int, seed: int = 0) -> tuple[bytes, list[str]]:
+    """The document and its paragraphs' text."""
+    rng = random.Random(seed)
+    document = docx.Document()
+    texts = []
+    for i in range(paragraphs):
+        text = " ".join(sentences[(3 * i + k) % len(sentences)] for k in range(3))
+        words = text.split(" ")
+        paragraph = document.add_paragraph()
+        if i % 2:
+            start = rng.randrange(len(words) - 3)
+            end = start + rng.randint(1, 3)
+            paragraph.add_run(" ".join(words[:start]) + " ")
+            paragraph.add_run(" ".join(words[start:end])).bold = True
+            paragraph.add_run(" " + " ".join(words[end:]))
+        else:
+            paragraph.add_run(text)
+        texts.append(text)
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue(), texts
+
+
+def probe(client: httpx.Client, stop: threading.Event, times: list[float]) -> None:
+    while not stop.is_set():
+        start = time.perf_counter()
+        client.post("/translate", json={"text": PROBE, **EN_DE}, timeout=60).raise_for_status()
+        times.append(time.perf_counter() - start)
+
+
+def probing(client: httpx.Client, times: list[float], during: Callable[[], T]) -> T:
+    """`during()`'s answer, one-sentence requests timed into `times` one after another
+    meanwhile."""
+    stop = threading.Event()
+    thread = threading.Thread(target=probe, args=(client, stop, times))
+    thread.start()
+    try:
+        return during()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def translate_document(client: httpx.Client, data: bytes) -> tuple[float, int]:
+    """Seconds from POST to done, and the sentences it counted."""
+    start = time.perf_counter()
+    response = client.post(
+        "/documents", files={"file": ("bench.docx", data)}, data=EN_DE, timeout=120
+    )
+    response.raise_for_status()
+    id = response.json()["id"]
+    while (status := client.get(f"/documents/{id}", timeout=60).json())["status"] not in (
+        "done",
+        "error",
+    ):
+        time.sleep(0.05)
+    seconds = time.perf_counter() - start
+    assert status["status"] == "done", status
+    return seconds, int(status["progress"]["total"])
+
+
+def measure(
+    bundle: Path, data: bytes, texts: list[str], batch_size: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as jobs:
+        flags = [
+            "--intra-op-threads", str(args.threads), "--scheduler", args.scheduler,
+            "--documents-dir", jobs, "--document-batch-size", str(batch_size),
+            "--max-texts", str(len(texts)), "--max-characters", "10000000",
+            "--max-queue-segments", str(10 * len(texts)), "--request-timeout-s", "600",
+        ]  # fmt: skip
+        with service(bundle, flags) as running, httpx.Client(base_url=running.url) as client:
+            for _ in range(10):
+                client.post("/translate", json={"text": PROBE, **EN_DE}).raise_for_status()
+            alone: list[float] = []
+            probing(client, alone, lambda: time.sleep(args.probe_s))
+            start = time.perf_counter()
+            plain = client.post("/translate", json={"text": texts, **EN_DE}, timeout=600)
+            plain.raise_for_status()
+            plain_s = time.perf_counter() - start
+            sentences = sum(len(t["segments"]) for t in plain.json()["translations"])
+            document_s, counted = translate_document(client, data)
+            loaded: list[float] = []
+            loaded_document_s, _ = probing(client, loaded, lambda: translate_document(client, data))
+            # Alone again right after: on a shared machine the load moves between phases.
+            probing(client, alone, lambda: time.sleep(args.probe_s))
+    p50_alone, p50_loaded = percentile_ms(alone, 50), percentile_ms(loaded, 50)
+    return {
+        "document_batch_size": batch_size,
+        "sentences": sentences,
+        "document_sentences_counted": counted,
+        "translate_p50_ms_alone": p50_alone,
+        "translate_p50_ms_under_document": p50_loaded,
+        "translate_p90_ms_under_document": percentile_ms(loaded, 90),
+        "p50_ratio": round(p50_loaded / p50_alone, 2),
+        "probes_under_document": len(loaded),
+        "plain_sentences_per_s": round(sentences / plain_s, 1),
+        "document_sentences_per_s": round(sentences / document_s, 1),
+        "throughput_ratio": round(plain_s / document_s, 2),
+        "document_s_under_probes": round(loaded_document_s, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.document_bench", description=__doc__)
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--paragraphs", type=int, default=300, help="of three sentences each")
+    p.add_argument("--document-batch-size", type=int, nargs="+", default=[8])
+    p.add_argument("--scheduler", choices=("batch", "step"), default="batch")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    p.add_argument("--probe-s", type=float, default=10.0, help="unloaded probing time")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    sentences = read_texts(TEST_2016 if TEST_2016.exists() else None)
+    data, texts = make_docx(sentences, args.paragraphs)
+    results = [measure(args.bundle, data, texts, size, args) for size in args.document_batch_size]
+    report = {"paragraphs": args.paragraphs, "scheduler": args.scheduler, "runs": results}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
