@@ -14,6 +14,8 @@ class ErrorType(StrEnum):
     INVALID_REQUEST = "invalid_request"
     UNSUPPORTED_LANGUAGE_PAIR = "unsupported_language_pair"
     INPUT_TOO_LONG = "input_too_long"
+    INVALID_DOCUMENT = "invalid_document"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"

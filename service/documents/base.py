@@ -63,11 +63,27 @@ class DocumentFormat(Protocol):
     """A family member: its name (also the `format` API field), file name extensions, media
     type, and its reader."""
 
-    name: str
-    extensions: tuple[str, ...]
-    media_type: str
+    @property
+    def name(self) -> str: ...
 
-    def read(self, data: bytes, limits: Limits) -> Extracted: ...
+    @property
+    def extensions(self) -> tuple[str, ...]:
+        """Lower case, with the dot: (".docx",)."""
+        ...
+
+    @property
+    def media_type(self) -> str: ...
+
+    def sniff(self, data: bytes) -> bool:
+        """Whether the content is this format's, whatever the file's name says (a docx is a zip
+        whose main part is a Word document; an srt has cue timings). Cheap: it reads only what
+        it must (a zip's central directory, the first lines), and never raises."""
+        ...
+
+    def read(self, data: bytes, limits: Limits) -> Extracted:
+        """The file's units; a file it cannot read raises service.documents.safe.DocumentError
+        (a 4xx), never another error."""
+        ...
 
 
 @dataclass

@@ -33,6 +33,10 @@ ERROR_TABLE: dict[ErrorType, ErrorRow] = {
     ErrorType.INVALID_REQUEST: ErrorRow(422, retry_after=False),
     ErrorType.UNSUPPORTED_LANGUAGE_PAIR: ErrorRow(422, retry_after=False),
     ErrorType.INPUT_TOO_LONG: ErrorRow(422, retry_after=False),
+    # A file that cannot be read (broken, encrypted, entities, names outside the archive).
+    ErrorType.INVALID_DOCUMENT: ErrorRow(422, retry_after=False),
+    # A file of a type no document format reads, or whose content is not what its name says.
+    ErrorType.UNSUPPORTED_MEDIA_TYPE: ErrorRow(415, retry_after=False),
     ErrorType.UNAUTHORIZED: ErrorRow(401, retry_after=False, challenge=True),
     ErrorType.NOT_FOUND: ErrorRow(404, retry_after=False),
     ErrorType.METHOD_NOT_ALLOWED: ErrorRow(405, retry_after=False),

@@ -1,0 +1,484 @@
+"""Office Open XML: docx, pptx and xlsx, read with zipfile and lxml (service/documents/safe.py).
+
+Which parts. The package's [Content_Types].xml names each part's type: docx's main document,
+headers, footers, footnotes and endnotes (text boxes are paragraphs inside them); pptx's slides
+and speaker notes; xlsx's shared strings and the inline strings of worksheets (a cell's number,
+date, formula and formula result are not strings there, and are never read). Every other part
+(styles, relationships, media, settings, charts) is copied as it was, and so is a part whose
+paragraphs had nothing to translate.
+
+A paragraph (`w:p`, `a:p`, a string item `si`/`is`) is one unit. Its runs of text become the
+unit's text; the run properties most of its characters carry are the paragraph's base, and each
+stretch of runs with other properties (bold, italic, colour, font, a pptx link in `a:rPr`)
+becomes a code `<cN>`, as does a docx hyperlink around its runs. What is not text (a field from
+its begin to its end, a tab, a break, a drawing, a footnote reference, a bookmark) is an empty
+code, kept as it was and put back where the alignment places it; at the paragraph's start or end
+it stays outside the unit, where it is. Writing a paragraph back, each stretch of the translation
+becomes a run with its code's properties (text outside codes: the base), in a copy of the
+hyperlink it sat in.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from lxml import etree
+
+from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.safe import Archive, DocumentError, parse_xml, serialize_xml
+
+W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
+A = "http://schemas.openxmlformats.org/drawingml/2006/main"
+S = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
+_XML_SPACE = "{http://www.w3.org/XML/1998/namespace}space"
+_TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
+_OFFICE = "application/vnd.openxmlformats-officedocument."
+_WORKSHEET = _OFFICE + "spreadsheetml.worksheet+xml"
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    """One vocabulary's names for a paragraph and its runs."""
+
+    ns: str
+    paragraphs: tuple[str, ...]  # local names of the elements that are one unit each
+    kept_first: tuple[str, ...]  # paragraph children that stay at its start (properties)
+    kept_last: tuple[str, ...]  # ... and at its end (pptx's end-of-paragraph properties)
+    hyperlink: str | None  # a child wrapping runs that becomes a code of its own
+    # Run properties that do not make two runs look different (spelling marks, languages).
+    ignored_properties: frozenset[str] = frozenset()
+    ignored_attributes: frozenset[str] = frozenset()
+    text_in_paragraph: bool = False  # xlsx's `<si><t>` without a run
+
+    def q(self, name: str) -> str:
+        return f"{{{self.ns}}}{name}"
+
+
+_WORD = _Dialect(
+    W,
+    ("p",),
+    ("pPr",),
+    (),
+    "hyperlink",
+    ignored_properties=frozenset({f"{{{W}}}lang", f"{{{W}}}noProof", f"{{{W}}}rPrChange"}),
+)
+_DRAWING = _Dialect(
+    A,
+    ("p",),
+    ("pPr",),
+    ("endParaRPr",),
+    None,
+    ignored_attributes=frozenset({"lang", "altLang", "dirty", "err", "noProof", "smtClean"}),
+)
+_CELLS = _Dialect(S, ("si", "is"), (), ("rPh", "phoneticPr"), None, text_in_paragraph=True)
+
+
+@dataclass
+class _Run:
+    properties: etree._Element | None
+
+
+@dataclass
+class _Link:
+    element: etree._Element  # the source's hyperlink; copied without its children
+
+
+@dataclass(frozen=True)
+class _Loose:
+    """What a run held besides its text (a tab, a break, a drawing): put back in a run of its
+    own with the run's properties. Wrapped only when written, so that a paragraph read and
+    not translated is not changed."""
+
+    item: etree._Element
+    properties: etree._Element | None
+
+    def element(self, dialect: _Dialect) -> etree._Element:
+        run = etree.Element(dialect.q("r"))
+        if self.properties is not None:
+            run.append(copy.deepcopy(self.properties))
+        run.append(self.item)
+        return run
+
+
+_Thing: TypeAlias = etree._Element | _Loose
+
+
+@dataclass
+class _Kept:
+    things: list[_Thing]
+    placed: bool = False
+
+
+_Entry: TypeAlias = _Run | _Link | _Kept
+
+
+@dataclass
+class _Text:
+    text: str
+    properties: etree._Element | None
+    link: etree._Element | None
+
+
+@dataclass
+class _Object:
+    things: list[_Thing]
+    link: etree._Element | None
+
+
+_Piece: TypeAlias = _Text | _Object
+
+
+@dataclass
+class _Paragraph:
+    """A paragraph read into pieces, and how to write it back."""
+
+    element: etree._Element
+    dialect: _Dialect
+    first: list[_Thing]
+    middle: list[_Piece]
+    last: list[_Thing]
+    table: list[_Entry] = field(default_factory=list)
+    base: etree._Element | None = None
+
+    def unit(self) -> Unit:
+        texts = [p for p in self.middle if isinstance(p, _Text)]
+        weights: dict[bytes, int] = {}  # characters by how they look
+        for text in texts:
+            key = _key(text.properties, self.dialect)
+            weights[key] = weights.get(key, 0) + len(text.text)
+        base_key = max(weights, key=lambda k: weights[k])
+        self.base = next(
+            t.properties for t in texts if _key(t.properties, self.dialect) == base_key
+        )
+        children: list[Code | str] = []
+        links: dict[int, Code] = {}  # id of a hyperlink element -> its code
+        last: tuple[Code | None, object] = (None, None)  # the open run code and its key
+        for piece in self.middle:
+            into = children
+            if piece.link is not None:
+                link = links.get(id(piece.link))
+                if link is None or not children or children[-1] is not link:
+                    link = Code(len(self.table))
+                    self.table.append(_Link(piece.link))
+                    links[id(piece.link)] = link
+                    children.append(link)
+                    last = (None, None)
+                into = link.children
+            if isinstance(piece, _Object):
+                if into and isinstance(into[-1], Code) and self._kept(into[-1]):
+                    entry = self.table[into[-1].index]
+                    assert isinstance(entry, _Kept)
+                    entry.things.extend(piece.things)
+                else:
+                    into.append(Code(len(self.table)))
+                    self.table.append(_Kept(list(piece.things)))
+                last = (None, None)
+                continue
+            key = _key(piece.properties, self.dialect)
+            if key == base_key:
+                into.append(piece.text)
+                last = (None, None)
+                continue
+            code, open_key = last
+            if code is None or open_key != key or not into or into[-1] is not code:
+                code = Code(len(self.table))
+                self.table.append(_Run(piece.properties))
+                into.append(code)
+            code.children.append(piece.text)
+            last = (code, key)
+        return inline(children)
+
+    def _kept(self, code: Code) -> bool:
+        return isinstance(self.table[code.index], _Kept)
+
+    def write(self, translation: str) -> None:
+        tree = read_inline(translation)
+        element = self.element
+        for child in list(element):
+            element.remove(child)
+        for kept in self.first:
+            element.append(self._thing(kept))
+        self._emit(tree, self.base, element, inside_link=False)
+        for entry in self.table:  # an object the translation lost is not lost
+            if isinstance(entry, _Kept) and not entry.placed:
+                self._place(entry, element)
+        for kept in self.last:
+            element.append(self._thing(kept))
+        if self.dialect.text_in_paragraph:
+            _plain_cell_text(element, self.dialect)
+
+    def _emit(
+        self,
+        nodes: Sequence[Code | str],
+        properties: etree._Element | None,
+        into: etree._Element,
+        *,
+        inside_link: bool,
+    ) -> None:
+        for node in nodes:
+            if isinstance(node, str):
+                if node:
+                    into.append(_run(node, properties, self.dialect))
+                continue
+            entry = self.table[node.index] if node.index < len(self.table) else None
+            if isinstance(entry, _Run):
+                self._emit(node.children, entry.properties, into, inside_link=inside_link)
+            elif isinstance(entry, _Link) and not inside_link:
+                link = etree.SubElement(into, entry.element.tag, attrib=dict(entry.element.attrib))
+                self._emit(node.children, properties, link, inside_link=True)
+            else:
+                if isinstance(entry, _Kept) and not entry.placed:
+                    self._place(entry, into)
+                self._emit(node.children, properties, into, inside_link=inside_link)
+
+    def _place(self, entry: _Kept, into: etree._Element) -> None:
+        entry.placed = True
+        for kept in entry.things:
+            into.append(self._thing(kept))
+
+    def _thing(self, thing: _Thing) -> etree._Element:
+        return thing.element(self.dialect) if isinstance(thing, _Loose) else thing
+
+
+def _plain_cell_text(element: etree._Element, dialect: _Dialect) -> None:
+    """A string item whose runs all lost their properties is one `<t>`, as Excel writes it."""
+    runs = element.findall(dialect.q("r"))
+    if not runs or any(r.find(dialect.q("rPr")) is not None for r in runs):
+        return
+    text = "".join(r.findtext(dialect.q("t")) or "" for r in runs)
+    index = list(element).index(runs[0])
+    for r in runs:
+        element.remove(r)
+    t = etree.Element(dialect.q("t"))
+    t.text = text
+    if text != text.strip():
+        t.set(_XML_SPACE, "preserve")
+    element.insert(index, t)
+
+
+def _key(properties: etree._Element | None, dialect: _Dialect) -> bytes:
+    """What makes a run look as it does: its properties, less those that do not show."""
+    if properties is None:
+        return b""
+    shown = copy.deepcopy(properties)
+    for child in list(shown):
+        if child.tag in dialect.ignored_properties:
+            shown.remove(child)
+    for name in dialect.ignored_attributes:
+        shown.attrib.pop(name, None)
+    if not len(shown) and not shown.attrib:
+        return b""
+    return bytes(etree.tostring(shown, method="c14n"))
+
+
+def _run(text: str, properties: etree._Element | None, dialect: _Dialect) -> etree._Element:
+    run = etree.Element(dialect.q("r"))
+    if properties is not None:
+        run.append(copy.deepcopy(properties))
+    t = etree.SubElement(run, dialect.q("t"))
+    t.text = text
+    if dialect is not _DRAWING and text != text.strip():
+        t.set(_XML_SPACE, "preserve")
+    return run
+
+
+class _Reader:
+    """A part's paragraphs, in document order; a docx field's state runs across them."""
+
+    def __init__(self, dialect: _Dialect) -> None:
+        self.dialect = dialect
+        self.field_depth = 0  # inside a docx field (begin .. end): nothing is text
+
+    def paragraphs(self, root: etree._Element) -> Iterator[_Paragraph]:
+        d = self.dialect
+        tags = {d.q(name) for name in d.paragraphs}
+        for element in root.iter(*tags):
+            paragraph = self._read(element)
+            if paragraph is not None:
+                yield paragraph
+
+    def _read(self, element: etree._Element) -> _Paragraph | None:
+        d = self.dialect
+        first: list[_Thing] = []
+        last: list[_Thing] = []
+        pieces: list[_Piece] = []
+        for child in element:
+            if not isinstance(child.tag, str):  # a comment or processing instruction
+                pieces.append(_Object([child], None))
+            elif child.tag in {d.q(n) for n in d.kept_first} and not pieces:
+                first.append(child)
+            elif child.tag in {d.q(n) for n in d.kept_last}:
+                last.append(child)
+            elif d.hyperlink is not None and child.tag == d.q(d.hyperlink):
+                pieces.extend(self._linked(child))
+            else:
+                pieces.extend(self._pieces(child, None))
+        if not any(isinstance(p, _Text) and p.text.strip() for p in pieces):
+            return None
+        while pieces and isinstance(head := pieces[0], _Object):
+            first.extend(head.things)
+            pieces.pop(0)
+        tail: list[_Thing] = []
+        while pieces and isinstance(end := pieces[-1], _Object):
+            tail[:0] = end.things
+            pieces.pop()
+        return _Paragraph(element, d, first, pieces, tail + last)
+
+    def _linked(self, link: etree._Element) -> list[_Piece]:
+        pieces: list[_Piece] = []
+        for child in link:
+            pieces.extend(self._pieces(child, link))
+        if not any(isinstance(p, _Text) for p in pieces):
+            return [_Object([link], None)]  # a link around no text (an image): kept whole
+        return pieces
+
+    def _pieces(self, child: etree._Element, link: etree._Element | None) -> list[_Piece]:
+        d = self.dialect
+        if d.text_in_paragraph and child.tag == d.q("t"):
+            return [_Text(child.text or "", None, link)]
+        if child.tag != d.q("r"):
+            return [_Object([child], link)]
+        properties = child.find(d.q("rPr"))
+        items: list[tuple[etree._Element, bool]] = []  # each item, and whether it is text
+        for item in child:
+            if item is properties:
+                continue
+            if d is _WORD and item.tag == d.q("fldChar"):
+                kind = item.get(d.q("fldCharType"))
+                # The end belongs to the field: what follows it in the run is text again.
+                self.field_depth = max(0, self.field_depth + {"begin": 1, "end": -1}.get(kind, 0))
+            elif d is _WORD and item.tag == d.q("lastRenderedPageBreak"):
+                continue  # Word's note of where a page broke last: wrong once translated
+            items.append((item, item.tag == d.q("t") and not self.field_depth))
+        if not any(is_text for _, is_text in items):
+            return [_Object([child], link)]  # the run as it is, with its own attributes
+        return [
+            _Text(item.text or "", properties, link)
+            if is_text
+            else _Object([_Loose(item, properties)], link)
+            for item, is_text in items
+        ]
+
+
+@dataclass(frozen=True)
+class _Part:
+    name: str
+    dialect: _Dialect
+
+
+class _Extracted:
+    def __init__(
+        self,
+        archive: Archive,
+        roots: dict[str, etree._Element],
+        paragraphs: list[tuple[str, _Paragraph]],
+    ) -> None:
+        self._archive = archive
+        self._roots = roots
+        self._paragraphs = paragraphs
+        self._units = [paragraph.unit() for _, paragraph in paragraphs]
+
+    @property
+    def units(self) -> Sequence[Unit]:
+        return self._units
+
+    def write(self, translations: Sequence[str]) -> bytes:
+        if len(translations) != len(self._paragraphs):
+            raise ValueError(f"{len(translations)} translations for {len(self._paragraphs)} units")
+        for (_, paragraph), translation in zip(self._paragraphs, translations, strict=True):
+            paragraph.write(translation)
+        changed = {name for name, _ in self._paragraphs}
+        return self._archive.rewrite({name: serialize_xml(self._roots[name]) for name in changed})
+
+
+@dataclass(frozen=True)
+class OfficeFormat:
+    """One Office Open XML format: its main part's content type, and the content types of
+    the parts whose text it translates."""
+
+    name: str
+    extensions: tuple[str, ...]
+    media_type: str
+    main: str  # the main part's content type
+    parts: dict[str, _Dialect]  # content type -> the vocabulary of its text
+
+    def sniff(self, data: bytes) -> bool:
+        try:
+            archive = Archive(data, Limits(), self.name)
+            return self.main in _content_types(archive).values()
+        except DocumentError:
+            return False
+
+    def read(self, data: bytes, limits: Limits) -> Extracted:
+        archive = Archive(data, limits, self.name)
+        types = _content_types(archive)
+        if self.main not in types.values():
+            raise DocumentError(f"the file is not a {self.name} document (no {self.main} part)")
+        roots: dict[str, etree._Element] = {}
+        found: list[tuple[str, _Paragraph]] = []
+        for name in archive.names:
+            kind = types.get(name, "")
+            dialect = self.parts.get(kind)
+            if dialect is None:
+                continue
+            data = archive.read(name)
+            if kind == _WORKSHEET and b"inlineStr" not in data:
+                continue  # a sheet's numbers, dates, formulas and shared strings' indices
+            root = parse_xml(data, f"the {self.name} file's part {name!r}")
+            paragraphs = list(_Reader(dialect).paragraphs(root))
+            if paragraphs:
+                roots[name] = root
+                found.extend((name, p) for p in paragraphs)
+        return _Extracted(archive, roots, found)
+
+
+def _content_types(archive: Archive) -> dict[str, str]:
+    """Each part's content type by its name in the archive (the overrides, then the defaults
+    by extension)."""
+    root = archive.xml("[Content_Types].xml")
+    defaults = {
+        d.get("Extension", "").lower(): d.get("ContentType", "")
+        for d in root.iter(f"{_TYPES}Default")
+    }
+    overrides = {
+        o.get("PartName", "").lstrip("/"): o.get("ContentType", "")
+        for o in root.iter(f"{_TYPES}Override")
+    }
+    types = {}
+    for name in archive.names:
+        if name in overrides:
+            types[name] = overrides[name]
+        elif "." in name:
+            types[name] = defaults.get(name.rsplit(".", 1)[1].lower(), "")
+    return types
+
+
+DOCX = OfficeFormat(
+    "docx",
+    (".docx",),
+    _OFFICE + "wordprocessingml.document",
+    _OFFICE + "wordprocessingml.document.main+xml",
+    {
+        _OFFICE + f"wordprocessingml.{kind}+xml": _WORD
+        for kind in ("document.main", "header", "footer", "footnotes", "endnotes")
+    },
+)
+PPTX = OfficeFormat(
+    "pptx",
+    (".pptx",),
+    _OFFICE + "presentationml.presentation",
+    _OFFICE + "presentationml.presentation.main+xml",
+    {_OFFICE + f"presentationml.{kind}+xml": _DRAWING for kind in ("slide", "notesSlide")},
+)
+XLSX = OfficeFormat(
+    "xlsx",
+    (".xlsx",),
+    _OFFICE + "spreadsheetml.sheet",
+    _OFFICE + "spreadsheetml.sheet.main+xml",
+    {_OFFICE + f"spreadsheetml.{kind}+xml": _CELLS for kind in ("sharedStrings", "worksheet")},
+)
+
+FORMATS = (DOCX, PPTX, XLSX)
