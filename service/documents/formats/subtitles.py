@@ -36,12 +36,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
-from service.documents.formats.plain import Decoded, DocumentError, decode
+from service.documents.formats.plain import Decoded, decode, text_head
+from service.documents.safe import DocumentError
 from service.text.markup import translatable
 
 # A line with its end, or the last line without one.
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 _TIMING = "-->"
+_WEBVTT = re.compile(r"WEBVTT(?:[ \t\r\n]|$)")
+# A SubRip cue's timing line, as the format's sniff looks for it.
+_SRT_TIMING = re.compile(r"^[ \t]*\d+:\d+:\d+[,.]\d+[ \t]*-->", re.MULTILINE)
 # An inline tag (<i>, </i>, <font color="red">, <c.loud>, <v Bob>, <00:01.500>) or an SSA
 # override ({\an8}): group 1 the slash of an end tag, group 2 the tag's name.
 _TAG = re.compile(r"<(/?)([A-Za-z][^\s>./]*)[^>]*>|<[0-9][0-9:.]*>|\{\\[^}]*\}")
@@ -328,7 +332,7 @@ def _give_first_word(giver: list[Code | str], taker: list[Code | str]) -> bool:
 
 def _read(data: bytes, limits: Limits, vtt: bool) -> Extracted:
     decoded = decode(data, limits)
-    if vtt and not re.match(r"WEBVTT(?:[ \t]|\r|\n|$)", decoded.text):
+    if vtt and not _WEBVTT.match(decoded.text):
         raise DocumentError("not a WebVTT file: it does not start with WEBVTT")
     reader = _Reader(vtt)
     cues = _cues(decoded.text, reader)
@@ -342,6 +346,10 @@ class SrtFormat:
     extensions = (".srt",)
     media_type = "application/x-subrip"
 
+    def sniff(self, data: bytes) -> bool:
+        head = text_head(data)
+        return head is not None and _SRT_TIMING.search(head) is not None
+
     def read(self, data: bytes, limits: Limits) -> Extracted:
         return _read(data, limits, vtt=False)
 
@@ -350,6 +358,10 @@ class VttFormat:
     name = "vtt"
     extensions = (".vtt",)
     media_type = "text/vtt"
+
+    def sniff(self, data: bytes) -> bool:
+        head = text_head(data)
+        return head is not None and _WEBVTT.match(head) is not None
 
     def read(self, data: bytes, limits: Limits) -> Extracted:
         return _read(data, limits, vtt=True)

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.documents.base import Limits
-from service.documents.formats.plain import DocumentError
 from service.documents.formats.subtitles import SrtFormat, VttFormat
+from service.documents.safe import DocumentError
 from service.inference.engine import Engine
 from tests.service.document_helpers import identity, translate, unit_texts
 
