@@ -12,6 +12,7 @@ NOTE and STYLE blocks, cue identifiers and settings, voices and classes, a chara
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 from collections.abc import Callable
@@ -68,6 +69,7 @@ def _ours(vtt: bool) -> Callable[[str], str]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     print("| library | SubRip files as they were | WebVTT files as they were |")
     print("|---|---|---|")
     rows: list[tuple[str, Callable[[str], str] | None, Callable[[str], str] | None]] = [
