@@ -96,6 +96,18 @@ def test_a_cue_left_without_words_takes_one_from_its_neighbour() -> None:
     assert [c.content for c in srt_cues(out.encode())] == ["Ein Mann", "fährt", "Fahrrad."]
 
 
+def test_cues_all_in_italics_are_one_sentence_each_cue_in_italics_again() -> None:
+    source = (
+        "1\n00:00:01,000 --> 00:00:02,000\n<i>A man in a blue shirt</i>\n\n"
+        "2\n00:00:03,000 --> 00:00:04,000\n<i>rides a bike.</i>\n"
+    )
+    # Each cue its own italic code, the unit would be read as two runs: two sentences.
+    assert unit_texts(SRT, source.encode()) == ["<p>A man in a blue shirt <c0/> rides a bike.</p>"]
+    assert translate(SRT, source.encode()).decode() == source.upper().replace("<I>", "<i>").replace(
+        "</I>", "</i>"
+    )
+
+
 def test_an_unclosed_voice_stays_unclosed_and_a_stray_end_tag_stays() -> None:
     source = "WEBVTT\n\n00:01.000 --> 00:02.000\n<v Bob>Hello</i> there\n"
     assert translate(VTT, source.encode()).decode() == source.replace(

@@ -232,13 +232,29 @@ class _Subtitles:
     def units(self) -> Sequence[Unit]:
         units = []
         for group in self.groups:
+            base = self.base(group)
             children: list[Code | str] = []
             for k, i in enumerate(group):
                 if k:
                     children.extend([" ", Code(_BOUNDARY_CODE), " "])
-                children.extend(self.cues[i].children)
+                cue = self.cues[i].children
+                children.extend(_unwrapped(cue) if base is not None else cue)
             units.append(inline(children))
         return units
+
+    def base(self, group: list[int]) -> _Tag | None:
+        """The tag that wraps the whole text of each of a group's cues (all in italics, say),
+        if one does: the unit holds the cues' words without it, and each cue's translation is
+        wrapped in it again. (A unit whose words all lie in codes would be read as one run per
+        code: the sentence translated in pieces.)"""
+        tags = set()
+        for i in group:
+            children = self.cues[i].children
+            if len(group) < 2 or len(children) != 1 or isinstance(children[0], str):
+                return None
+            tags.add(self.table[children[0].index])
+        (tag,) = tags if len(tags) == 1 else (None,)
+        return tag if isinstance(tag, _Tag) else None
 
     def write(self, translations: Sequence[str]) -> bytes:
         if len(translations) != len(self.groups):
@@ -247,8 +263,11 @@ class _Subtitles:
         replaced: dict[int, str] = {}
         for group, translation in zip(self.groups, translations, strict=True):
             pieces = _split(read_inline(translation), len(group))
+            wrapped = self.base(group) is not None
             for i, piece in zip(group, pieces, strict=True):
                 cue = self.cues[i]
+                if wrapped:  # the base tag around the cue again: its own code's copy
+                    piece = [Code(_wrapper(cue.children).index, piece)]
                 written = self.serialise(piece)
                 if written != self.serialise(cue.children):
                     replaced[i] = written.replace("\n", cue.newline)
@@ -283,6 +302,18 @@ class _Subtitles:
         return "".join(out)
 
 
+def _wrapper(children: list[Code | str]) -> Code:
+    """The one code a cue's text is (a group with a base tag)."""
+    (code,) = children
+    if isinstance(code, str):
+        raise ValueError("a cue of a group with a base tag is one code")
+    return code
+
+
+def _unwrapped(children: list[Code | str]) -> list[Code | str]:
+    return _wrapper(children).children
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -305,7 +336,16 @@ def _split(children: list[Code | str], count: int) -> list[list[Code | str]]:
             continue
         if k + 1 < count:
             _give_first_word(pieces[k + 1], piece)
-    return pieces
+    return [_trimmed(piece) for piece in pieces]
+
+
+def _trimmed(piece: list[Code | str]) -> list[Code | str]:
+    """A cue's content without the spaces that parted it from its neighbours."""
+    if piece and isinstance(piece[0], str):
+        piece[0] = piece[0].lstrip(" ")
+    if piece and isinstance(piece[-1], str):
+        piece[-1] = piece[-1].rstrip(" ")
+    return [child for child in piece if child != ""]
 
 
 def _give_last_word(giver: list[Code | str], taker: list[Code | str]) -> bool:
