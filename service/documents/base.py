@@ -104,14 +104,24 @@ def inline(children: Sequence[Code | str]) -> Unit:
 def _append(parent: etree._Element, children: Sequence[Code | str]) -> None:
     for child in children:
         if isinstance(child, str):
-            if len(parent):
-                last = parent[-1]
-                last.tail = (last.tail or "") + child
-            else:
-                parent.text = (parent.text or "") + child
+            append_text(parent, child)
         else:
             element = etree.SubElement(parent, f"{_CODE}{child.index}")
             _append(element, child.children)
+
+
+def append_text(parent: etree._Element, text: str) -> None:
+    """`text` at the end of `parent`'s content: its text, or its last child's tail."""
+    if len(parent):
+        last = parent[-1]
+        last.tail = (last.tail or "") + text
+    else:
+        parent.text = (parent.text or "") + text
+
+
+def plain(children: Sequence[Code | str]) -> str:
+    """The text of strings and codes, without the codes."""
+    return "".join(c if isinstance(c, str) else plain(c.children) for c in children)
 
 
 def read_inline(translation: str) -> list[Code | str]:

@@ -38,7 +38,15 @@ from typing import Any
 import polib
 from lxml import etree
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import (
+    Code,
+    Extracted,
+    Limits,
+    Unit,
+    append_text,
+    inline,
+    read_inline,
+)
 from service.documents.formats.plain import text_head
 from service.documents.safe import DocumentError, parse_xml, serialize_xml
 from service.text.markup import translatable
@@ -114,11 +122,11 @@ class _Codes:
         """`parent`'s content from a translation's strings and codes (XLIFF)."""
         for child in children:
             if isinstance(child, str):
-                _xml_text(parent, child)
+                append_text(parent, child)
                 continue
             entry = self.table[child.index]
             if isinstance(entry, _Raw):
-                _xml_text(parent, entry.text)
+                append_text(parent, entry.text)
             elif entry.wraps:
                 element = etree.SubElement(parent, entry.element.tag, dict(entry.element.attrib))
                 self.fill(element, child.children)
@@ -131,13 +139,6 @@ class _Codes:
 def _append(into: list[Code | str], text: str) -> None:
     if text:
         into.append(text)
-
-
-def _xml_text(parent: Any, text: str) -> None:
-    if len(parent):
-        parent[-1].tail = (parent[-1].tail or "") + text
-    else:
-        parent.text = (parent.text or "") + text
 
 
 def _placeholders(text: str) -> list[tuple[int, int]]:

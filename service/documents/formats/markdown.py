@@ -36,7 +36,7 @@ from markdown_it.helpers import parseLinkLabel
 from markdown_it.rules_inline import StateInline
 from markdown_it.token import Token
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import Code, Extracted, Limits, Unit, inline, plain, read_inline
 from service.documents.formats.plain import Decoded, decode, text_head
 from service.text.markup import translatable
 
@@ -132,7 +132,7 @@ class _Reader:
             if starts is None:
                 continue
             children = self.inline(token.children, token.content, starts)
-            if translatable(_plain(children)):
+            if translatable(plain(children)):
                 blocks.append(_Block(_at(starts, 0), _at(starts, len(token.content)), children))
         return blocks
 
@@ -221,10 +221,6 @@ def _at(starts: list[tuple[int, int]], position: int) -> int:
         if position >= content_at:
             return file_at + position - content_at
     return starts[0][1]
-
-
-def _plain(children: Sequence[Code | str]) -> str:
-    return "".join(c if isinstance(c, str) else _plain(c.children) for c in children)
 
 
 @dataclass(frozen=True)

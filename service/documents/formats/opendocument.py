@@ -28,7 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import (
+    Code,
+    Extracted,
+    Limits,
+    Unit,
+    append_text,
+    inline,
+    plain,
+    read_inline,
+)
 from service.documents.safe import Archive, DocumentError, serialize_xml
 from service.text.markup import translatable
 
@@ -126,13 +135,13 @@ def _fill(paragraph: _Paragraph, parent: Any, children: Sequence[Code | str], to
             words = child.strip()
             if top and paragraph.base is not None and words:
                 # The words in a copy of the base span, the spaces around them outside it.
-                _append_text(parent, child[: len(child) - len(child.lstrip())])
+                append_text(parent, child[: len(child) - len(child.lstrip())])
                 base = _shell(paragraph.base)
                 base.text = words
                 parent.append(base)
-                _append_text(parent, child[len(child.rstrip()) :])
+                append_text(parent, child[len(child.rstrip()) :])
             else:
-                _append_text(parent, child)
+                append_text(parent, child)
             continue
         entry = paragraph.table[child.index]
         if isinstance(entry, _Wrap):
@@ -142,13 +151,6 @@ def _fill(paragraph: _Paragraph, parent: Any, children: Sequence[Code | str], to
         else:
             entry.tail = None
             parent.append(entry)
-
-
-def _append_text(parent: Any, text: str) -> None:
-    if len(parent):
-        parent[-1].tail = (parent[-1].tail or "") + text
-    else:
-        parent.text = (parent.text or "") + text
 
 
 def _translated_here(element: Any, spreadsheet: bool) -> bool:
@@ -252,19 +254,15 @@ class OpenDocumentFormat:
                     if not _translated_here(element, spreadsheet):
                         continue
                     paragraph = _read_paragraph(element)
-                    if translatable(_plain(paragraph.children)):
+                    if translatable(plain(paragraph.children)):
                         paragraphs.append((part, paragraph))
-        characters = sum(len(_plain(p.children)) for _, p in paragraphs)
+        characters = sum(len(plain(p.children)) for _, p in paragraphs)
         if characters > limits.max_characters:
             raise DocumentError(
                 f"the {self.name} file holds {characters} characters of text; the limit is "
                 f"{limits.max_characters}"
             )
         return _OpenDocument(archive, parts, paragraphs, meta)
-
-
-def _plain(children: Sequence[Code | str]) -> str:
-    return "".join(c if isinstance(c, str) else _plain(c.children) for c in children)
 
 
 ODT = OpenDocumentFormat("odt", "text", "application/vnd.oasis.opendocument.text")

@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import Code, Extracted, Limits, Unit, inline, plain, read_inline
 from service.documents.formats.plain import Decoded, decode, text_head
 from service.documents.safe import DocumentError
 from service.text.markup import translatable
@@ -104,11 +104,7 @@ class _Cue:
 
     @property
     def plain(self) -> str:
-        return _plain(self.children)
-
-
-def _plain(children: Sequence[Code | str]) -> str:
-    return "".join(c if isinstance(c, str) else _plain(c.children) for c in children)
+        return plain(self.children)
 
 
 class _Reader:
@@ -330,7 +326,7 @@ def _split(children: list[Code | str], count: int) -> list[list[Code | str]]:
     if len(pieces) != count:
         raise ValueError(f"a translation of {count} cues came back with {len(pieces)}")
     for k, piece in enumerate(pieces):
-        if translatable(_plain(piece)):
+        if translatable(plain(piece)):
             continue
         if k and _give_last_word(pieces[k - 1], piece):
             continue
@@ -352,7 +348,7 @@ def _give_last_word(giver: list[Code | str], taker: list[Code | str]) -> bool:
     if not giver or not isinstance(giver[-1], str):
         return False
     words = giver[-1].rstrip().rsplit(" ", 1)
-    if len(words) < 2 or not translatable(_plain(giver[:-1]) + words[0]):
+    if len(words) < 2 or not translatable(plain(giver[:-1]) + words[0]):
         return False
     giver[-1] = words[0]
     taker.insert(0, words[1] + " ")
@@ -363,7 +359,7 @@ def _give_first_word(giver: list[Code | str], taker: list[Code | str]) -> bool:
     if not giver or not isinstance(giver[0], str):
         return False
     words = giver[0].lstrip().split(" ", 1)
-    if len(words) < 2 or not translatable(words[1] + _plain(giver[1:])):
+    if len(words) < 2 or not translatable(words[1] + plain(giver[1:])):
         return False
     giver[0] = words[1]
     taker.append(" " + words[0])
