@@ -20,7 +20,7 @@ from service.documents.base import Limits
 from service.documents.formats.opendocument import ODP, ODS, ODT
 from service.documents.safe import DocumentError
 from service.inference.engine import Engine
-from tests.service.document_helpers import translate, unit_texts
+from tests.service.document_helpers import identity, translate, unit_texts
 
 NAMESPACES = {
     "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
@@ -114,6 +114,10 @@ def test_paragraphs_are_units_with_spans_and_links_as_codes() -> None:
     assert "<p>Page <c0/> of the<c1/>story.</p>" in units
     assert "<p>A comment stays.</p>" not in units
     assert units[-3:] == ["<p>The header.</p>", "<p>The footer.</p>", "A dog story"]
+
+
+def test_the_identity_gives_every_entry_back_byte_for_byte() -> None:
+    assert parts(identity(ODT, odt())) == parts(odt())
 
 
 def test_an_odt_is_translated_where_it_has_text_and_nowhere_else() -> None:
