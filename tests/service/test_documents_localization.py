@@ -17,6 +17,7 @@ from lxml import etree
 from service.documents.base import Limits
 from service.documents.formats.localization import PoFormat, XliffFormat
 from service.documents.safe import DocumentError
+from service.inference.engine import Engine
 from tests.service.document_helpers import translate, unit_texts
 
 PO, XLIFF = PoFormat(), XliffFormat()
@@ -210,3 +211,14 @@ def test_xliff_with_entities_or_of_another_kind_is_refused() -> None:
         XLIFF.read(b"<html/>", Limits())
     assert XLIFF.sniff(XLIFF_2.encode()) and not XLIFF.sniff(b"<html/>")
     assert PO.sniff(PO_FILE.encode()) and not PO.sniff(XLIFF_1.encode())
+
+
+def test_the_real_model_puts_a_g_code_on_the_translated_word(shipped_engine: Engine) -> None:
+    source = XLIFF_1.replace(
+        'A <g id="1" ctype="bold">big</g> dog<x id="2"/> runs <ph id="3">&lt;br/&gt;</ph> to %s.',
+        'A man in a <g id="1" ctype="bold">blue</g> shirt is riding a bike to %s.',
+    )
+    out = etree.fromstring(translate(XLIFF, source.encode(), shipped_engine))
+    target = out.find(".//x:trans-unit[@id='1']/x:target", NS1)
+    assert target.find("x:g", NS1).text.startswith("blau")
+    assert "%s" in "".join(target.itertext())

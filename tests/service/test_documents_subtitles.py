@@ -160,23 +160,36 @@ newline = st.sampled_from(["\n", "\r\n"])
 
 
 @st.composite
-def srt_files(draw: st.DrawFn) -> str:
+def subtitle_files(draw: st.DrawFn, vtt: bool) -> str:
     end = draw(newline)
     cues = draw(st.lists(cue_text, min_size=1, max_size=6))
+    separator = "." if vtt else ","
     blocks = [
-        end.join([str(n), f"00:00:{n:02},000 --> 00:00:{n:02},900", *lines])
+        end.join([str(n), f"00:00:{n:02}{separator}000 --> 00:00:{n:02}{separator}900", *lines])
         for n, lines in enumerate(cues, 1)
     ]
-    return (end * 2).join(blocks) + draw(st.sampled_from(["", end]))
+    header = [f"WEBVTT{end}"] if vtt else []
+    return (end * 2).join(header + blocks) + draw(st.sampled_from(["", end]))
 
 
-@settings(max_examples=60, deadline=None)
-@given(srt_files())
+@settings(max_examples=40, deadline=None)
+@given(subtitle_files(vtt=False))
 def test_any_srt_file_comes_back_byte_for_byte(source: str) -> None:
     assert identity(SRT, source.encode()) == source.encode()
     out = translate(SRT, source.encode())
     assert [(c.index, c.start, c.end, c.content) for c in srt_cues(out)] == [
         (c.index, c.start, c.end, upper_text(c.content)) for c in srt_cues(source.encode())
+    ]
+
+
+@settings(max_examples=20, deadline=None)
+@given(subtitle_files(vtt=True))
+def test_any_vtt_file_comes_back_byte_for_byte(source: str) -> None:
+    assert identity(VTT, source.encode()) == source.encode()
+    out = translate(VTT, source.encode())
+    assert [(c.identifier, c.start, c.end, c.raw_text) for c in vtt_captions(out)] == [
+        (c.identifier, c.start, c.end, upper_text(c.raw_text))
+        for c in vtt_captions(source.encode())
     ]
 
 

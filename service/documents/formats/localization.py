@@ -311,7 +311,11 @@ class _Xliff:
             target = unit.holder.find(f"{{{self.namespace}}}target")
             if target is None:
                 target = etree.Element(f"{{{self.namespace}}}target")
+                # On a line of its own, indented as the source is, where the file is indented.
+                indent = unit.holder.text if unit.holder.index(unit.source) == 0 else None
                 target.tail = unit.source.tail
+                if indent is not None and not indent.strip():
+                    unit.source.tail = indent
                 unit.source.addnext(target)
             space = unit.source.get(_XML_SPACE)
             if space is not None:
