@@ -33,6 +33,7 @@ import copy
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import polib
@@ -187,7 +188,7 @@ class _Po:
     codes: _Codes
     found: list[tuple[_PoUnit, list[Code | str]]]
 
-    @property
+    @cached_property  # built once: the writer reads them again
     def units(self) -> Sequence[Unit]:
         return [inline(children) for _, children in self.found]
 
@@ -300,7 +301,7 @@ class _Xliff:
     codes: _Codes
     found: list[_XliffUnit]
 
-    @property
+    @cached_property  # built once: the writer reads them again
     def units(self) -> Sequence[Unit]:
         return [inline(unit.children) for unit in self.found]
 

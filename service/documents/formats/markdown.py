@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -229,7 +230,7 @@ class _Markdown:
     table: list[_Wrap | _Kept]
     blocks: list[_Block]
 
-    @property
+    @cached_property  # built once: the writer reads them again
     def units(self) -> Sequence[Unit]:
         return [inline(block.children) for block in self.blocks]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from service.documents.base import (
@@ -179,7 +180,7 @@ class _OpenDocument:
     paragraphs: list[tuple[int, _Paragraph]]  # (its part, the paragraph)
     meta: list[tuple[int, Any]]  # (the part, a dc:title...)
 
-    @property
+    @cached_property  # built once: the writer reads them again
     def units(self) -> Sequence[Unit]:
         return [inline(p.children) for _, p in self.paragraphs] + [
             Unit(element.text) for _, element in self.meta

@@ -34,6 +34,7 @@ import html
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from service.documents.base import Code, Extracted, Limits, Unit, inline, plain, read_inline
 from service.documents.formats.plain import Decoded, decode, text_head
@@ -224,7 +225,7 @@ class _Subtitles:
     groups: list[list[int]]
     vtt: bool
 
-    @property
+    @cached_property  # built once: the writer reads them again
     def units(self) -> Sequence[Unit]:
         units = []
         for group in self.groups:
