@@ -223,18 +223,25 @@ def flat(kind: str, body: str) -> str:
 
 @pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (soffice) is not installed")
 def test_files_libreoffice_made_open_in_it_translated(tmp_path: Path) -> None:
-    """LibreOffice writes an odt and an ods from flat XML; each is translated, and LibreOffice
-    converts the translations to text and CSV: they open, with the translated words."""
+    """LibreOffice writes an odt, an ods and an odp from flat XML; each is translated, and
+    LibreOffice converts the translations to text, CSV and flat XML: they open, with the
+    translated words."""
     (tmp_path / "doc.fodt").write_text(flat(ODT.media_type, TEXT_BODY))
     (tmp_path / "sheet.fods").write_text(flat(ODS.media_type, SHEET_BODY))
+    (tmp_path / "slides.fodp").write_text(flat(ODP.media_type, SLIDES_BODY))
     profile, out = tmp_path / "profile", tmp_path / "out"
     libreoffice(profile, tmp_path, "--convert-to", "odt", "doc.fodt")
     libreoffice(profile, tmp_path, "--convert-to", "ods", "sheet.fods")
+    libreoffice(profile, tmp_path, "--convert-to", "odp", "slides.fodp")
     out.mkdir()
-    for name, format in (("doc.odt", ODT), ("sheet.ods", ODS)):
+    for name, format in (("doc.odt", ODT), ("sheet.ods", ODS), ("slides.odp", ODP)):
         (out / name).write_bytes(translate(format, (tmp_path / name).read_bytes()))
     libreoffice(profile, out, "--convert-to", "txt:Text", "doc.odt")
     libreoffice(profile, out, "--convert-to", "csv", "sheet.ods")
+    libreoffice(profile, out, "--convert-to", "fodp", "slides.odp")
     text = (out / "doc.txt").read_text(encoding="utf-8-sig")
     assert "A MAN IN A BLUE SHIRT RIDES A RED BIKE." in text and "A comment stays" not in text
     assert (out / "sheet.csv").read_text().splitlines()[0].startswith("TWO DOGS,3.5,")
+    slides = etree.parse(str(out / "slides.fodp")).getroot()
+    written = [text for text in texts(slides) if text]
+    assert "A SLIDE TITLE" in written and "WHAT THE SPEAKER SAYS." in written, written
