@@ -17,7 +17,7 @@ reference link `[text][label]` is a code around its text, its target part kept a
 shortcut or collapsed reference link (`[label]`, `[label][]`), whose text is its label, an
 image, an autolink, inline code, inline HTML and a hard line break are empty codes kept as
 written. Escapes and entities are characters while translated; in a changed paragraph the
-characters Markdown reads as syntax (\\ ` * _ [ ] <, a leading # > - + or 1., an & that
+characters Markdown reads as syntax (\\ ` * _ [ ] < |, a leading # > - + or 1., an & that
 would start an entity) are escaped again. A paragraph's soft line breaks become spaces: its
 translation is one line (after its block quote and list markers, which its first line keeps).
 Not translated: image alt text, a table cell holding an escaped pipe (\\|), a paragraph whose
@@ -46,7 +46,7 @@ _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
 _FRONT_MATTER = re.compile(
     r"(---|\+\+\+)[ \t]*\r?\n(?:.*?\r?\n)??(?:\1|\.\.\.)[ \t]*(?:\r?\n|$)", re.S
 )
-_SYNTAX = re.compile(r"([\\`*_\[\]<])")
+_SYNTAX = re.compile(r"([\\`*_\[\]<|])")
 _ENTITY_LIKE = re.compile(r"&(?=#?[0-9A-Za-z]+;)")
 _LEADING_SYNTAX = re.compile(r"^([#>+-]|\d+[.)])(?=\s|$)")
 # Around a hard break while written: the spaces that parted it from the words go (NUL is in no
