@@ -11,9 +11,12 @@ import io
 import shutil
 import subprocess
 import zipfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lxml import etree
 
 from service.documents.base import Limits
@@ -245,3 +248,49 @@ def test_files_libreoffice_made_open_in_it_translated(tmp_path: Path) -> None:
     slides = etree.parse(str(out / "slides.fodp")).getroot()
     written = [text for text in texts(slides) if text]
     assert "A SLIDE TITLE" in written and "WHAT THE SPEAKER SAYS." in written, written
+
+
+# --- Any paragraph: its words translated, its elements kept -----------------------------------
+
+odf_words = st.lists(st.text("abcdefghij", min_size=1, max_size=6), min_size=1, max_size=4).map(
+    " ".join
+)
+inline_piece = st.one_of(
+    odf_words,
+    st.builds(
+        '<text:span text:style-name="S{}">{}</text:span>'.format, st.integers(0, 3), odf_words
+    ),
+    st.builds('<text:a xlink:href="http://e.com/{}">{}</text:a>'.format, odf_words, odf_words),
+    st.sampled_from(["<text:tab/>", '<text:s text:c="2"/>', "<text:line-break/>"]),
+)
+odf_paragraph = st.lists(inline_piece, min_size=1, max_size=6).map(" ".join)
+
+
+def elements(paragraph: etree._Element) -> Counter[str]:
+    """Its elements' start tags, each span's once (a paragraph's base span comes back as one
+    copy per stretch of its words)."""
+    tags = [etree.tostring(e, with_tail=False).split(b">")[0].decode() for e in paragraph.iter()]
+    spans = {tag for tag in tags if "text:span" in tag}
+    return Counter(tag for tag in tags if "text:span" not in tag) + Counter(spans)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(odf_paragraph, min_size=1, max_size=4))
+def test_any_paragraphs_keep_their_elements_and_get_their_words_translated(
+    paragraphs: list[str],
+) -> None:
+    body = "".join(f"<text:p>{p}</text:p>" for p in paragraphs)
+    source = odf(
+        ODT.media_type,
+        document(
+            "document-content", f"<office:body><office:text>{body}</office:text></office:body>"
+        ),
+    )
+    assert parts(identity(ODT, source)) == parts(source)
+    before = xml(source, "content.xml").findall(".//text:p", NAMESPACES)
+    after = xml(translate(ODT, source), "content.xml").findall(".//text:p", NAMESPACES)
+    for old, new in zip(before, after, strict=True):
+        assert elements(new) == elements(old)
+        assert " ".join("".join(new.itertext()).split()) == " ".join(
+            "".join(old.itertext()).upper().split()
+        )
