@@ -111,12 +111,14 @@ def _append(parent: etree._Element, children: Sequence[Code | str]) -> None:
 
 
 def append_text(parent: etree._Element, text: str) -> None:
-    """`text` at the end of `parent`'s content: its text, or its last child's tail."""
-    if len(parent):
+    """`text` at the end of `parent`'s content: its text, or its last child's tail. (lxml's
+    len() counts the children one by one: asking it at each append was quadratic.)"""
+    try:
         last = parent[-1]
-        last.tail = (last.tail or "") + text
-    else:
+    except IndexError:
         parent.text = (parent.text or "") + text
+        return
+    last.tail = (last.tail or "") + text
 
 
 def plain(children: Sequence[Code | str]) -> str:

@@ -146,20 +146,28 @@ def _placeholders(text: str) -> list[tuple[int, int]]:
     """The spans of `text`'s placeholders and line breaks, in order, not overlapping."""
     spans = [(m.start(), m.end()) for m in _PRINTF.finditer(text)]
     spans += [(m.start(), m.end()) for m in re.finditer(_NEWLINE, text)]
-    for match in _BRACE.finditer(text):
-        depth, at = 0, match.start()
-        while at < len(text):
-            depth += {"{": 1, "}": -1}.get(text[at], 0)
-            at += 1
-            if depth == 0:
-                spans.append((match.start(), at))
-                break
+    closes = _closing_braces(text)
+    spans += [
+        (m.start(), closes[m.start()] + 1) for m in _BRACE.finditer(text) if m.start() in closes
+    ]
     spans.sort()
     kept: list[tuple[int, int]] = []
     for start, end in spans:
         if not kept or start >= kept[-1][1]:
             kept.append((start, end))
     return kept
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Each balanced { of `text` -> its }, in one pass (an unbalanced one has none)."""
+    closes: dict[int, int] = {}
+    opened: list[int] = []
+    for match in re.finditer(r"[{}]", text):
+        if match.group() == "{":
+            opened.append(match.start())
+        elif opened:
+            closes[opened.pop()] = match.start()
+    return closes
 
 
 def _translated(children: Sequence[Code | str]) -> bool:
@@ -170,6 +178,9 @@ def _translated(children: Sequence[Code | str]) -> bool:
 
 _CHARSET = re.compile(rb"charset=([A-Za-z0-9._-]+)")
 _NPLURALS = re.compile(r"nplurals\s*=\s*(\d+)")
+# Languages have at most 6 plural forms (Arabic's); a header saying millions would have every
+# plural entry hold as many msgstr[n].
+_MOST_PLURALS = 16
 
 
 @dataclass(frozen=True)
@@ -246,6 +257,11 @@ class PoFormat:
             raise DocumentError(f"not a PO file: {e}") from e
         match = _NPLURALS.search(po.metadata.get("Plural-Forms", ""))
         nplurals = int(match.group(1)) if match else 2
+        if not 1 <= nplurals <= _MOST_PLURALS:
+            raise DocumentError(
+                f"the PO file's Plural-Forms says nplurals={nplurals}: a language has 1 to "
+                f"{_MOST_PLURALS} forms"
+            )
         codes = _Codes()
         found: list[tuple[_PoUnit, list[Code | str]]] = []
         for entry in po:

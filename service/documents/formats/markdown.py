@@ -26,7 +26,9 @@ lines the parser read with tabs expanded (found nowhere as written).
 
 from __future__ import annotations
 
+import math
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -217,11 +219,11 @@ class _Reader:
 
 
 def _at(starts: list[tuple[int, int]], position: int) -> int:
-    """The file offset of a content offset."""
-    for content_at, file_at in reversed(starts):
-        if position >= content_at:
-            return file_at + position - content_at
-    return starts[0][1]
+    """The file offset of a content offset (a binary search: a paragraph may have many
+    lines and many tokens)."""
+    line = max(bisect_right(starts, (position, math.inf)) - 1, 0)
+    content_at, file_at = starts[line]
+    return file_at + max(position - content_at, 0)
 
 
 @dataclass(frozen=True)

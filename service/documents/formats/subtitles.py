@@ -53,6 +53,9 @@ _TAG = re.compile(r"<(/?)([A-Za-z][^\s>./]*)[^>]*>|<[0-9][0-9:.]*>|\{\\[^}]*\}")
 _SENTENCE_END = re.compile(r"[.!?…。！？‼⁇⁈⁉][\"'”’»)\]]*\s*$")
 _DIALOGUE = re.compile(r"\s*[-–—]")
 _LONGEST_GROUP = 4
+# Tags open at once in a cue: deeper ones are kept as written (each end tag looks through the
+# open ones: a cue of 100,000 start tags would take quadratic time).
+_DEEPEST = 32
 _VTT_BLOCKS = ("NOTE", "STYLE", "REGION")
 _SPACED_BREAK = re.compile(r"[ \t]*\n[ \t]*")
 _BREAKS = re.compile(r"\n{2,}")
@@ -129,7 +132,7 @@ class _Reader:
             self.text(text[at : match.start()], stack[-1][1].children)
             at = match.end()
             raw, closing, name = match.group(0), match.group(1), match.group(2)
-            if name is not None and not closing:
+            if name is not None and not closing and len(stack) <= _DEEPEST:
                 code = self.code(_Tag(raw, None))
                 stack[-1][1].children.append(code)
                 stack.append((name, code, raw))
