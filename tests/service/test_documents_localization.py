@@ -120,6 +120,10 @@ def test_what_is_not_a_po_file_is_refused() -> None:
         PO.read(b"/etc/passwd", Limits())
     with pytest.raises(DocumentError, match="not a PO file"):
         PO.read(b'msgid "a"\nmsgid "b"\nmsgstr "c"\n', Limits())
+    # Every plural entry would hold as many forms as the header says.
+    billions = PO_FILE.replace("nplurals=3;", "nplurals=99999999999;")
+    with pytest.raises(DocumentError, match="a language has 1 to 16 forms"):
+        PO.read(billions.encode(), Limits())
 
 
 XLIFF_1 = """<?xml version="1.0" encoding="UTF-8"?>
