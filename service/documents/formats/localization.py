@@ -48,7 +48,7 @@ from service.documents.base import (
     inline,
     read_inline,
 )
-from service.documents.formats.plain import text_head
+from service.documents.formats.plain import text_head, tight_breaks
 from service.documents.safe import DocumentError, parse_xml, serialize_xml
 from service.text.markup import translatable
 
@@ -60,7 +60,6 @@ _PRINTF = re.compile(
 # by counting braces. "{{" is Python's escaped brace, text.
 _BRACE = re.compile(r"(?<!\{)\{(?=[\w.]+\s*[}!:,])")
 _NEWLINE = "\n"
-_LINE_BREAK = re.compile(r"[ \t]*\n[ \t]*")
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,7 @@ class _Codes:
 
     def written(self, children: Sequence[Code | str]) -> str:
         """Plain text from a translation's strings and codes (PO)."""
-        return _LINE_BREAK.sub(_NEWLINE, self._written(children))
+        return tight_breaks(self._written(children))
 
     def _written(self, children: Sequence[Code | str]) -> str:
         out = []

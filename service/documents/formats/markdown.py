@@ -54,7 +54,6 @@ _LEADING_SYNTAX = re.compile(r"^([#>+-]|\d+[.)])(?=\s|$)")
 # Around a hard break while written: the spaces that parted it from the words go (NUL is in no
 # text file: decode refuses it).
 _SPACED_START, _SPACED_END = "\x00[", "\x00]"
-_SPACED = re.compile(r"[ \t]*\x00\[(.*?)\x00\][ \t]*", re.DOTALL)
 _POSITION = "position"  # an inline token's meta key: its (start, end) in its block's content
 
 
@@ -244,7 +243,7 @@ class _Markdown:
         for block, unit, translation in zip(self.blocks, self.units, translations, strict=True):
             if translation == unit.text:
                 continue
-            written = _SPACED.sub(r"\1", self.serialise(read_inline(translation))).strip()
+            written = _unspaced(self.serialise(read_inline(translation))).strip()
             out += [text[at : block.start], _LEADING_SYNTAX.sub(r"\\\1", written)]
             at = block.end
         out.append(text[at:])
@@ -264,6 +263,17 @@ class _Markdown:
             else:
                 out += [entry.start, self.serialise(child.children), entry.end]
         return "".join(out)
+
+
+def _unspaced(written: str) -> str:
+    """`written` without its hard breaks' markers and the spaces around them."""
+    pieces = written.split(_SPACED_START)
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        raw, _, after = piece.partition(_SPACED_END)
+        out[-1] = out[-1].rstrip(" \t")
+        out.append(raw + after.lstrip(" \t"))
+    return "".join(out)
 
 
 class MarkdownFormat:

@@ -125,6 +125,17 @@ def _strict(data: bytes, encoding: str, final: bool = True) -> str:
         raise DocumentError(f"not {encoding} text, as the file says it is: {e.reason}") from e
 
 
+def tight_breaks(text: str) -> str:
+    """`text` without the spaces and tabs around its line breaks (line by line: the regular
+    expression [ \\t]*\\n[ \\t]* takes time quadratic in a run of spaces)."""
+    lines = text.split("\n")
+    last = len(lines) - 1
+    return "\n".join(
+        line.rstrip(" \t") if i == 0 else line.lstrip(" \t") if i == last else line.strip(" \t")
+        for i, line in enumerate(lines)
+    )
+
+
 @dataclass(frozen=True)
 class _Paragraphs:
     """A text file: its paragraphs as units, between the blank lines kept as they were."""

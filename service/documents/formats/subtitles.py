@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from service.documents.base import Code, Extracted, Limits, Unit, inline, plain, read_inline
-from service.documents.formats.plain import Decoded, decode, text_head
+from service.documents.formats.plain import Decoded, decode, text_head, tight_breaks
 from service.documents.safe import DocumentError
 from service.text.markup import translatable
 
@@ -48,8 +48,9 @@ _WEBVTT = re.compile(r"WEBVTT(?:[ \t\r\n]|$)")
 # A SubRip cue's timing line, as the format's sniff looks for it.
 _SRT_TIMING = re.compile(r"^[ \t]*\d+:\d+:\d+[,.]\d+[ \t]*-->", re.MULTILINE)
 # An inline tag (<i>, </i>, <font color="red">, <c.loud>, <v Bob>, <00:01.500>) or an SSA
-# override ({\an8}): group 1 the slash of an end tag, group 2 the tag's name.
-_TAG = re.compile(r"<(/?)([A-Za-z][^\s>./]*)[^>]*>|<[0-9][0-9:.]*>|\{\\[^}]*\}")
+# override ({\an8}): group 1 the slash of an end tag, group 2 the tag's name. None reaches past
+# the next < or { (possessive: "<a" repeated without a > took cubic time).
+_TAG = re.compile(r"<(/?)([A-Za-z][^\s<>./]*+)[^<>]*+>|<[0-9][0-9:.]*+>|\{\\[^{}]*+\}")
 _SENTENCE_END = re.compile(r"[.!?…。！？‼⁇⁈⁉][\"'”’»)\]]*\s*$")
 _DIALOGUE = re.compile(r"\s*[-–—]")
 _LONGEST_GROUP = 4
@@ -57,7 +58,6 @@ _LONGEST_GROUP = 4
 # open ones: a cue of 100,000 start tags would take quadratic time).
 _DEEPEST = 32
 _VTT_BLOCKS = ("NOTE", "STYLE", "REGION")
-_SPACED_BREAK = re.compile(r"[ \t]*\n[ \t]*")
 _BREAKS = re.compile(r"\n{2,}")
 
 
@@ -283,7 +283,7 @@ class _Subtitles:
     def serialise(self, children: Sequence[Code | str]) -> str:
         """A cue's text from its strings and codes, line breaks tidied: no space around one,
         none at the cue's start or end, never two (an empty line would end the cue)."""
-        written = _BREAKS.sub("\n", _SPACED_BREAK.sub("\n", self._serialise(children)))
+        written = _BREAKS.sub("\n", tight_breaks(self._serialise(children)))
         return written.strip(" \n")
 
     def _serialise(self, children: Sequence[Code | str]) -> str:
