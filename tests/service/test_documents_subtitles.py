@@ -8,6 +8,7 @@ import html
 import io
 import re
 import string
+import time
 
 import pytest
 import srt
@@ -113,6 +114,15 @@ def test_an_unclosed_voice_stays_unclosed_and_a_stray_end_tag_stays() -> None:
     assert translate(VTT, source.encode()).decode() == source.replace(
         "Hello</i> there", "HELLO</i> THERE"
     )
+
+
+@pytest.mark.parametrize("hostile", ["<a" * 20_000, "{\\" * 20_000, "a." + " " * 200_000 + "b"])
+def test_hostile_cue_text_is_read_in_linear_time(hostile: str) -> None:
+    # Each took minutes with a pattern that backtracked over the rest of the cue.
+    source = f"1\n00:00:01,000 --> 00:00:02,000\nword {hostile}\n".encode()
+    started = time.perf_counter()
+    assert identity(SRT, source) == source
+    assert time.perf_counter() - started < 5
 
 
 def test_a_legacy_encoding_is_kept() -> None:
