@@ -75,7 +75,7 @@ def test_po_entries_are_translated_marked_fuzzy_and_plurals_filled() -> None:
     by_id = {entry.msgid: entry for entry in po}
     deleted = by_id["Deleted %d of %1$s files in %(dir)s, {0} left"]
     assert deleted.msgstr == "DELETED %d OF %1$s FILES IN %(dir)s, {0} LEFT"
-    assert deleted.flags == ["fuzzy", "c-format"]
+    assert deleted.flags == ["c-format", "fuzzy"]
     dogs = by_id["One dog"]
     # Russian's first form is 1, 21, 31... dogs: the plural's translation, with its %d.
     assert dogs.msgstr_plural == {0: "%d DOGS", 1: "%d DOGS", 2: "%d DOGS"}
@@ -86,8 +86,24 @@ def test_po_entries_are_translated_marked_fuzzy_and_plurals_filled() -> None:
     # What had a translation, the header, the obsolete entry: as they were.
     assert by_id["Already done"].msgstr == "Schon fertig" and not by_id["Already done"].fuzzy
     text = out.decode()
+    # The header and every entry not translated here: byte for byte.
     assert text.startswith(PO_FILE[: PO_FILE.index("#: src/main.c:10")])
+    for kept in ('#: src/main.c:20\nmsgid "Already done"\nmsgstr "Schon fertig"\n',):
+        assert kept in text
     assert text.endswith('#~ msgid "Old"\n#~ msgstr "Alt"\n')
+
+
+def test_a_po_file_with_nothing_to_translate_comes_back_byte_for_byte() -> None:
+    # Its long header line as written (polib rewrapped it), the entries, the obsolete one.
+    done = PO_FILE.replace('msgstr ""\n\n#: src/main.c:12', 'msgstr "Fertig"\n\n#: src/main.c:12')
+    done = done.replace(
+        'msgstr[0] ""\nmsgstr[1] ""\nmsgstr[2] ""', 'msgstr[0] "a"\nmsgstr[1] "b"\nmsgstr[2] "c"'
+    )
+    done = done.replace('msgstr ""\n\n#: src/main.c:20', 'msgstr "x"\n\n#: src/main.c:20')
+    done = done.replace('msgstr ""\n\n#~', 'msgstr "y"\n\n#~')
+    extracted = PO.read(done.encode(), Limits())
+    assert extracted.units == []
+    assert extracted.write([]) == done.encode()
 
 
 @pytest.mark.skipif(shutil.which("msgfmt") is None, reason="gettext's msgfmt is not installed")
