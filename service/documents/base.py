@@ -104,14 +104,26 @@ def inline(children: Sequence[Code | str]) -> Unit:
 def _append(parent: etree._Element, children: Sequence[Code | str]) -> None:
     for child in children:
         if isinstance(child, str):
-            if len(parent):
-                last = parent[-1]
-                last.tail = (last.tail or "") + child
-            else:
-                parent.text = (parent.text or "") + child
+            append_text(parent, child)
         else:
             element = etree.SubElement(parent, f"{_CODE}{child.index}")
             _append(element, child.children)
+
+
+def append_text(parent: etree._Element, text: str) -> None:
+    """`text` at the end of `parent`'s content: its text, or its last child's tail. (lxml's
+    len() counts the children one by one: asking it at each append was quadratic.)"""
+    try:
+        last = parent[-1]
+    except IndexError:
+        parent.text = (parent.text or "") + text
+        return
+    last.tail = (last.tail or "") + text
+
+
+def plain(children: Sequence[Code | str]) -> str:
+    """The text of strings and codes, without the codes."""
+    return "".join(c if isinstance(c, str) else plain(c.children) for c in children)
 
 
 def read_inline(translation: str) -> list[Code | str]:

@@ -205,8 +205,9 @@ def parse_xml(data: bytes, what: str) -> etree._Element:
 
 
 def serialize_xml(root: etree._Element) -> bytes:
-    """A part written back as Office and ODF write theirs: UTF-8 with an XML declaration."""
-    standalone = root.getroottree().docinfo.standalone
+    """A part written back as Office and ODF write theirs: UTF-8 with an XML declaration,
+    `standalone` only where the part said it (lxml reads an undeclared one as False)."""
+    standalone = root.getroottree().docinfo.standalone or None
     data: bytes = etree.tostring(
         root, xml_declaration=True, encoding="UTF-8", standalone=standalone
     )

@@ -47,7 +47,9 @@ def plain_text(unit: Unit) -> str:
     if unit.format == "text":
         return unit.text
     if unit.format == "xml":
-        return "".join(etree.fromstring(unit.text).itertext())
+        # Bytes: lxml refuses a str that starts with an encoding declaration (an XHTML file).
+        parser = etree.XMLParser(resolve_entities=False, no_network=True)
+        return "".join(etree.fromstring(unit.text.encode("utf-8"), parser=parser).itertext())
     return " ".join(markup.parse(unit.text, "html").blocks)
 
 

@@ -34,3 +34,9 @@ async def client(fake: FakeModel) -> AsyncIterator[httpx.AsyncClient]:
     """The app over the fake model with the test settings, lifespan running."""
     async with running(create_app(fast_settings(), models=[fake])) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def shipped_engine(shipped_bundle: Path) -> Engine:
+    """The shipped en->de model's engine (the documents' placement tests)."""
+    return Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)

@@ -92,6 +92,46 @@ async def test_a_docx_is_queued_translated_downloaded_and_deleted(tmp_path: Path
         assert not (tmp_path / id).exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "media_type", "sent", "translated"),
+    [
+        (
+            "talk.srt",
+            "text/plain",  # what httpx and browsers send for a .srt
+            b"1\n00:00:01,000 --> 00:00:02,000\nA dog runs.\n",
+            b"1\n00:00:01,000 --> 00:00:02,000\nA DOG RUNS.\n",
+        ),
+        (
+            "notes.md",
+            "text/markdown",
+            b"# Title\n\nA **dog** runs.\n",
+            b"# TITLE\n\nA **DOG** RUNS.\n",
+        ),
+        (
+            "page.xhtml",
+            "application/xhtml+xml",
+            b'<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml">'
+            b"<body><p>A dog runs.</p></body></html>",
+            b"<p>A DOG RUNS.</p>",
+        ),
+    ],
+)
+async def test_every_family_goes_through_the_api(
+    tmp_path: Path, name: str, media_type: str, sent: bytes, translated: bytes
+) -> None:
+    """The formats of every module are registered, chosen by name against a text/* media type,
+    and translated as jobs (an XHTML file starts with its XML declaration)."""
+    settings = fast_settings(documents_dir=tmp_path)
+    async with running(create_app(settings, models=[FakeModel()])) as client:
+        files = {"file": (name, sent, media_type)}
+        response = await client.post("/documents", data=EN_DE, files=files)
+        assert response.status_code == 202, response.text
+        status = await finished(client, response.json()["id"])
+        assert status["status"] == "done", status
+        result = await client.get(f"/documents/{status['id']}/result")
+        assert translated in result.content, result.content
+
+
 async def test_results_expire(tmp_path: Path) -> None:
     settings = fast_settings(documents_dir=tmp_path, document_ttl_s=0.2)
     async with running(create_app(settings, models=[FakeModel()])) as client:

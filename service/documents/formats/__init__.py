@@ -8,15 +8,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from service.documents.base import DocumentFormat
-from service.documents.formats import ooxml
+from service.documents.formats import (
+    epub,
+    localization,
+    markdown,
+    ooxml,
+    opendocument,
+    plain,
+    subtitles,
+)
 from service.documents.safe import DocumentError
 from service.errors import ErrorType
 
-FORMATS: tuple[DocumentFormat, ...] = (*ooxml.FORMATS,)
+FORMATS: tuple[DocumentFormat, ...] = (
+    *ooxml.FORMATS,
+    *opendocument.FORMATS,
+    *epub.FORMATS,
+    *subtitles.FORMATS,
+    *markdown.FORMATS,
+    *localization.FORMATS,
+    *plain.FORMATS,
+)
 
 PDF_MAGIC = b"%PDF-"
 # Media types that say nothing of a file's format (curl's default, a browser's guess).
 _GENERIC_TYPES = frozenset({"", "application/octet-stream", "binary/octet-stream"})
+# Media types clients give any text or XML file (httpx and browsers send text/plain for .srt,
+# .md and .po): they do not name a format against a file's extension.
+_TEXT_TYPES = frozenset({"text/plain", "text/xml", "application/xml"})
 
 
 def names(formats: Sequence[DocumentFormat] = FORMATS) -> list[str]:
@@ -64,7 +83,7 @@ def choose(
         if declared not in _GENERIC_TYPES:
             what += f" and of type {declared}"
         raise unsupported(f"{what} are not translated", formats)
-    if by_type is not None and by_type is not chosen:
+    if by_type is not None and by_type is not chosen and declared not in _TEXT_TYPES:
         raise unsupported(
             f"{filename} is named as a {chosen.name} file but sent as {declared} ({by_type.name})",
             formats,
