@@ -71,6 +71,8 @@ class Job:
     error_message: str | None = None
     size: int = 0  # bytes of the file sent and its result
     attempts: int = 0  # times a worker started it (MAX_ATTEMPTS)
+    characters: int = 0  # of text in the file sent (charged to the key that sent it)
+    key: str | None = None  # a DeepL upload's document_key, which its status and result need
 
     def seconds_left(self, now: float) -> float | None:
         """At the pace so far; None until a sentence is done."""
@@ -131,6 +133,9 @@ class Documents:
         source: str,
         target: str,
         options: Mapping[str, Any],
+        *,
+        characters: int = 0,
+        key: str | None = None,
     ) -> Job:
         self.expire()
         jobs = list(self._jobs())
@@ -156,6 +161,8 @@ class Documents:
             dict(options),
             time.time(),
             size=len(data),
+            characters=characters,
+            key=key,
         )
         folder = self.directory / job.id
         folder.mkdir()

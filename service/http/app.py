@@ -13,6 +13,8 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service.documents.jobs import Documents
 from service.http.deepl import InProcessUsage, deepl_face, deepl_router
+from service.http.deepl_documents import deepl_document_router
+from service.http.deepl_glossaries import deepl_glossary_router
 from service.http.docs_ui import docs_router
 from service.http.documents import documents_router
 from service.http.errors import ErrorRenderer, install_error_handlers
@@ -91,7 +93,10 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         app.include_router(libretranslate_router, prefix=settings.libretranslate_prefix)
     if settings.deepl:
         # Characters counted in this process (a worker's own) until shared quotas replace it.
-        app.include_router(deepl_router(InProcessUsage()), prefix=settings.deepl_prefix)
+        usage = InProcessUsage()
+        app.include_router(deepl_router(usage), prefix=settings.deepl_prefix)
+        app.include_router(deepl_glossary_router, prefix=settings.deepl_prefix)
+        app.include_router(deepl_document_router(usage), prefix=settings.deepl_prefix)
     if settings.web_ui:
         app.include_router(web_router())
     install_error_handlers(app, renderer)

@@ -3,10 +3,11 @@
 authentication (`Authorization: DeepL-Auth-Key KEY`, or the deprecated `auth_key` field),
 statuses and error body (`{"message": ...}`), over the same pipeline as the native routes.
 
-Glossaries, documents and quotas are DeepL faces of the service's own (other modules): their
-routes join `deepl_router`'s, read their fields with `deepl_fields`, authenticate with
-`deepl_key`, and answer errors through `deepl_face` (every path under /v2 and /v3). A glossary
-named in a translation is looked up by `_glossary`, which knows none yet.
+Glossaries and documents are DeepL faces of the service's own (service/http/deepl_glossaries.py,
+deepl_documents.py): their routes sit beside `deepl_router`'s, read their fields and key with
+`deepl_call`, their languages with `deepl_languages`, and answer errors through `deepl_face`
+(every path under /v2 and /v3). A glossary named in a translation is the caller's own, of the
+translation's pair (Runtime.terms).
 
 What each field does, honoured or accepted and ignored, is in docs/api.md#deepls-api.
 """
@@ -24,6 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
 from service.errors import ErrorType, ServiceError
+from service.glossaries import owner_of
 from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.http.middleware import (
@@ -44,6 +46,7 @@ from service.text.detect import detector_label
 from service.text.markup import Tags
 from service.text.pipeline import Form
 from service.text.segment import Splitting
+from service.text.terms import Terms
 
 # DeepL's regional variants of a served language, which a target code may name (a source code
 # never does): each is the served language, and says so in /v2/languages?type=target.
@@ -79,6 +82,7 @@ def deepl_face(prefix: str) -> ErrorFace:
         ErrorType.UNAUTHORIZED: 403,
         ErrorType.INPUT_TOO_LONG: 413,
         ErrorType.QUOTA_EXCEEDED: 456,
+        ErrorType.DOCUMENT_NOT_READY: 503,  # DeepL's client retries its download on a 503
     }
     return ErrorFace(
         (f"{prefix}/v2", f"{prefix}/v3"), statuses, lambda message: {"message": message}
@@ -165,11 +169,13 @@ HeaderKey = Annotated[str | None, Depends(_header_key)]
 @dataclass(frozen=True)
 class DeepLCaller:
     """Who calls: the key presented (None when the service takes no keys: usage then counts
-    for everyone together, a key nobody checks names nobody) and, for a key of the key store,
-    its limits (service/keys/)."""
+    for everyone together, a key nobody checks names nobody), for a key of the key store its
+    limits (service/keys/), and the owner of the glossaries it makes and names (as the native
+    API's: the presented key's, service/glossaries.py)."""
 
     key: str | None
     stored: ApiKey | None
+    owner: str
 
 
 async def deepl_key(
@@ -180,7 +186,15 @@ async def deepl_key(
     field = fields.get("auth_key")
     key = header_key if header_key is not None or not isinstance(field, str) else field
     stored = await check_api_key(runtime, key, request)
-    return DeepLCaller(key if runtime.settings.api_keys or stored else None, stored)
+    return DeepLCaller(key if runtime.settings.api_keys or stored else None, stored, owner_of(key))
+
+
+async def deepl_call(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> tuple[dict[str, Any], DeepLCaller]:
+    """A request's fields (`deepl_fields`) and its caller, checked (`deepl_key`)."""
+    fields = await deepl_fields(request, runtime, header_key)
+    return fields, await deepl_key(runtime, request, fields, header_key)
 
 
 # --- Values ------------------------------------------------------------------------------------
@@ -312,10 +326,50 @@ def _pair(runtime: Runtime, sources: list[str], targets: list[str]) -> tuple[str
     return (served or pairs)[0]
 
 
-def _glossary(glossary_id: str, source: str | None, target: str) -> None:
-    """The seam where a translation's glossary is found (the terminology work adds the store):
-    there is none yet, so every id is DeepL's not found."""
-    raise ServiceError(ErrorType.NOT_FOUND, f"Glossary '{glossary_id}' not found.")
+def deepl_languages(runtime: Runtime, fields: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The served source (None: not given, detected) and target languages that the fields
+    `source_lang` and `target_lang` (required) name; a firm formality is refused (no served
+    model has formality)."""
+    languages = _Languages.of(runtime)
+    if not _text(fields, "target_lang"):
+        raise _bad("Parameter 'target_lang' not specified.")
+    targets = _code(languages.targets, fields, "target_lang")
+    sources = _code(languages.sources, fields, "source_lang")
+    if _choice(fields, "formality", _FORMALITIES) in ("more", "less"):
+        target_code = str(fields["target_lang"]).upper()
+        raise _bad(f"Target language '{target_code}' doesn't support formality.")
+    return _pair(runtime, sources, targets) if sources else (None, targets[0])
+
+
+def deepl_code(runtime: Runtime, language: str) -> str:
+    """A served language's DeepL code, as glossaries write it (lower case: "en")."""
+    return _Languages.of(runtime).codes[language].lower()
+
+
+def _terms(
+    runtime: Runtime, fields: Mapping[str, Any], owner: str, source: str | None, target: str
+) -> Terms | None:
+    """The glossary a translation names (`glossary_id`, or one in `glossary_ids`): the
+    caller's, of the translation's pair, which needs its source given (DeepL's rule)."""
+    glossary_id = _text(fields, "glossary_id")
+    named = ([glossary_id] if glossary_id else []) + _names(fields, "glossary_ids")
+    if not named:
+        return None
+    if source is None:
+        raise _bad("Use of a glossary requires the source_lang parameter to be specified")
+    if len(named) > 1:
+        raise _bad("Only one glossary per request is supported by this service.")
+    try:
+        return runtime.terms(owner, (source, target), named[0])
+    except ServiceError as e:
+        if e.type is ErrorType.NOT_FOUND:
+            raise glossary_not_found(named[0]) from None
+        raise
+
+
+def glossary_not_found(glossary_id: str) -> ServiceError:
+    """DeepL's answer for a glossary this key does not have (another key's included)."""
+    return ServiceError(ErrorType.NOT_FOUND, f"Glossary '{glossary_id}' not found.")
 
 
 @dataclass(frozen=True)
@@ -329,25 +383,18 @@ class _Translate:
     form: Form
     billed: bool
     model_type: str | None
+    terms: Terms | None
 
 
-def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translate:
+def _translate_request(runtime: Runtime, fields: Mapping[str, Any], owner: str) -> _Translate:
     texts = _texts(fields)
-    languages = _Languages.of(runtime)
-    if not _text(fields, "target_lang"):
-        raise _bad("Parameter 'target_lang' not specified.")
-    targets = _code(languages.targets, fields, "target_lang")
-    sources = _code(languages.sources, fields, "source_lang")
-    source, target = _pair(runtime, sources, targets) if sources else (None, targets[0])
+    source, target = deepl_languages(runtime, fields)
     target_code = str(fields["target_lang"]).upper()
     tag_handling = cast(
         Literal["html", "xml"] | None, _choice(fields, "tag_handling", ("html", "xml"))
     )
     default_splitting = "nonewlines" if tag_handling else "1"
     splitting = _SPLITTING[_choice(fields, "split_sentences", _SPLITTING) or default_splitting]
-    formality = _choice(fields, "formality", _FORMALITIES)
-    if formality in ("more", "less"):  # no served model has formality
-        raise _bad(f"Target language '{target_code}' doesn't support formality.")
     model_type = _choice(fields, "model_type", _MODEL_TYPES)
     # Accepted, with nothing to do (docs/api.md): the layout is always kept; blocks are the
     # markup's own and its tag lists' (outline detection); no model reads context.
@@ -355,9 +402,7 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translat
     _flag(fields, "outline_detection", True)
     _choice(fields, "tag_handling_version", ("v1", "v2"))
     _text(fields, "context")
-    glossary_id = _text(fields, "glossary_id")
-    for glossary in ([glossary_id] if glossary_id else []) + _names(fields, "glossary_ids"):
-        _glossary(glossary, source, target)
+    terms = _terms(runtime, fields, owner, source, target)
     if len(texts) > runtime.settings.max_texts:
         raise _bad(f"Too many texts: {len(texts)}; the limit is {runtime.settings.max_texts}.")
     form = Form(
@@ -366,7 +411,7 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any]) -> _Translat
         tags=Tags(*(frozenset(_names(fields, name)) for name in _TAG_LISTS)),
     )
     billed = _flag(fields, "show_billed_characters", False)
-    return _Translate(texts, source, target, target_code, form, billed, model_type)
+    return _Translate(texts, source, target, target_code, form, billed, model_type, terms)
 
 
 # --- Answers -----------------------------------------------------------------------------------
@@ -447,15 +492,14 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         """DeepL's /v2/translate: one text or many, from a given or detected language."""
         deadline = time.monotonic() + runtime.settings.request_timeout_s
         with runtime.accept():
-            fields = await deepl_fields(request, runtime, header_key)
-            caller = await deepl_key(runtime, request, fields, header_key)
-            body = _translate_request(runtime, fields)
+            fields, caller = await deepl_call(request, runtime, header_key)
+            body = _translate_request(runtime, fields, caller.owner)
             texts = body.texts
             characters = sum(len(text) for text in texts)
             await runtime.access.charge(caller.stored, characters)
             found = await translate_texts(
                 request, runtime, texts, body.source, body.target, {},
-                deadline=deadline, form=body.form,
+                deadline=deadline, form=body.form, terms=body.terms,
             )  # fmt: skip
         usage.record(caller.key, characters)
         return DeepLTranslateResponse(
@@ -470,8 +514,7 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
     ) -> list[DeepLLanguage]:
         """The served languages with DeepL's codes: as sources, or (`type=target`) as targets,
         English and Portuguese also by their regional variants; no model has formality."""
-        fields = await deepl_fields(request, runtime, header_key)
-        await deepl_key(runtime, request, fields, header_key)
+        fields, _ = await deepl_call(request, runtime, header_key)
         kind = fields.get("type", "source")
         if kind not in ("source", "target"):
             raise _bad("Parameter 'type' is invalid. 'source' and 'target' are valid values.")
@@ -501,8 +544,7 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         """The characters translated with this key and its limit: a key of the key store's
         month, counted in every replica; else this process's count, without a limit
         (docs/api.md)."""
-        fields = await deepl_fields(request, runtime, header_key)
-        caller = await deepl_key(runtime, request, fields, header_key)
+        _, caller = await deepl_call(request, runtime, header_key)
         if caller.stored is not None:
             month = (await runtime.access.quotas.usage(caller.stored)).characters_per_month
             count, limit = month.used, month.limit

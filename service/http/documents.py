@@ -84,11 +84,14 @@ async def upload(
     runtime: Runtime,
     documents: Documents,
     authorize: Callable[[dict[str, Any]], Awaitable[ApiKey | None]],
+    *,
+    key: str | None = None,
 ) -> Job:
     """The file of a multipart request and its fields (the query string's first), checked
-    (`authorize(fields)` first: the caller; then the file's format by its name and content,
+    (`authorize(fields)` first: the caller, and a compatible API's fields put into the native
+    ones; then the file's format by its name, else the `filename` field's, and content,
     readable within the limits, a served language pair), its characters charged to the
-    caller's key (service/keys/), and queued."""
+    caller's key (service/keys/), and queued (`key`: a DeepL document_key)."""
     settings = runtime.settings
     form = await request.form(max_files=1, max_fields=_MAX_FIELDS)
     fields: dict[str, Any] = dict(request.query_params)
@@ -101,7 +104,8 @@ async def upload(
         raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid request: missing file parameter")
     fields.pop("api_key", None)
     body = validate(DocumentFields, fields, strict=False)
-    filename = (file.filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+    filename = (file.filename or str(fields.get("filename") or "")).replace("\\", "/")
+    filename = filename.rsplit("/", 1)[-1]
     data = await file.read(settings.max_document_bytes + 1)
     if len(data) > settings.max_document_bytes:
         raise ServiceError(
@@ -138,6 +142,8 @@ async def upload(
         body.source,
         body.target,
         body.decoding(),
+        characters=characters,
+        key=key,
     )
 
 

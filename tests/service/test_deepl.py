@@ -5,6 +5,7 @@ field. The official clients against the real model: test_deepl_clients.py."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -117,8 +118,12 @@ async def test_english_variants_are_the_served_english(
          "Value for 'model_type' not supported."),
         ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_id": "g1"}, 404,
          "Glossary 'g1' not found."),
-        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_ids": "g2,g3"}, 404,
+        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_ids": "g2"}, 404,
          "Glossary 'g2' not found."),
+        ({"text": "a", "target_lang": "DE", "source_lang": "EN", "glossary_ids": "g2,g3"}, 400,
+         "Only one glossary per request is supported by this service."),
+        ({"text": "a", "target_lang": "DE", "glossary_id": "g1"}, 400,
+         "Use of a glossary requires the source_lang parameter to be specified"),
     ],
 )  # fmt: skip
 async def test_bad_parameters_get_deepls_status_and_message(
@@ -321,3 +326,174 @@ async def test_a_setting_moves_deepls_api_or_turns_it_off(fake: FakeModel) -> No
     async with running(create_app(fast_settings(deepl=False), models=[fake])) as c:
         response = await c.post("/v2/translate", data=form)
         assert response.status_code == 404 and "error" in response.json()
+
+
+# --- Glossaries and documents ------------------------------------------------------------------
+
+K2 = {"Authorization": "DeepL-Auth-Key k2"}
+CREATED = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+async def test_v2_glossaries_are_the_services_own(
+    deepl: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    """Made from TSV (a form) or CSV (JSON), listed, read, their entries as TSV, used by
+    /v2/translate, another key's a 404, deleted; the same glossaries as /glossaries."""
+    form = {"name": "shop", "source_lang": "EN", "target_lang": "DE", "entries_format": "tsv",
+            "entries": "bike\tRAD\ncar\tWAGEN"}  # fmt: skip
+    made = await deepl.post("/v2/glossaries", data=form, headers=KEY)
+    assert made.status_code == 201, made.text
+    glossary = made.json()
+    assert re.fullmatch(CREATED, glossary.pop("creation_time"))
+    id = glossary.pop("glossary_id")
+    assert glossary == {"name": "shop", "ready": True, "source_lang": "en", "target_lang": "de",
+                        "entry_count": 2}  # fmt: skip
+    csv = {**form, "name": "csv", "entries_format": "csv", "entries": 'car,"WAGEN, AUTO",en,de'}
+    assert (await deepl.post("/v2/glossaries", json=csv, headers=KEY)).status_code == 201
+    listed = (await deepl.get("/v2/glossaries", headers=KEY)).json()["glossaries"]
+    assert [(g["name"], g["entry_count"]) for g in listed] == [("shop", 2), ("csv", 1)]
+    assert (await deepl.get(f"/v2/glossaries/{id}", headers=KEY)).json()["glossary_id"] == id
+    native = await deepl.get(f"/glossaries/{id}", headers={"X-API-Key": "k1"})
+    assert native.json()["entry_count"] == 2
+    entries = await deepl.get(f"/v2/glossaries/{id}/entries", headers=KEY)
+    assert entries.headers["content-type"] == "text/tab-separated-values; charset=utf-8"
+    assert entries.text == "bike\tRAD\ncar\tWAGEN"
+    fake.constraints.clear()
+    body = {"text": "a bike", "source_lang": "EN", "target_lang": "DE", "glossary_id": id}
+    assert (await deepl.post("/v2/translate", data=body, headers=KEY)).status_code == 200
+    (sentences,) = [c for c in fake.constraints if any(c)]
+    assert [c.terms for c in sentences] == [(tuple(map(ord, "RAD")),)]
+    for path in (f"/v2/glossaries/{id}", f"/v2/glossaries/{id}/entries"):
+        assert message(await deepl.get(path, headers=K2), 404) == f"Glossary '{id}' not found."
+    other = await deepl.post("/v2/translate", data=body, headers=K2)
+    assert message(other, 404) == f"Glossary '{id}' not found."
+    assert (await deepl.delete(f"/v2/glossaries/{id}", headers=K2)).status_code == 404
+    assert (await deepl.delete(f"/v2/glossaries/{id}", headers=KEY)).status_code == 204
+    assert (await deepl.get(f"/v2/glossaries/{id}", headers=KEY)).status_code == 404
+    pairs = (await deepl.get("/v2/glossary-language-pairs", headers=KEY)).json()
+    de_en, en_de = pairs["supported_languages"]
+    assert (de_en, en_de) == (
+        {"source_lang": "de", "target_lang": "en"},
+        {"source_lang": "en", "target_lang": "de"},
+    )
+    assert (await deepl.get("/v2/glossaries")).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"source_lang": "EN", "target_lang": "DE", "entries_format": "tsv"},
+         "Missing or invalid argument: name"),
+        ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "xlsx",
+          "entries": "a\tb"}, "Unsupported entry format specified"),
+        ({"name": "g", "target_lang": "DE", "entries_format": "tsv", "entries": "a\tb"},
+         "Missing or invalid argument: source_lang"),
+        ({"name": "g", "source_lang": "EN", "target_lang": "FR", "entries_format": "tsv",
+          "entries": "a\tb"}, "Value for 'target_lang' not supported."),
+        ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "tsv",
+          "entries": "a\tb\tc"}, "line 1: 3 fields"),
+    ],
+)  # fmt: skip
+async def test_a_bad_glossary_is_deepls_400(
+    deepl: httpx.AsyncClient, fields: dict[str, str], expected: str
+) -> None:
+    response = await deepl.post("/v2/glossaries", data=fields, headers=KEY)
+    assert expected in message(response, 400)
+
+
+async def test_v3_glossaries_of_one_dictionary(deepl: httpx.AsyncClient) -> None:
+    dictionary = {"source_lang": "de", "target_lang": "en", "entries": "Rad\tbike",
+                  "entries_format": "tsv"}  # fmt: skip
+    made = await deepl.post(
+        "/v3/glossaries", json={"name": "m", "dictionaries": [dictionary]}, headers=KEY
+    )
+    assert made.status_code == 201, made.text
+    glossary = made.json()
+    id = glossary["glossary_id"]
+    assert re.fullmatch(CREATED, glossary["creation_time"])
+    assert glossary["dictionaries"] == [
+        {"source_lang": "de", "target_lang": "en", "entry_count": 1}
+    ]
+    listed = (await deepl.get("/v3/glossaries", headers=KEY)).json()["glossaries"]
+    assert [g["glossary_id"] for g in listed] == [id]
+    assert (await deepl.get(f"/v3/glossaries/{id}", headers=KEY)).json() == glossary
+    entries = await deepl.get(
+        f"/v3/glossaries/{id}/entries", params={"source_lang": "DE", "target_lang": "EN"},
+        headers=KEY,
+    )  # fmt: skip
+    assert entries.json() == {"dictionaries": [{**dictionary, "source_lang": "de"}]}
+    wrong = await deepl.get(
+        f"/v3/glossaries/{id}/entries", params={"source_lang": "en", "target_lang": "de"},
+        headers=KEY,
+    )  # fmt: skip
+    assert message(wrong, 404) == "The glossary has no dictionary en -> de"
+    two = {"name": "m", "dictionaries": [dictionary, dictionary]}
+    assert "one dictionary" in message(
+        await deepl.post("/v3/glossaries", json=two, headers=KEY), 400
+    )
+    assert (await deepl.delete(f"/v3/glossaries/{id}", headers=KEY)).status_code == 204
+    assert (await deepl.get(f"/v2/glossaries/{id}", headers=KEY)).status_code == 404
+
+
+SRT = b"1\n00:00:01,000 --> 00:00:02,000\nA dog runs.\n"
+
+
+async def test_a_document_uploaded_polled_and_downloaded_once(
+    deepl: httpx.AsyncClient, fake: FakeModel
+) -> None:
+    fake.gate = threading.Event()  # held: the first answers are before it is done
+    fields = {"source_lang": "EN", "target_lang": "DE"}
+    sent = await deepl.post(
+        "/v2/document", files={"file": ("talk.srt", SRT)}, data=fields, headers=KEY
+    )
+    assert sent.status_code == 200, sent.text
+    handle = sent.json()
+    assert set(handle) == {"document_id", "document_key"}
+    id, key = handle["document_id"], {"document_key": handle["document_key"]}
+    early = await deepl.post(f"/v2/document/{id}/result", json=key, headers=KEY)
+    assert message(early, 503) == "Document translation is not done"
+    status = (await deepl.post(f"/v2/document/{id}", json=key, headers=KEY)).json()
+    assert status["document_id"] == id and status["status"] in ("queued", "translating")
+    for wrong in ({"document_key": "0" * 32}, {}):
+        answer = await deepl.post(f"/v2/document/{id}", json=wrong, headers=KEY)
+        assert message(answer, 404) == "Document not found"
+    fake.gate.set()
+
+    for _ in range(500):
+        status = (await deepl.post(f"/v2/document/{id}", data=key, headers=KEY)).json()
+        if status["status"] == "done":
+            break
+        await asyncio.sleep(0.02)
+    billed = status.pop("billed_characters")
+    assert status == {"document_id": id, "status": "done"}
+    result = await deepl.post(f"/v2/document/{id}/result", json=key, headers=KEY)
+    assert result.content == SRT.replace(b"A dog runs.", b"A DOG RUNS.")
+    again = await deepl.post(f"/v2/document/{id}/result", json=key, headers=KEY)
+    assert message(again, 404) == "Document not found"  # DeepL's: removed once downloaded
+    usage = (await deepl.get("/v2/usage", headers=KEY)).json()
+    assert usage["character_count"] == billed >= len("A dog runs.")  # what was charged
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"source_lang": "EN"}, "Parameter 'target_lang' not specified."),
+        ({"target_lang": "FR"}, "Value for 'target_lang' not supported."),
+        ({"target_lang": "DE", "source_lang": "EN", "glossary_id": "g"},
+         "Glossaries are not supported for documents by this service (only for /v2/translate)."),
+        ({"target_lang": "DE", "output_format": "pdf"},
+         "Value for 'output_format' not supported: a document is translated into its own format."),
+    ],
+)  # fmt: skip
+async def test_a_bad_document_upload_is_deepls_400(
+    deepl: httpx.AsyncClient, fields: dict[str, str], expected: str
+) -> None:
+    answer = await deepl.post(
+        "/v2/document", files={"file": ("talk.srt", SRT)}, data=fields, headers=KEY
+    )
+    assert message(answer, 400) == expected
+    wrong_key = {"Authorization": "DeepL-Auth-Key nope"}
+    refused = await deepl.post(
+        "/v2/document", files={"file": ("talk.srt", SRT)}, data=fields, headers=wrong_key
+    )
+    assert refused.status_code == 403
