@@ -74,14 +74,15 @@ _LISTS = ("text", *_TAG_LISTS, "glossary_ids")
 
 def deepl_face(prefix: str) -> ErrorFace:
     """DeepL's error body, `{"message": ...}`, and its statuses: 400 for what the native API
-    answers 422, 403 for a missing or wrong key, 413 for a request too large in bytes or in
-    characters (and a sentence over the model's limit), 456 for a key's character quota spent
-    (service/keys/)."""
+    answers 422 or 415, 403 for a missing or wrong key, 413 for a request too large in bytes or
+    in characters (and a sentence over the model's limit), 456 for a key's character quota
+    spent (service/keys/), 503 for a document not translated yet."""
     statuses = {
         **{type: 400 for type, row in ERROR_TABLE.items() if row.status == 422},
         ErrorType.UNAUTHORIZED: 403,
         ErrorType.INPUT_TOO_LONG: 413,
         ErrorType.QUOTA_EXCEEDED: 456,
+        ErrorType.UNSUPPORTED_MEDIA_TYPE: 400,  # a file of no format served
         ErrorType.DOCUMENT_NOT_READY: 503,  # DeepL's client retries its download on a 503
     }
     return ErrorFace(

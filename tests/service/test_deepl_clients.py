@@ -6,16 +6,21 @@ docs/contributing.md). Request and answer shapes field by field: test_deepl.py."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import deepl
+import docx
 import pytest
+import srt
+from deepl.api_data import MultilingualGlossaryDictionaryEntries
 
 from service.keys.__main__ import main as keys_cli
 from tests.service.helpers import ServerProcess, server_process
@@ -130,6 +135,73 @@ def test_refusals_are_the_clients_exceptions(
     assert isinstance(result, deepl.TextResult) and result.text
     with pytest.raises(deepl.DeepLException, match="Not found"):
         translator.translate_text("A dog.", source_lang="EN", target_lang="DE", glossary="g-1")
+    with pytest.raises(deepl.AuthorizationException):
+        deepl.Translator("wrong-key", server_url=server.url).list_glossaries()
+
+
+def test_glossaries_made_read_used_and_deleted(
+    server: ServerProcess, translator: deepl.Translator
+) -> None:
+    """v2's glossaries (Translator) and v3's (DeepLClient), one store: the glossary's target
+    term is in the translation that names it."""
+    made = translator.create_glossary("people", "EN", "DE", {"man": "Herr"})
+    assert (made.source_lang, made.target_lang, made.entry_count, made.ready) == (
+        "EN",
+        "DE",
+        1,
+        True,
+    )
+    assert made.creation_time.tzinfo is not None  # parsed with its fractional seconds and zone
+    assert [g.glossary_id for g in translator.list_glossaries()] == [made.glossary_id]
+    assert translator.get_glossary(made.glossary_id).name == "people"
+    assert translator.get_glossary_entries(made) == {"man": "Herr"}
+    text = "A man is riding a bike."
+    result = translator.translate_text(text, source_lang="EN", target_lang="DE", glossary=made)
+    assert isinstance(result, deepl.TextResult) and "Herr" in result.text, result.text
+    pairs = [(p.source_lang, p.target_lang) for p in translator.get_glossary_languages()]
+    assert pairs == [("de", "en"), ("en", "de")]
+    client = deepl.DeepLClient(KEY, server_url=server.url)
+    dictionary = MultilingualGlossaryDictionaryEntries("DE", "EN", {"Hund": "dog"})
+    multilingual = client.create_multilingual_glossary("animals", [dictionary])
+    [info] = multilingual.dictionaries
+    assert (info.source_lang, info.target_lang, info.entry_count) == ("DE", "EN", 1)
+    [entries] = client.get_multilingual_glossary_entries(multilingual, "DE", "EN").dictionaries
+    assert entries.entries == "Hund\tdog"  # DeepL's TSV, as the client hands it on
+    assert len(client.list_multilingual_glossaries()) == 2
+    client.delete_multilingual_glossary(multilingual)
+    translator.delete_glossary(made)
+    with pytest.raises(deepl.GlossaryNotFoundException):
+        translator.get_glossary(made.glossary_id)
+
+
+def test_documents_docx_in_one_call_srt_uploaded_polled_downloaded(
+    translator: deepl.Translator,
+) -> None:
+    document = docx.Document()
+    document.add_paragraph("A man is riding a bike.")
+    sent = io.BytesIO()
+    document.save(sent)
+    sent.seek(0)
+    sent.name = "note.docx"  # as a file opened from a path (requests sends the name)
+    translated = io.BytesIO()
+    status = translator.translate_document(sent, translated, source_lang="EN", target_lang="DE")
+    # Billed: the characters charged to the key, the text of the document's units (its
+    # runs' markup included), as the native upload counts them.
+    assert status.done and status.billed_characters >= len("A man is riding a bike.")
+    [paragraph] = docx.Document(io.BytesIO(translated.getvalue())).paragraphs
+    assert "Mann" in paragraph.text, paragraph.text
+    subtitles = "1\n00:00:01,000 --> 00:00:03,000\nTwo dogs are playing in the snow.\n"
+    handle = translator.translate_document_upload(
+        subtitles.encode(), target_lang="DE", filename="talk.srt"
+    )
+    deadline = time.monotonic() + 60
+    while not (polled := translator.translate_document_get_status(handle)).done:
+        assert polled.ok and time.monotonic() < deadline, polled.error_message
+        time.sleep(0.1)
+    out = io.BytesIO()
+    translator.translate_document_download(handle, out)
+    [subtitle] = srt.parse(out.getvalue().decode())
+    assert subtitle.start.total_seconds() == 1.0 and "Hunde" in subtitle.content, subtitle
 
 
 def _node_client() -> list[str]:
