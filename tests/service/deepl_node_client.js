@@ -29,6 +29,18 @@ async function main() {
     usage: await outcome(async () => (await translator.getUsage()).character),
     wrongKey: await outcome(() => wrong.translateText('A dog.', 'en', 'de')),
     unsupported: await outcome(() => translator.translateText('A dog.', 'en', 'fr')),
+    glossary: await outcome(async () => {
+      const entries = new deepl.GlossaryEntries({ entries: { man: 'Herr' } });
+      const made = await translator.createGlossary('node', 'en', 'de', entries);
+      const used = await translator.translateText(
+        'A man is riding a bike.', 'en', 'de', { glossary: made },
+      );
+      const read = (await translator.getGlossaryEntries(made)).entries();
+      await translator.deleteGlossary(made);
+      return {
+        made, entries: read, text: used.text, listed: (await translator.listGlossaries()).length,
+      };
+    }),
   };
   process.stdout.write(JSON.stringify(results));
 }

@@ -235,6 +235,12 @@ def test_the_node_client(server: ServerProcess) -> None:
     assert results["wrongKey"]["error"] == "AuthorizationError"
     assert results["unsupported"]["error"] == "DeepLError"
     assert "target_lang" in results["unsupported"]["message"]
+    glossary = results["glossary"]["ok"]
+    made = glossary["made"]
+    assert (made["sourceLang"], made["targetLang"], made["entryCount"]) == ("en", "de", 1)
+    assert made["ready"] is True and made["creationTime"].endswith("Z")
+    assert glossary["entries"] == {"man": "Herr"} and "Herr" in glossary["text"]
+    assert glossary["listed"] == 0  # deleted
 
 
 def test_a_spent_quota_is_the_clients_quota_exception(server: ServerProcess) -> None:
