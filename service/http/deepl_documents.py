@@ -118,10 +118,10 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
             return caller.stored
 
         with runtime.accept():
-            job = await upload(request, runtime, documents, authorize, key=secrets.token_hex(16))
+            document_key = secrets.token_hex(16)
+            job = await upload(request, runtime, documents, authorize, document_key=document_key)
         usage.record(caller_key, job.characters)
-        assert job.key is not None  # given above
-        return DeepLDocumentHandle(document_id=job.id, document_key=job.key)
+        return DeepLDocumentHandle(document_id=job.id, document_key=document_key)
 
     async def deepl_status(
         document_id: str,

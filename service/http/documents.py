@@ -85,13 +85,13 @@ async def upload(
     documents: Documents,
     authorize: Callable[[dict[str, Any]], Awaitable[ApiKey | None]],
     *,
-    key: str | None = None,
+    document_key: str | None = None,
 ) -> Job:
     """The file of a multipart request and its fields (the query string's first), checked
     (`authorize(fields)` first: the caller, and a compatible API's fields put into the native
     ones; then the file's format by its name, else the `filename` field's, and content,
     readable within the limits, a served language pair), its characters charged to the
-    caller's key (service/keys/), and queued (`key`: a DeepL document_key)."""
+    caller's key (service/keys/), and queued (with a DeepL `document_key`)."""
     settings = runtime.settings
     form = await request.form(max_files=1, max_fields=_MAX_FIELDS)
     fields: dict[str, Any] = dict(request.query_params)
@@ -143,7 +143,7 @@ async def upload(
         body.target,
         body.decoding(),
         characters=characters,
-        key=key,
+        key=document_key,
     )
 
 

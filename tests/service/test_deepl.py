@@ -450,6 +450,7 @@ async def test_a_document_uploaded_polled_and_downloaded_once(
     handle = sent.json()
     assert set(handle) == {"document_id", "document_key"}
     id, key = handle["document_id"], {"document_key": handle["document_key"]}
+    assert re.fullmatch("[0-9a-f]{32}", key["document_key"]) and key["document_key"] != id
     early = await deepl.post(f"/v2/document/{id}/result", json=key, headers=KEY)
     assert message(early, 503) == "Document translation is not done"
     status = (await deepl.post(f"/v2/document/{id}", json=key, headers=KEY)).json()
