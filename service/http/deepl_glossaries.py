@@ -10,7 +10,7 @@ key's is DeepL's 404.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from fastapi import APIRouter, Request, Response
@@ -158,14 +158,23 @@ def _create(
     return runtime.create_glossary(caller.owner, name, (source, target), parsed)
 
 
-def _owned(runtime: Runtime, caller: DeepLCaller, glossary_id: str) -> Glossary:
+async def _owned(
+    request: Request, runtime: Runtime, header_key: str | None, glossary_id: str
+) -> tuple[Glossary, dict[str, Any], DeepLCaller]:
+    """The caller's glossary `glossary_id` (another key's is not found), the request's fields
+    and its caller."""
+    fields, caller = await deepl_call(request, runtime, header_key)
     try:
-        return runtime.glossaries.get(caller.owner, glossary_id)
+        return runtime.glossaries.get(caller.owner, glossary_id), fields, caller
     except ServiceError:
         raise glossary_not_found(glossary_id) from None
 
 
-def _oldest_first(runtime: Runtime, caller: DeepLCaller) -> list[Glossary]:
+async def _oldest_first(
+    request: Request, runtime: Runtime, header_key: str | None
+) -> list[Glossary]:
+    """The caller's glossaries, oldest first."""
+    _, caller = await deepl_call(request, runtime, header_key)
     return sorted(runtime.glossaries.store.list(caller.owner), key=lambda g: g.created)
 
 
@@ -180,25 +189,6 @@ async def create_glossary(
     return _v2(runtime, _create(runtime, caller, _string(fields, "name"), fields))
 
 
-@deepl_glossary_router.get("/v2/glossaries", response_model=DeepLGlossaries, responses=_ERRORS)
-async def list_glossaries(
-    request: Request, runtime: RuntimeDep, header_key: HeaderKey
-) -> DeepLGlossaries:
-    """This key's glossaries, oldest first."""
-    _, caller = await deepl_call(request, runtime, header_key)
-    return DeepLGlossaries(glossaries=[_v2(runtime, g) for g in _oldest_first(runtime, caller)])
-
-
-@deepl_glossary_router.get(
-    "/v2/glossaries/{glossary_id}", response_model=DeepLGlossary, responses=_ERRORS
-)
-async def get_glossary(
-    glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
-) -> DeepLGlossary:
-    _, caller = await deepl_call(request, runtime, header_key)
-    return _v2(runtime, _owned(runtime, caller, glossary_id))
-
-
 @deepl_glossary_router.get(
     "/v2/glossaries/{glossary_id}/entries",
     response_class=Response,
@@ -208,8 +198,8 @@ async def glossary_entries(
     glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
 ) -> Response:
     """The entries as TSV, a source and its target term a line."""
-    _, caller = await deepl_call(request, runtime, header_key)
-    return Response(_tsv(_owned(runtime, caller, glossary_id)), media_type=_TSV)
+    glossary, _, _ = await _owned(request, runtime, header_key, glossary_id)
+    return Response(_tsv(glossary), media_type=_TSV)
 
 
 @deepl_glossary_router.get(
@@ -245,28 +235,6 @@ async def create_multilingual_glossary(
 
 
 @deepl_glossary_router.get(
-    "/v3/glossaries", response_model=DeepLMultilingualGlossaries, responses=_ERRORS
-)
-async def list_multilingual_glossaries(
-    request: Request, runtime: RuntimeDep, header_key: HeaderKey
-) -> DeepLMultilingualGlossaries:
-    _, caller = await deepl_call(request, runtime, header_key)
-    return DeepLMultilingualGlossaries(
-        glossaries=[_v3(runtime, g) for g in _oldest_first(runtime, caller)]
-    )
-
-
-@deepl_glossary_router.get(
-    "/v3/glossaries/{glossary_id}", response_model=DeepLMultilingualGlossary, responses=_ERRORS
-)
-async def get_multilingual_glossary(
-    glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
-) -> DeepLMultilingualGlossary:
-    _, caller = await deepl_call(request, runtime, header_key)
-    return _v3(runtime, _owned(runtime, caller, glossary_id))
-
-
-@deepl_glossary_router.get(
     "/v3/glossaries/{glossary_id}/entries", response_model=DeepLGlossaryEntries, responses=_ERRORS
 )
 async def multilingual_glossary_entries(
@@ -274,8 +242,7 @@ async def multilingual_glossary_entries(
 ) -> DeepLGlossaryEntries:
     """The entries of the dictionary `source_lang` -> `target_lang` (the glossary's one), as
     TSV."""
-    fields, caller = await deepl_call(request, runtime, header_key)
-    glossary = _owned(runtime, caller, glossary_id)
+    glossary, fields, _ = await _owned(request, runtime, header_key, glossary_id)
     source, target = _pair_codes(runtime, glossary)
     asked = (_string(fields, "source_lang").lower(), _string(fields, "target_lang").lower())
     if asked != (source, target):
@@ -289,17 +256,39 @@ async def multilingual_glossary_entries(
 async def delete_glossary(
     glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
 ) -> Response:
-    _, caller = await deepl_call(request, runtime, header_key)
-    _owned(runtime, caller, glossary_id)
+    _, _, caller = await _owned(request, runtime, header_key, glossary_id)
     runtime.glossaries.delete(caller.owner, glossary_id)
     return Response(status_code=204)
 
 
-for _version in ("v2", "v3"):  # one route each: one OpenAPI operation each
-    deepl_glossary_router.add_api_route(
-        f"/{_version}/glossaries/{{glossary_id}}",
-        delete_glossary,
-        methods=["DELETE"],
-        status_code=204,
-        responses=_ERRORS,
-    )
+def _read_routes(
+    version: str,
+    shape: Callable[[Runtime, Glossary], BaseModel],
+    one: type[BaseModel],
+    many: type[DeepLGlossaries | DeepLMultilingualGlossaries],
+) -> None:
+    """A version's list, get and delete routes, its glossaries in `shape`."""
+
+    async def list_glossaries(
+        request: Request, runtime: RuntimeDep, header_key: HeaderKey
+    ) -> BaseModel:
+        """This key's glossaries, oldest first."""
+        found = await _oldest_first(request, runtime, header_key)
+        return many.model_validate({"glossaries": [shape(runtime, g) for g in found]})
+
+    async def get_glossary(
+        glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
+    ) -> BaseModel:
+        return shape(runtime, (await _owned(request, runtime, header_key, glossary_id))[0])
+
+    path = f"/{version}/glossaries"
+    add = deepl_glossary_router.add_api_route
+    add(path, list_glossaries, methods=["GET"], response_model=many, responses=_ERRORS)
+    add(f"{path}/{{glossary_id}}", get_glossary, methods=["GET"], response_model=one,
+        responses=_ERRORS)  # fmt: skip
+    add(f"{path}/{{glossary_id}}", delete_glossary, methods=["DELETE"], status_code=204,
+        responses=_ERRORS)  # fmt: skip
+
+
+_read_routes("v2", _v2, DeepLGlossary, DeepLGlossaries)
+_read_routes("v3", _v3, DeepLMultilingualGlossary, DeepLMultilingualGlossaries)
