@@ -149,10 +149,9 @@ def _create(
     if entries_format not in ("tsv", "csv"):
         raise _bad("Unsupported entry format specified")
     entries = _string(fields, "entries")
-    if not _string(fields, "source_lang"):
-        raise _bad("Missing or invalid argument: source_lang")
+    _string(fields, "source_lang")  # required: a glossary's source is never detected
     source, target = deepl_languages(runtime, fields)
-    assert source is not None  # given: checked above
+    assert source is not None  # given
     codes = (deepl_code(runtime, source), deepl_code(runtime, target))
     parsed = parse_entries(entries, cast(EntriesFormat, entries_format), codes)
     return runtime.create_glossary(caller.owner, name, (source, target), parsed)
