@@ -254,3 +254,6 @@ def test_a_spent_quota_is_the_clients_quota_exception(server: ServerProcess) -> 
     with pytest.raises(deepl.QuotaExceededException):
         translator.translate_text(text, source_lang="EN", target_lang="DE")
     assert translator.get_usage().character.count == len(text)  # the refused one not charged
+    with pytest.raises(deepl.QuotaExceededException):  # a document's characters too
+        translator.translate_document_upload(text.encode(), target_lang="DE", filename="a.txt")
+    assert translator.get_usage().character.count == len(text)
