@@ -379,26 +379,24 @@ async def test_v2_glossaries_are_the_services_own(
     assert (await deepl.get("/v2/glossaries")).status_code == 403
 
 
-@pytest.mark.parametrize(
-    ("fields", "expected"),
-    [
-        ({"source_lang": "EN", "target_lang": "DE", "entries_format": "tsv"},
-         "Missing or invalid argument: name"),
-        ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "xlsx",
-          "entries": "a\tb"}, "Unsupported entry format specified"),
-        ({"name": "g", "target_lang": "DE", "entries_format": "tsv", "entries": "a\tb"},
-         "Missing or invalid argument: source_lang"),
-        ({"name": "g", "source_lang": "EN", "target_lang": "FR", "entries_format": "tsv",
-          "entries": "a\tb"}, "Value for 'target_lang' not supported."),
-        ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "tsv",
-          "entries": "a\tb\tc"}, "line 1: 3 fields"),
-    ],
-)  # fmt: skip
-async def test_a_bad_glossary_is_deepls_400(
-    deepl: httpx.AsyncClient, fields: dict[str, str], expected: str
-) -> None:
-    response = await deepl.post("/v2/glossaries", data=fields, headers=KEY)
-    assert expected in message(response, 400)
+BAD_GLOSSARIES = [
+    ({"source_lang": "EN", "target_lang": "DE", "entries_format": "tsv"},
+     "Missing or invalid argument: name"),
+    ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "xlsx",
+      "entries": "a\tb"}, "Unsupported entry format specified"),
+    ({"name": "g", "target_lang": "DE", "entries_format": "tsv", "entries": "a\tb"},
+     "Missing or invalid argument: source_lang"),
+    ({"name": "g", "source_lang": "EN", "target_lang": "FR", "entries_format": "tsv",
+      "entries": "a\tb"}, "Value for 'target_lang' not supported."),
+    ({"name": "g", "source_lang": "EN", "target_lang": "DE", "entries_format": "tsv",
+      "entries": "a\tb\tc"}, "line 1: 3 fields"),
+]  # fmt: skip
+
+
+async def test_a_bad_glossary_is_deepls_400(deepl: httpx.AsyncClient) -> None:
+    for fields, expected in BAD_GLOSSARIES:
+        response = await deepl.post("/v2/glossaries", data=fields, headers=KEY)
+        assert expected in message(response, 400), fields
 
 
 async def test_v3_glossaries_of_one_dictionary(deepl: httpx.AsyncClient) -> None:
@@ -475,26 +473,25 @@ async def test_a_document_uploaded_polled_and_downloaded_once(
     assert usage["character_count"] == billed >= len("A dog runs.")  # what was charged
 
 
-@pytest.mark.parametrize(
-    ("fields", "expected"),
-    [
-        ({"source_lang": "EN"}, "Parameter 'target_lang' not specified."),
-        ({"target_lang": "FR"}, "Value for 'target_lang' not supported."),
-        ({"target_lang": "DE", "source_lang": "EN", "glossary_id": "g"},
-         "Glossaries are not supported for documents by this service (only for /v2/translate)."),
-        ({"target_lang": "DE", "output_format": "pdf"},
-         "Value for 'output_format' not supported: a document is translated into its own format."),
-    ],
-)  # fmt: skip
-async def test_a_bad_document_upload_is_deepls_400(
-    deepl: httpx.AsyncClient, fields: dict[str, str], expected: str
-) -> None:
-    answer = await deepl.post(
-        "/v2/document", files={"file": ("talk.srt", SRT)}, data=fields, headers=KEY
-    )
-    assert message(answer, 400) == expected
+BAD_UPLOADS = [
+    ({"source_lang": "EN"}, "Parameter 'target_lang' not specified."),
+    ({"target_lang": "FR"}, "Value for 'target_lang' not supported."),
+    ({"target_lang": "DE", "source_lang": "EN", "glossary_id": "g"},
+     "Glossaries are not supported for documents by this service (only for /v2/translate)."),
+    ({"target_lang": "DE", "output_format": "pdf"},
+     "Value for 'output_format' not supported: a document is translated into its own format."),
+]  # fmt: skip
+
+
+async def test_a_bad_document_upload_is_deepls_400(deepl: httpx.AsyncClient) -> None:
     wrong_key = {"Authorization": "DeepL-Auth-Key nope"}
-    refused = await deepl.post(
-        "/v2/document", files={"file": ("talk.srt", SRT)}, data=fields, headers=wrong_key
+    for fields, expected in BAD_UPLOADS:
+        file = {"file": ("talk.srt", SRT)}
+        answer = await deepl.post("/v2/document", files=file, data=fields, headers=KEY)
+        assert message(answer, 400) == expected
+        refused = await deepl.post("/v2/document", files=file, data=fields, headers=wrong_key)
+        assert refused.status_code == 403  # the key before the fields
+    unknown = await deepl.post(
+        "/v2/document", files={"file": ("talk.xyz", SRT)}, data={"target_lang": "DE"}, headers=KEY
     )
-    assert refused.status_code == 403
+    assert "supported: docx" in message(unknown, 400)
