@@ -21,6 +21,7 @@ from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
 from service.http.documents import (
     DocumentsDep,
+    Sender,
     multipart_body,
     result_name,
     result_response,
@@ -338,12 +339,12 @@ async def libretranslate_translate_file(
     """LibreTranslate's /translate_file: answers when the file is translated, with the URL of
     its download (a document job underneath: the same as POST /documents, waited for)."""
 
-    async def authorize(fields: dict[str, Any]) -> ApiKey | None:
-        caller = await _check_key(runtime, fields, header_key, request)
+    async def authorize(fields: dict[str, Any]) -> Sender:
+        stored = await _check_key(runtime, fields, header_key, request)
         for name in ("source", "target"):
             if not fields.get(name):
                 raise _missing(name)
-        return caller
+        return Sender(stored, owner_of(_key(fields, header_key)))
 
     with runtime.accept():
         job = await upload(request, runtime, documents, authorize)
