@@ -197,7 +197,7 @@ async def libretranslate_translate(
         form = Form(body.format, protection=protection(body))
         inline = None if body.glossary is None else [e.entry() for e in body.glossary]
         owner = owner_of(_key(fields, header_key))
-        terms = runtime.terms(owner, (source, target), body.glossary_id, inline)
+        terms = await runtime.terms(owner, (source, target), body.glossary_id, inline)
         # With auto, each text's own language, not one for the batch as LibreTranslate does.
         auto = source == "auto"
         found = await translate_texts(
