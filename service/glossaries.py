@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from service.errors import ErrorType, ServiceError
-from service.store.connection import RedisLink, StoreUnavailable
+from service.store.connection import RedisLink, required, text
 
 T = TypeVar("T")
 EntriesFormat = Literal["tsv", "csv"]
@@ -245,12 +245,8 @@ class RedisStore:
         return f"mt:glossaries:{owner or '_'}"
 
     async def _run(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
-        try:
+        with required("glossaries"):
             return await self._link.run(operation, call)
-        except StoreUnavailable as e:
-            raise ServiceError(
-                ErrorType.UNAVAILABLE, f"glossaries cannot be reached now ({e}); retry later"
-            ) from None
 
     async def put(self, glossary: Glossary) -> None:
         async def call() -> object:
@@ -268,7 +264,7 @@ class RedisStore:
     async def list(self, owner: str) -> list[Glossary]:
         async def call() -> list[bytes | str | None]:
             ids = await self._link.client.smembers(self._index(owner))
-            names = [self._key(owner, _text(id)) for id in sorted(ids, key=_text)]
+            names = [self._key(owner, text(id)) for id in sorted(ids, key=text)]
             return await self._link.client.mget(names) if names else []
 
         return [_decode(text) for text in await self._run("glossary_list", call) if text]
@@ -282,10 +278,6 @@ class RedisStore:
                 return done
 
         return bool((await self._run("glossary_delete", call))[0])
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def open_store(directory: Path | None, link: RedisLink | None = None) -> GlossaryStore:
