@@ -5,15 +5,57 @@ on. Two apps over one real redis-server (tests/conftest.py's `redis_url`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
+from typing import Any
 
+import httpx
 import pytest
+import redis
 
 from benchmarks.servers import RedisServer
 from service.http.app import create_app
-from tests.service.helpers import FakeModel, fast_settings, running
+from service.settings import Settings
+from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
 SHOP = {"name": "shop", "source": "en", "target": "de"}
+TEXT = b"Two dogs.\n"
+# Short leases, retries and timeouts: a replica gone is replaced within about a second.
+SHORT = {"document_lease_s": 1.0, "redis_timeout_s": 0.2, "redis_retry_s": 0.3}
+
+
+def replica_settings(redis_url: str) -> Settings:
+    return fast_settings(redis_url=redis_url, **SHORT)
+
+
+async def upload(client: httpx.AsyncClient) -> httpx.Response:
+    return await client.post(
+        "/documents", files={"file": ("a.txt", TEXT)}, data={"source": "en", "target": "de"}
+    )
+
+
+async def finished(client: httpx.AsyncClient, id: str, within_s: float = 8) -> dict[str, Any]:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        answer = await client.get(f"/documents/{id}")
+        if answer.status_code == 200 and answer.json()["status"] in ("done", "error"):
+            status: dict[str, Any] = answer.json()
+            return status
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"document {id} not finished in {within_s} s: {answer.text}")
+
+
+async def taken(client: httpx.AsyncClient, held: FakeModel) -> tuple[str, threading.Event]:
+    """A document sent to `client`'s replica, whose model (`held`) holds its translation until
+    the event returned is set."""
+    gate = held.gate = threading.Event()
+    held.entered.clear()
+    sent = await upload(client)
+    assert sent.status_code == 202
+    await async_wait_for(held.entered.is_set)
+    return sent.json()["id"], gate
 
 
 async def test_a_glossary_made_on_one_replica_is_used_by_another(redis_url: str) -> None:
@@ -61,3 +103,86 @@ async def test_glossary_calls_answer_503_while_redis_is_down(
         await asyncio.sleep(0.35)  # the breaker's redis_retry_s
         again = await client.get(f"/glossaries/{made['glossary_id']}")
         assert again.status_code == 200  # Redis's persistence kept it
+
+
+async def test_a_document_sent_to_one_replica_is_polled_and_downloaded_from_another(
+    redis_url: str,
+) -> None:
+    settings = replica_settings(redis_url)
+    async with (
+        running(create_app(settings, models=[FakeModel()])) as first,
+        running(create_app(settings, models=[FakeModel()])) as second,
+    ):
+        sent = await upload(first)
+        assert sent.status_code == 202
+        id = sent.json()["id"]
+        assert (await finished(second, id))["status"] == "done"
+        result = await second.get(f"/documents/{id}/result")
+        assert result.content == b"TWO DOGS.\n"
+        assert result.headers["content-disposition"] == 'attachment; filename="a.de.txt"'
+        assert (await first.delete(f"/documents/{id}")).status_code == 204
+        assert (await second.get(f"/documents/{id}")).status_code == 404
+
+
+async def test_the_job_of_a_replica_that_stops_is_finished_by_another(redis_url: str) -> None:
+    """A graceful stop hands the job in translation back at once (queued again)."""
+    settings = replica_settings(redis_url)
+    held = FakeModel()
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(running(create_app(settings, models=[held])))
+        id, gate = await taken(first, held)
+        async with running(create_app(settings, models=[FakeModel()])) as second:
+            assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
+            threading.Timer(0.3, gate.set).start()  # the held decode ends after the stop
+            await stack.aclose()  # the first replica stops with the job in hand
+            status = await finished(second, id)
+            assert status["status"] == "done"
+            assert (await second.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
+
+
+async def test_a_job_whose_lease_expires_is_taken_over(redis_url: str) -> None:
+    """A replica that dies stops renewing its job's lease: here the lease is taken from it in
+    Redis, as a crash leaves it, and another replica takes the job once it expires."""
+    settings = replica_settings(redis_url)
+    held = FakeModel()
+    async with running(create_app(settings, models=[held])) as first:
+        id, gate = await taken(first, held)
+        try:
+            async with running(create_app(settings, models=[FakeModel()])) as second:
+                await asyncio.sleep(settings.document_lease_s)  # the lease is renewed meanwhile
+                assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
+                with redis.Redis.from_url(redis_url) as client:
+                    assert client.set(f"mt:document:{id}:lease", "a dead replica", px=300, xx=True)
+                status = await finished(second, id)
+                assert status["status"] == "done" and gate.is_set() is False
+                assert (await second.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
+        finally:
+            gate.set()
+
+
+async def test_document_calls_answer_503_while_redis_is_down_and_the_job_finishes_after(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """Redis stops while a job is translated: uploads, status and results answer 503 with
+    Retry-After; the result the worker could not store is made again once Redis is back."""
+    settings = replica_settings(redis_url)
+    fake = FakeModel()
+    async with running(create_app(settings, models=[fake])) as client:
+        id, gate = await taken(client, fake)
+        redis_server.stop()
+        try:
+            for answer in [
+                await upload(client),
+                await client.get(f"/documents/{id}"),
+                await client.get(f"/documents/{id}/result"),
+                await client.delete(f"/documents/{id}"),
+            ]:
+                assert answer.status_code == 503, answer.text
+                assert int(answer.headers["retry-after"]) > 0
+            gate.set()
+            await asyncio.sleep(0.3)  # the translation ends, its result not stored
+        finally:
+            redis_server.start()
+        status = await finished(client, id)
+        assert status["status"] == "done"
+        assert (await client.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
