@@ -58,12 +58,17 @@ class Documents:
     """The jobs of one store, and this process's workers."""
 
     def __init__(
-        self, settings: Settings, runtime: Runtime, metrics: Metrics, store: JobStore
+        self,
+        settings: Settings,
+        runtime: Runtime,
+        metrics: Metrics,
+        store: JobStore,
+        scan_s: float = SCAN_S,
     ) -> None:
         self.settings, self.runtime, self.metrics = settings, runtime, metrics
         self.store = store
         self.limits = Limits(max_characters=settings.max_document_characters)
-        self._scan_s = SCAN_S
+        self._scan_s = scan_s
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -77,9 +82,7 @@ class Documents:
         if runtime.redis is not None:
             lease_s = settings.document_lease_s
             store = RedisJobs(runtime.redis, ttl_s=settings.document_ttl_s, lease_s=lease_s)
-            documents = cls(settings, runtime, metrics, store)
-            documents._scan_s = min(SCAN_S, lease_s / 2)
-            return documents
+            return cls(settings, runtime, metrics, store, min(SCAN_S, lease_s / 2))
         return cls(settings, runtime, metrics, DirectoryJobs(settings.documents_dir))
 
     # --- Lifecycle -------------------------------------------------------------------------
@@ -153,14 +156,16 @@ class Documents:
         if job.status == "error":  # as it failed: a 4xx for the file, a 5xx for the service
             type = ErrorType(job.error_type or ErrorType.INTERNAL.value)
             raise ServiceError(type, f"document {id} failed: {job.error_message}")
-        with required("documents"):
-            result = await self.store.result(id) if job.status == "done" else None
-        if result is None:
+        if job.status != "done":
             raise ServiceError(
                 ErrorType.DOCUMENT_NOT_READY,
                 f"document {id} is {job.status} ({job.done} of {job.total} sentences); ask "
                 "GET /documents/{id} until its status is done",
             )
+        with required("documents"):
+            result = await self.store.result(id)
+        if result is None:  # deleted meanwhile, or evicted by Redis (maxmemory)
+            raise ServiceError(ErrorType.NOT_FOUND, f"document {id}'s result is gone")
         return job, result
 
     async def delete(self, id: str) -> Job:
