@@ -219,10 +219,16 @@ class Documents:
         while (claimed := await self._claim()) is not None:
             job, claim = claimed
             task = asyncio.create_task(self._run(job))
+            lost = asyncio.ensure_future(claim.lost())
             self._running[job.id] = task
             try:
-                await asyncio.wait({task})
+                await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():  # deleted through another process, or taken over
+                    log.info("document %s is no longer this process's: stopped", job.id)
+                    task.cancel()
+                    await asyncio.wait({task})
             finally:
+                lost.cancel()
                 self._running.pop(job.id, None)
                 if not task.done():  # this worker was cancelled: the job is set aside first
                     task.cancel()

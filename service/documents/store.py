@@ -106,6 +106,11 @@ def lost(id: str, created: float, reason: str) -> Job:
 class Claim(Protocol):
     """A job held by this process until `release()`: no other worker takes it meanwhile."""
 
+    async def lost(self) -> None:
+        """Returns if the job is no longer this process's (deleted, or taken by another after
+        its lease expired); a lock held is never lost."""
+        ...
+
     async def release(self) -> None: ...
 
 
@@ -140,6 +145,9 @@ class JobStore(Protocol):
 class _FileLock:
     def __init__(self, descriptor: int) -> None:
         self._descriptor = descriptor
+
+    async def lost(self) -> None:
+        await asyncio.get_running_loop().create_future()  # never
 
     async def release(self) -> None:
         os.close(self._descriptor)
@@ -249,6 +257,9 @@ class _Lease:
             with contextlib.suppress(StoreUnavailable):  # tried again at the next third
                 if not await self._link.run("document_lease", reacquire):
                     return
+
+    async def lost(self) -> None:
+        await asyncio.shield(self._renewal)  # it ends when the lease is lost
 
     async def release(self) -> None:
         self._renewal.cancel()

@@ -124,6 +124,24 @@ async def test_a_document_sent_to_one_replica_is_polled_and_downloaded_from_anot
         assert (await second.get(f"/documents/{id}")).status_code == 404
 
 
+async def test_a_job_deleted_through_another_replica_stops_where_it_is_translated(
+    redis_url: str,
+) -> None:
+    settings = replica_settings(redis_url)
+    held = FakeModel()
+    app = create_app(settings, models=[held])
+    async with running(app) as first:
+        id, gate = await taken(first, held)
+        try:
+            async with running(create_app(settings, models=[FakeModel()])) as second:
+                assert (await second.delete(f"/documents/{id}")).status_code == 204
+                # Its lease is gone with it: the next renewal stops the translation.
+                await async_wait_for(lambda: not app.state.documents._running, timeout=3)
+                assert (await first.get(f"/documents/{id}")).status_code == 404
+        finally:
+            gate.set()
+
+
 async def test_the_job_of_a_replica_that_stops_is_finished_by_another(redis_url: str) -> None:
     """A graceful stop hands the job in translation back at once (queued again)."""
     settings = replica_settings(redis_url)
@@ -141,11 +159,13 @@ async def test_the_job_of_a_replica_that_stops_is_finished_by_another(redis_url:
 
 
 async def test_a_job_whose_lease_expires_is_taken_over(redis_url: str) -> None:
-    """A replica that dies stops renewing its job's lease: here the lease is taken from it in
-    Redis, as a crash leaves it, and another replica takes the job once it expires."""
+    """A replica that dies stops renewing its job's lease. Here the lease is taken from it in
+    Redis and its document workers end without a word (a crash leaves Redis so), and another
+    replica takes the job up once the lease expires."""
     settings = replica_settings(redis_url)
     held = FakeModel()
-    async with running(create_app(settings, models=[held])) as first:
+    app = create_app(settings, models=[held])
+    async with running(app) as first:
         id, gate = await taken(first, held)
         try:
             async with running(create_app(settings, models=[FakeModel()])) as second:
@@ -153,8 +173,13 @@ async def test_a_job_whose_lease_expires_is_taken_over(redis_url: str) -> None:
                 assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
                 with redis.Redis.from_url(redis_url) as client:
                     assert client.set(f"mt:document:{id}:lease", "a dead replica", px=300, xx=True)
+                workers = app.state.documents._tasks
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
                 status = await finished(second, id)
-                assert status["status"] == "done" and gate.is_set() is False
+                assert status["status"] == "done" and not gate.is_set()
                 assert (await second.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
         finally:
             gate.set()
