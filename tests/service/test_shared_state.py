@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from benchmarks.servers import RedisServer
+from benchmarks.servers import RedisServer, metric, service
 from service.http.app import create_app
 from service.settings import Settings
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
@@ -211,3 +212,38 @@ async def test_document_calls_answer_503_while_redis_is_down_and_the_job_finishe
         status = await finished(client, id)
         assert status["status"] == "done"
         assert (await client.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
+
+
+async def test_a_replica_killed_mid_job_leaves_it_to_another(
+    shipped_bundle: Path, redis_url: str
+) -> None:
+    """Two real servers of the shipped model share Redis; the one translating a document is
+    killed (SIGKILL): the other takes the job up once its lease expires, and finishes it."""
+    lines = [f"A man in a blue shirt is riding bike number {i}." for i in range(200)]
+    flags = ["--redis-url", redis_url, "--document-lease-s", "2", "--cache"]
+    with service(shipped_bundle, flags) as first, service(shipped_bundle, flags) as second:
+        sent = httpx.post(
+            f"{first.url}/documents",
+            files={"file": ("a.txt", "\n".join(lines).encode())},
+            data={"source": "en", "target": "de"},
+        )
+        assert sent.status_code == 202
+        id = sent.json()["id"]
+        status = sent.json()
+        while status["status"] == "queued":
+            await asyncio.sleep(0.05)
+            status = httpx.get(f"{second.url}/documents/{id}").json()
+        assert status["status"] == "translating", status
+        first.process.kill()
+        first.process.wait()
+        async with httpx.AsyncClient(base_url=second.url) as client:
+            status = await finished(client, id, within_s=120)
+            assert status["status"] == "done"
+            result = (await client.get(f"/documents/{id}/result")).text.splitlines()
+            metrics = (await client.get("/metrics")).text
+        assert len(result) == len(lines) and all(result)
+        assert result != lines  # translated
+        # The second replica took the job up where the first had started it (it observes a
+        # job's time in the queue at its first start only), and finished it.
+        assert metric(metrics, "mt_document_queue_seconds_count") == 0
+        assert metric(metrics, "mt_documents_total", format="txt", outcome="done") == 1
