@@ -261,8 +261,9 @@ class Documents:
                 "service stopped during each)"
             )
             job.finished = started
-            self.metrics.documents.labels(job.format, job.error_type).inc()
-            await self.store.save(job)
+            with contextlib.suppress(StoreUnavailable):  # failed at the next look
+                await self.store.save(job)
+                self.metrics.documents.labels(job.format, job.error_type).inc()
             return
         job.status, job.started, job.done = "translating", started, 0
         job.attempts += 1

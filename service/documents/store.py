@@ -79,12 +79,12 @@ class Job:
         return json.dumps(dataclasses.asdict(self)).encode()
 
 
-def _decode(id: str, data: bytes | str, created: float) -> Job:
-    """The job `data` holds; one that cannot be read is reported as failed, not dropped."""
+def _decode(data: bytes | str) -> Job | str:
+    """The job `data` holds, or why it cannot be read."""
     try:
         return Job(**json.loads(data))
     except (ValueError, TypeError) as e:
-        return lost(id, created, f"its state cannot be read: {e}")
+        return f"its state cannot be read: {e}"
 
 
 def lost(id: str, created: float, reason: str) -> Job:
@@ -171,19 +171,23 @@ class DirectoryJobs:
         _write(folder / _STATE, job.encode())
 
     async def load(self, id: str) -> Job | None:
+        """The job's state; one that cannot be read is reported as failed, not dropped."""
         folder = self.directory / id
         try:
-            data = (folder / _STATE).read_bytes()
+            found = _decode((folder / _STATE).read_bytes())
         except FileNotFoundError:
             if not folder.is_dir():
                 return None
-            reason = "its state was never written (the service stopped as it was sent)"
+            found = "its state was never written (the service stopped as it was sent)"
         except OSError as e:
-            reason = f"its state cannot be read: {e}"
-        else:
-            return _decode(id, data, time.time())
-        created = folder.stat().st_mtime if folder.exists() else time.time()
-        return lost(id, created, reason)
+            found = f"its state cannot be read: {e}"
+        if isinstance(found, Job):
+            return found
+        try:
+            created = folder.stat().st_mtime
+        except FileNotFoundError:  # deleted meanwhile
+            return None
+        return lost(id, created, found)
 
     async def jobs(self) -> list[Job]:
         found = [
@@ -303,7 +307,7 @@ class RedisJobs:
 
     async def load(self, id: str) -> Job | None:
         data = await self._get("document_get", self._key(id))
-        return None if data is None else _decode(id, data, time.time())
+        return None if data is None else _readable(id, data)
 
     async def jobs(self) -> list[Job]:
         async def call() -> list[Job]:
@@ -313,7 +317,7 @@ class RedisJobs:
             if gone:  # expired in Redis
                 await self._client.srem(REDIS_IDS, *gone)
             return [
-                _decode(id, state, time.time())
+                _readable(id, state)
                 for id, state in zip(ids, states, strict=True)
                 if state is not None
             ]
@@ -372,6 +376,13 @@ class RedisJobs:
 
     async def close(self) -> None:
         """Nothing: the Redis client is the runtime's."""
+
+
+def _readable(id: str, data: bytes | str) -> Job:
+    """A state in Redis; one that cannot be read (another version's?) is reported as failed,
+    left as it is (another replica may read it) and kept until deleted."""
+    found = _decode(data)
+    return found if isinstance(found, Job) else lost(id, time.time(), found)
 
 
 def valid_id(id: str) -> bool:
