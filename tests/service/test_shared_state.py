@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
+from fastapi import FastAPI
 
 from benchmarks.servers import RedisServer, metric, service
 from service.http.app import create_app
@@ -125,9 +128,9 @@ async def test_a_document_sent_to_one_replica_is_polled_and_downloaded_from_anot
         assert (await second.get(f"/documents/{id}")).status_code == 404
 
 
-async def test_a_job_deleted_through_another_replica_stops_where_it_is_translated(
-    redis_url: str,
-) -> None:
+@contextlib.asynccontextmanager
+async def one_holding_a_job(redis_url: str) -> AsyncIterator[Replicas]:
+    """Two replicas; the first translates a document, held (`taken`) until the block ends."""
     settings = replica_settings(redis_url)
     held = FakeModel()
     app = create_app(settings, models=[held])
@@ -135,12 +138,28 @@ async def test_a_job_deleted_through_another_replica_stops_where_it_is_translate
         id, gate = await taken(first, held)
         try:
             async with running(create_app(settings, models=[FakeModel()])) as second:
-                assert (await second.delete(f"/documents/{id}")).status_code == 204
-                # Its lease is gone with it: the next renewal stops the translation.
-                await async_wait_for(lambda: not app.state.documents._running, timeout=3)
-                assert (await first.get(f"/documents/{id}")).status_code == 404
+                yield Replicas(app, first, second, id, gate)
         finally:
             gate.set()
+
+
+@dataclasses.dataclass
+class Replicas:
+    app: FastAPI  # the first's
+    first: httpx.AsyncClient
+    second: httpx.AsyncClient
+    id: str  # the document the first translates
+    gate: threading.Event  # holds its translation until set
+
+
+async def test_a_job_deleted_through_another_replica_stops_where_it_is_translated(
+    redis_url: str,
+) -> None:
+    async with one_holding_a_job(redis_url) as replicas:
+        assert (await replicas.second.delete(f"/documents/{replicas.id}")).status_code == 204
+        # Its lease is gone with it: the next renewal stops the translation.
+        await async_wait_for(lambda: not replicas.app.state.documents._running, timeout=3)
+        assert (await replicas.first.get(f"/documents/{replicas.id}")).status_code == 404
 
 
 async def test_the_job_of_a_replica_that_stops_is_finished_by_another(redis_url: str) -> None:
@@ -163,27 +182,20 @@ async def test_a_job_whose_lease_expires_is_taken_over(redis_url: str) -> None:
     """A replica that dies stops renewing its job's lease. Here the lease is taken from it in
     Redis and its document workers end without a word (a crash leaves Redis so), and another
     replica takes the job up once the lease expires."""
-    settings = replica_settings(redis_url)
-    held = FakeModel()
-    app = create_app(settings, models=[held])
-    async with running(app) as first:
-        id, gate = await taken(first, held)
-        try:
-            async with running(create_app(settings, models=[FakeModel()])) as second:
-                await asyncio.sleep(settings.document_lease_s)  # the lease is renewed meanwhile
-                assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
-                with redis.Redis.from_url(redis_url) as client:
-                    assert client.set(f"mt:document:{id}:lease", "a dead replica", px=300, xx=True)
-                workers = app.state.documents._tasks
-                for worker in workers:
-                    worker.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
-                assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
-                status = await finished(second, id)
-                assert status["status"] == "done" and not gate.is_set()
-                assert (await second.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
-        finally:
-            gate.set()
+    async with one_holding_a_job(redis_url) as replicas:
+        id, second = replicas.id, replicas.second
+        await asyncio.sleep(SHORT["document_lease_s"])  # the lease is renewed meanwhile
+        assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
+        with redis.Redis.from_url(redis_url) as client:
+            assert client.set(f"mt:document:{id}:lease", "a dead replica", px=300, xx=True)
+        workers = replicas.app.state.documents._tasks
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        assert (await second.get(f"/documents/{id}")).json()["status"] == "translating"
+        status = await finished(second, id)
+        assert status["status"] == "done" and not replicas.gate.is_set()
+        assert (await second.get(f"/documents/{id}/result")).content == b"TWO DOGS.\n"
 
 
 async def test_document_calls_answer_503_while_redis_is_down_and_the_job_finishes_after(
