@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 
@@ -137,7 +138,7 @@ async def upload(
         runtime.model(body.source, body.target)
         runtime.decoding_options((body.source, body.target), body.decoding())
     options = body.decoding()
-    terms = runtime.terms(sender.owner, (body.source, body.target), body.glossary_id)
+    terms = await runtime.terms(sender.owner, (body.source, body.target), body.glossary_id)
     if terms is not None:
         options[GLOSSARY] = [[e.source, e.target, e.case_sensitive] for e in terms.entries]
     # Read now, off the event loop: a broken, encrypted or too large file is a 4xx here.
@@ -151,7 +152,7 @@ async def upload(
             f"{limits.max_characters} (max_document_characters)",
         )
     await runtime.access.charge(sender.key, characters)
-    return documents.submit(
+    return await documents.submit(
         filename or f"document{format.extensions[0]}",
         format.name,
         data,
@@ -202,9 +203,21 @@ def result_name(job: Job) -> str:
     return f"{stem}.{job.target}{suffix or by_name(job.format).extensions[0]}"
 
 
-def result_response(job: Job, documents: Documents) -> FileResponse:
-    job, path = documents.result(job.id)
-    return FileResponse(path, media_type=by_name(job.format).media_type, filename=result_name(job))
+async def result_response(id: str, documents: Documents) -> Response:
+    """The translated file, named for download (`result_name`)."""
+    job, data = await documents.result(id)
+    name = result_name(job)
+    quoted = urllib.parse.quote(name)
+    disposition = (
+        f'attachment; filename="{name}"'
+        if quoted == name
+        else f"attachment; filename*=utf-8''{quoted}"
+    )
+    return Response(
+        data,
+        media_type=by_name(job.format).media_type,
+        headers={"Content-Disposition": disposition},
+    )
 
 
 @documents_router.post(
@@ -243,18 +256,18 @@ async def post_document(
 )
 async def get_document(id: str, documents: DocumentsDep) -> DocumentStatus:
     """The job's status, its progress in sentences, and an estimate of the time left."""
-    return status(documents.get(id), documents)
+    return status(await documents.get(id), documents)
 
 
 @documents_router.get(
     "/documents/{id}/result",
     responses={200: {"content": {"application/octet-stream": {}}}, **_ERRORS},
-    response_class=FileResponse,
+    response_class=Response,
     dependencies=[Depends(require_api_key)],
 )
-async def get_result(id: str, documents: DocumentsDep) -> FileResponse:
+async def get_result(id: str, documents: DocumentsDep) -> Response:
     """The translated file, as the file sent with its text translated (409 until done)."""
-    return result_response(documents.get(id), documents)
+    return await result_response(id, documents)
 
 
 @documents_router.delete(
@@ -265,5 +278,5 @@ async def get_result(id: str, documents: DocumentsDep) -> FileResponse:
 )
 async def delete_document(id: str, documents: DocumentsDep) -> Response:
     """Stop the job if it runs and remove its files."""
-    documents.delete(id)
+    await documents.delete(id)
     return Response(status_code=204)
