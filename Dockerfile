@@ -70,8 +70,10 @@ RUN for name in multi30k-en-de multi30k-de-en; do \
 # The serving venvs, built here and copied whole into the images: pip and setuptools stay behind.
 # What the service never reads is left out too (tests/deploy/test_image.py checks it serves):
 # the packages' own test suites, pycountry's translations of names (it only maps ISO 639 codes),
-# and PyThaiNLP's corpora (tagger, named-entity and word-list files) beyond the two that CRFCut's
-# Thai sentences read.
+# PyThaiNLP's corpora (tagger, named-entity and word-list files) beyond the two that CRFCut's
+# Thai sentences read, huggingface_hub and hf-xet (tokenizers' way to download from the Hub:
+# bundles carry their tokenizers), and ONNX Runtime's offline tools (graph optimisation,
+# quantization: export/ uses them, at build time).
 FROM python AS venv
 
 WORKDIR /src
@@ -83,19 +85,24 @@ RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
     && rm -r "$site/pycountry/locales" \
     && find "$site/pythainlp/corpus" -type f -size +1M ! -name sentenceseg_crfcut.model \
         ! -name words_th.txt -delete \
-    && find "$site" -depth -type d -name tests -exec rm -r {} +
+    && find "$site" -depth -type d -name tests -exec rm -r {} + \
+    && pip uninstall --yes huggingface_hub hf-xet
 
 FROM venv AS venv-cpu
 COPY deploy/requirements-cpu.txt deploy/requirements-cpu.txt
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
     --mount=type=cache,target=/root/.cache/pip \
-    pip install -r deploy/requirements-cpu.txt && pip uninstall --yes pip setuptools
+    pip install -r deploy/requirements-cpu.txt && pip uninstall --yes pip setuptools \
+    && ort=/opt/venv/lib/python3.11/site-packages/onnxruntime \
+    && rm -r "$ort/transformers" "$ort/quantization" "$ort/tools"
 
 FROM venv AS venv-gpu
 COPY deploy/requirements-gpu.txt deploy/requirements-gpu.txt
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
     --mount=type=cache,target=/root/.cache/pip \
-    pip install -r deploy/requirements-gpu.txt && pip uninstall --yes pip setuptools
+    pip install -r deploy/requirements-gpu.txt && pip uninstall --yes pip setuptools \
+    && ort=/opt/venv/lib/python3.11/site-packages/onnxruntime \
+    && rm -r "$ort/transformers" "$ort/quantization" "$ort/tools"
 
 # ---------------------------------------------------------------------------------------------
 # What both images share: the plain base, the user, the service's sources and how it starts.

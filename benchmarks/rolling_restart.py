@@ -186,7 +186,8 @@ def _restart_containers(
     args: argparse.Namespace, replicas: list[str], proxy: str, exit_codes: list[int]
 ) -> None:
     """Each replica in turn, `rounds` times: stop (SIGTERM; the drain), start, wait until its
-    /ready answers inside the container, reload nginx (it resolves `mt` at load), pause."""
+    /ready answers inside the container, reload nginx (it resolves `mt` at load) and wait for
+    its old workers to finish, pause."""
     ready = ["-e", "MT_HEALTH_URL=http://127.0.0.1:8000/ready"]
     for _ in range(args.rounds):
         for replica in replicas:
@@ -207,7 +208,20 @@ def _restart_containers(
                         raise
                     time.sleep(0.5)
             _engine(args, "exec", proxy, "nginx", "-s", "reload")
+            _wait_for_old_workers(args, proxy)
             time.sleep(args.pause)
+
+
+def _wait_for_old_workers(args: argparse.Namespace, proxy: str) -> None:
+    """Until nginx's workers from before the reload are gone: each keeps the addresses `mt`
+    had when it started, and one still serving a client's kept-alive connection would send its
+    requests to replicas restarted since (their old addresses: nobody there)."""
+    old = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c '[s]hutting down' || true"
+    end = time.monotonic() + 120
+    while int(_engine(args, "exec", proxy, "sh", "-c", old) or 0) > 0:
+        if time.monotonic() > end:
+            raise RuntimeError("nginx's old workers did not finish within 120 s")
+        time.sleep(0.2)
 
 
 def _restart_all(

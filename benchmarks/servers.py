@@ -228,12 +228,14 @@ REDIS_SERVER = "redis-server"
 
 
 class RedisServer:
-    """Debian's `redis-server` from PATH on a free loopback port, in `directory`, without
-    persistence: what the shared-state tests and benchmarks/cache_replay.py run against.
-    `stop()` and `start()` take it down and bring it back on the same port (the fault tests).
-    Raises FileNotFoundError where it is not installed (Debian: apt-get install redis-server)."""
+    """Debian's `redis-server` from PATH on a free loopback port, in `directory`: what the
+    shared-state tests and benchmarks/cache_replay.py run against; `persistent`: every write
+    appended to its file before it answers (as deploy/ runs it), else no persistence.
+    `stop()` (a kill) and `start()` take it down and bring it back on the same port, with what
+    it had written when persistent (the fault tests). Raises FileNotFoundError where it is not
+    installed (Debian: apt-get install redis-server)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, persistent: bool = False) -> None:
         executable = shutil.which(REDIS_SERVER)
         if executable is None:
             raise FileNotFoundError(f"{REDIS_SERVER} is not on PATH")
@@ -242,6 +244,7 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else []
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -253,6 +256,7 @@ class RedisServer:
                 "--save", "",
                 "--appendonly", "no",
                 "--protected-mode", "yes",
+                *self.persistence,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

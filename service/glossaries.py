@@ -12,11 +12,12 @@ vocabulary cannot spell is refused by the runtime, which knows the model
 inline; `Terms` is what the text pipeline matches sentences against
 (service/text/terms.py).
 
-Stores: `DirectoryStore` (one JSON file per glossary under a directory per owner, written
-atomically: the glossaries of one host, surviving restarts) and `MemoryStore` (no directory
-set: the process's lifetime). Owners are SHA-256 digests of API keys, never the keys; without
-API keys every client is the one owner "". A store of several replicas (Redis) implements the
-same four methods.
+Stores: `RedisStore` (`redis_url` set: the glossaries every replica shares, through the
+process's one Redis client; Redis down or failing answers 503 with Retry-After on the calls that
+need a glossary, while translations without one go on), `DirectoryStore` (one JSON file per
+glossary under a directory per owner, written atomically: the glossaries of one host, surviving
+restarts) and `MemoryStore` (neither set: the process's lifetime). Owners are SHA-256 digests of
+API keys, never the keys; without API keys every client is the one owner "".
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ import re
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from service.errors import ErrorType, ServiceError
+from service.store.connection import RedisLink, required, text
 
+T = TypeVar("T")
 EntriesFormat = Literal["tsv", "csv"]
 MAX_TERM_CHARACTERS = 256
 MAX_NAME_CHARACTERS = 256
@@ -135,19 +138,30 @@ def checked(entries: Sequence[Entry], max_entries: int) -> tuple[Entry, ...]:
 
 
 class GlossaryStore(Protocol):
-    """Where glossaries live. Each method is one short operation (a file, a key), called on
-    the event loop: a glossary is at most max_glossary_entries entries, a key's list at most
-    max_glossaries_per_key of them."""
+    """Where glossaries live. Each method is one short operation (a file, a Redis round trip),
+    called on the event loop: a glossary is at most max_glossary_entries entries, a key's list
+    at most max_glossaries_per_key of them. A store that cannot answer raises a ServiceError
+    (UNAVAILABLE)."""
 
-    def put(self, glossary: Glossary) -> None: ...
+    async def put(self, glossary: Glossary) -> None: ...
 
-    def get(self, owner: str, id: str) -> Glossary | None: ...
+    async def get(self, owner: str, id: str) -> Glossary | None: ...
 
-    def list(self, owner: str) -> list[Glossary]: ...
+    async def list(self, owner: str) -> list[Glossary]: ...
 
-    def delete(self, owner: str, id: str) -> bool:
+    async def delete(self, owner: str, id: str) -> bool:
         """Whether it was there."""
         ...
+
+
+def _encode(glossary: Glossary) -> str:
+    return json.dumps(asdict(glossary), ensure_ascii=False)
+
+
+def _decode(text: str | bytes) -> Glossary:
+    data = json.loads(text)
+    entries = tuple(Entry(**entry) for entry in data.pop("entries"))
+    return Glossary(entries=entries, **data)
 
 
 class MemoryStore:
@@ -156,16 +170,16 @@ class MemoryStore:
     def __init__(self) -> None:
         self._glossaries: dict[tuple[str, str], Glossary] = {}
 
-    def put(self, glossary: Glossary) -> None:
+    async def put(self, glossary: Glossary) -> None:
         self._glossaries[glossary.owner, glossary.id] = glossary
 
-    def get(self, owner: str, id: str) -> Glossary | None:
+    async def get(self, owner: str, id: str) -> Glossary | None:
         return self._glossaries.get((owner, id))
 
-    def list(self, owner: str) -> list[Glossary]:
+    async def list(self, owner: str) -> list[Glossary]:
         return [g for (o, _), g in self._glossaries.items() if o == owner]
 
-    def delete(self, owner: str, id: str) -> bool:
+    async def delete(self, owner: str, id: str) -> bool:
         return self._glossaries.pop((owner, id), None) is not None
 
 
@@ -181,30 +195,28 @@ class DirectoryStore:
     def _path(self, owner: str, id: str) -> Path:
         return self.directory / (owner or "_") / f"{id}.json"
 
-    def put(self, glossary: Glossary) -> None:
+    async def put(self, glossary: Glossary) -> None:
         path = self._path(glossary.owner, glossary.id)
         path.parent.mkdir(exist_ok=True)
-        data = json.dumps(asdict(glossary), ensure_ascii=False)
+        data = _encode(glossary)
         with tempfile.NamedTemporaryFile(
             "w", encoding="utf-8", dir=path.parent, suffix=".tmp", delete=False
         ) as file:
             file.write(data)
         os.replace(file.name, path)
 
-    def get(self, owner: str, id: str) -> Glossary | None:
+    async def get(self, owner: str, id: str) -> Glossary | None:
         try:
-            data = json.loads(self._path(owner, id).read_text("utf-8"))
+            return _decode(self._path(owner, id).read_text("utf-8"))
         except FileNotFoundError:
             return None
-        entries = tuple(Entry(**entry) for entry in data.pop("entries"))
-        return Glossary(entries=entries, **data)
 
-    def list(self, owner: str) -> list[Glossary]:
+    async def list(self, owner: str) -> list[Glossary]:
         folder = self.directory / (owner or "_")
-        found = (self.get(owner, path.stem) for path in sorted(folder.glob("*.json")))
+        found = [await self.get(owner, path.stem) for path in sorted(folder.glob("*.json"))]
         return [glossary for glossary in found if glossary is not None]
 
-    def delete(self, owner: str, id: str) -> bool:
+    async def delete(self, owner: str, id: str) -> bool:
         try:
             self._path(owner, id).unlink()
         except FileNotFoundError:
@@ -212,8 +224,66 @@ class DirectoryStore:
         return True
 
 
-def open_store(directory: Path | None) -> GlossaryStore:
-    """The store the settings name: a directory, or this process's memory."""
+REDIS_PREFIX = "mt:glossary:"
+
+
+class RedisStore:
+    """Glossaries every replica shares: `mt:glossary:<owner>:<id>` a glossary's JSON,
+    `mt:glossaries:<owner>` the set of its owner's ids (owner "_" for ""), changed together in
+    one transaction. Kept until deleted, as a directory's are (Redis's persistence keeps them
+    across its restarts)."""
+
+    def __init__(self, link: RedisLink) -> None:
+        self._link = link
+
+    @staticmethod
+    def _key(owner: str, id: str) -> str:
+        return f"{REDIS_PREFIX}{owner or '_'}:{id}"
+
+    @staticmethod
+    def _index(owner: str) -> str:
+        return f"mt:glossaries:{owner or '_'}"
+
+    async def _run(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        with required("glossaries"):
+            return await self._link.run(operation, call)
+
+    async def put(self, glossary: Glossary) -> None:
+        async def call() -> object:
+            async with self._link.client.pipeline(transaction=True) as pipe:
+                pipe.set(self._key(glossary.owner, glossary.id), _encode(glossary))
+                pipe.sadd(self._index(glossary.owner), glossary.id)
+                return await pipe.execute()
+
+        await self._run("glossary_put", call)
+
+    async def get(self, owner: str, id: str) -> Glossary | None:
+        found = await self._run("glossary_get", lambda: self._link.client.get(self._key(owner, id)))
+        return None if found is None else _decode(found)
+
+    async def list(self, owner: str) -> list[Glossary]:
+        async def call() -> list[bytes | str | None]:
+            ids = await self._link.client.smembers(self._index(owner))
+            names = [self._key(owner, text(id)) for id in sorted(ids, key=text)]
+            return await self._link.client.mget(names) if names else []
+
+        return [_decode(text) for text in await self._run("glossary_list", call) if text]
+
+    async def delete(self, owner: str, id: str) -> bool:
+        async def call() -> list[int]:
+            async with self._link.client.pipeline(transaction=True) as pipe:
+                pipe.delete(self._key(owner, id))
+                pipe.srem(self._index(owner), id)
+                done: list[int] = await pipe.execute()
+                return done
+
+        return bool((await self._run("glossary_delete", call))[0])
+
+
+def open_store(directory: Path | None, link: RedisLink | None = None) -> GlossaryStore:
+    """The store the settings name: Redis, a directory, or this process's memory."""
+    if link is not None:
+        return RedisStore(link)
     return MemoryStore() if directory is None else DirectoryStore(directory)
 
 
@@ -225,36 +295,36 @@ class Glossaries:
         self.max_entries = max_entries
         self.max_per_owner = max_per_owner
 
-    def create(
+    async def create(
         self, owner: str, name: str, pair: tuple[str, str], entries: Sequence[Entry]
     ) -> Glossary:
         """A new glossary of checked entries (`checked`), or a ServiceError."""
         if not name.strip() or len(name) > MAX_NAME_CHARACTERS:
             raise _invalid(f"a glossary's name has 1 to {MAX_NAME_CHARACTERS} characters")
         kept = checked(entries, self.max_entries)
-        if len(self.store.list(owner)) >= self.max_per_owner:
+        if len(await self.store.list(owner)) >= self.max_per_owner:
             raise _invalid(
                 f"this API key has {self.max_per_owner} glossaries, the limit "
                 "(max_glossaries_per_key); delete one first"
             )
         glossary = Glossary(uuid.uuid4().hex, name, *pair, kept, owner, time.time())
-        self.store.put(glossary)
+        await self.store.put(glossary)
         return glossary
 
-    def get(self, owner: str, id: str) -> Glossary:
+    async def get(self, owner: str, id: str) -> Glossary:
         """The owner's glossary `id`; another owner's is as unknown as a missing one."""
-        glossary = self.store.get(owner, id) if _ID.fullmatch(id) else None
+        glossary = await self.store.get(owner, id) if _ID.fullmatch(id) else None
         if glossary is None:
             raise ServiceError(ErrorType.NOT_FOUND, f"no glossary {id!r}")
         return glossary
 
-    def delete(self, owner: str, id: str) -> None:
-        if not (_ID.fullmatch(id) and self.store.delete(owner, id)):
+    async def delete(self, owner: str, id: str) -> None:
+        if not (_ID.fullmatch(id) and await self.store.delete(owner, id)):
             raise ServiceError(ErrorType.NOT_FOUND, f"no glossary {id!r}")
 
-    def for_pair(self, owner: str, id: str, pair: tuple[str, str]) -> Glossary:
+    async def for_pair(self, owner: str, id: str, pair: tuple[str, str]) -> Glossary:
         """The glossary a translation of `pair` names: its own, of that pair."""
-        glossary = self.get(owner, id)
+        glossary = await self.get(owner, id)
         if (glossary.source, glossary.target) != pair:
             raise _invalid(
                 f"glossary {id} is for {glossary.source} -> {glossary.target}, not "

@@ -260,12 +260,13 @@ class Settings(BaseSettings):
         "long uvicorn waits for open requests",
     )
 
-    # --- Shared state: the translation cache, API keys and their quotas -----------------------
+    # --- Shared state: the translation cache, API keys, quotas, glossaries, document jobs ----
     redis_url: SecretStr | None = Field(
         None,
         description="Redis (redis://[:password@]host:port/db, rediss:// for TLS) that every "
-        "replica shares: the translation cache and the quotas' counts live there (and the keys "
-        "with key_store redis); none: in this process",
+        "replica shares: the translation cache, the quotas' counts, glossaries and document jobs "
+        "live there (and the keys with key_store redis); none: in this process (glossary_dir, "
+        "documents_dir)",
     )
     redis_timeout_s: float = Field(
         0.5,
@@ -331,6 +332,12 @@ class Settings(BaseSettings):
     )
     document_ttl_s: float = Field(
         3600.0, gt=0.0, description="how long a job and its result are kept after it ends"
+    )
+    document_lease_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="with redis_url: a job's lease, renewed by the replica translating it; a "
+        "replica that dies leaves its job to another this long after its last renewal",
     )
     document_workers: int = Field(
         1, ge=1, description="documents translated at once (each behind interactive requests)"

@@ -48,10 +48,11 @@ def _thai_splitter_loaded() -> None:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """Debian's redis-server on a free loopback port, for the session (benchmarks/servers.py);
-    skipped where it is not installed."""
+    """Debian's redis-server on a free loopback port, for the session (benchmarks/servers.py),
+    persistent as deploy/ runs it (what was written survives its stop and start); skipped where
+    it is not installed."""
     try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
+        server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=True)
     except FileNotFoundError as e:
         pytest.skip(str(e))
     server.start()

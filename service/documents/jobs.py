@@ -1,108 +1,89 @@
-"""Document jobs: a directory per job under `documents_dir` (the file sent, its state as JSON,
-the result), translated by background workers in the app's lifespan.
+"""Document jobs: the file sent, its state and its result in a `JobStore` (a directory, or Redis
+shared by every replica: service/documents/store.py), translated by background workers in the
+app's lifespan.
 
-The state on disk is the truth: any process serving that directory (`--workers`) answers a
-job's status, result and deletion; the process translating a job holds an exclusive lock on its
-`lock` file, so a job is translated by one process at a time, and a job whose process died
-(a restart, a crash) has its lock free again: a worker takes it up where its state says (queued
-or translating: from the start) at its next look. A job that cannot be read back is not
-dropped silently: it is reported as failed, with the reason. Jobs are bounded in count and bytes
-(`max_documents`, `max_documents_bytes`: 429 beyond), and removed `document_ttl_s` after they end.
+The store is the truth: any process serving it answers a job's status, result and deletion;
+the process translating a job holds its claim (a lock, or a lease in Redis), so a job is
+translated by one process at a time, and a job whose process died (a restart, a crash) has its
+claim free again: a worker takes it up where its state says (queued or translating: from the
+start) at its next look. A job that cannot be read back is not dropped silently: it is reported
+as failed, with the reason. Jobs are bounded in count and bytes (`max_documents`,
+`max_documents_bytes`: 429 beyond), and removed `document_ttl_s` after they end. With Redis
+down, the routes' calls answer 503 with Retry-After and the workers try again at their next
+look; what was accepted stays in Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import fcntl
-import json
 import logging
-import os
 import secrets
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 from service.documents.base import Limits
 from service.documents.formats import by_name
+from service.documents.store import (
+    Claim,
+    DirectoryJobs,
+    Job,
+    JobStore,
+    RedisJobs,
+    valid_id,
+)
 from service.documents.translate import Progress, count_sentences, detect_source, translate_units
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime
 from service.settings import Settings
+from service.store.connection import StoreUnavailable, required
 
 log = logging.getLogger(__name__)
 
-Status = Literal["queued", "translating", "done", "error"]
+__all__ = ["AUTO", "Documents", "Job"]
+
 AUTO = "auto"
 # How often workers look for jobs no process holds (another's, one left by a restart) and
-# remove expired ones.
+# remove expired ones; with Redis, at least twice a lease (document_lease_s).
 SCAN_S = 2.0
-# Progress is written to disk at most this often (a status request reads it from there).
+# Progress is saved at most this often (a status request reads it from the store).
 SAVE_PROGRESS_S = 0.5
 # Starts of one job (each restart takes up a job left unfinished) before it is failed.
 MAX_ATTEMPTS = 3
-_STATE, _SOURCE, _RESULT, _LOCK = "job.json", "source", "result", "lock"
-
-
-@dataclass
-class Job:
-    """A job's state, as job.json holds it."""
-
-    id: str
-    filename: str
-    format: str
-    source: str  # a language code or "auto"
-    target: str
-    options: dict[str, Any]
-    created: float  # time.time()
-    status: Status = "queued"
-    detected: str | None = None  # the source language found when `source` is "auto"
-    started: float | None = None
-    finished: float | None = None
-    done: int = 0  # sentences translated
-    total: int = 0  # sentences in all (estimated until done)
-    error_type: str | None = None
-    error_message: str | None = None
-    size: int = 0  # bytes of the file sent and its result
-    attempts: int = 0  # times a worker started it (MAX_ATTEMPTS)
-    characters: int = 0  # of text in the file sent (charged to the key that sent it)
-    key: str | None = None  # a DeepL upload's document_key, which its status and result need
-
-    def seconds_left(self, now: float) -> float | None:
-        """At the pace so far; None until a sentence is done."""
-        if self.status != "translating" or self.started is None or not self.done:
-            return None
-        pace = (now - self.started) / self.done
-        return round(pace * (self.total - self.done), 1)
 
 
 class Documents:
-    """The jobs of one directory, and this process's workers."""
+    """The jobs of one store, and this process's workers."""
 
     def __init__(
-        self, settings: Settings, runtime: Runtime, metrics: Metrics, directory: Path
+        self,
+        settings: Settings,
+        runtime: Runtime,
+        metrics: Metrics,
+        store: JobStore,
+        scan_s: float = SCAN_S,
     ) -> None:
         self.settings, self.runtime, self.metrics = settings, runtime, metrics
-        self.directory = directory
+        self.store = store
         self.limits = Limits(max_characters=settings.max_document_characters)
+        self._scan_s = scan_s
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._progress: dict[str, asyncio.Task[None]] = {}  # saves of progress, by job
         self._stopping = False
 
     @classmethod
     def open(cls, settings: Settings, runtime: Runtime, metrics: Metrics) -> Documents:
-        directory = settings.documents_dir
-        if directory is None:
-            directory = Path(tempfile.mkdtemp(prefix="mt-documents-"))
-        directory.mkdir(parents=True, exist_ok=True)
-        return cls(settings, runtime, metrics, directory)
+        """Over Redis when the runtime has it, else over `documents_dir` (or a temporary one)."""
+        store: JobStore
+        if runtime.redis is not None:
+            lease_s = settings.document_lease_s
+            store = RedisJobs(runtime.redis, ttl_s=settings.document_ttl_s, lease_s=lease_s)
+            return cls(settings, runtime, metrics, store, min(SCAN_S, lease_s / 2))
+        return cls(settings, runtime, metrics, DirectoryJobs(settings.documents_dir))
 
     # --- Lifecycle -------------------------------------------------------------------------
 
@@ -114,18 +95,18 @@ class Documents:
         self._wake.set()  # jobs left by a previous run: at once
 
     async def stop(self) -> None:
-        """Stop translating: jobs in progress are queued again on disk, for the next start."""
+        """Stop translating: jobs in progress are queued again in the store, for the next
+        start (or, in Redis, another replica)."""
         self._stopping = True
         tasks = [*self._tasks, *self._running.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.settings.documents_dir is None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        await self.store.close()
 
-    # --- What the routes ask ---------------------------------------------------------------
+    # --- What the routes ask (StoreUnavailable: 503) ---------------------------------------
 
-    def submit(
+    async def submit(
         self,
         filename: str,
         format: str,
@@ -137,48 +118,46 @@ class Documents:
         characters: int = 0,
         key: str | None = None,
     ) -> Job:
-        self.expire()
-        jobs = list(self._jobs())
-        if len(jobs) >= self.settings.max_documents:
-            raise ServiceError(
-                ErrorType.QUEUE_FULL,
-                f"{len(jobs)} documents are kept (max_documents); retry when some have expired "
-                "or delete finished ones",
+        with required("documents"):
+            jobs = await self.expire()
+            if len(jobs) >= self.settings.max_documents:
+                raise ServiceError(
+                    ErrorType.QUEUE_FULL,
+                    f"{len(jobs)} documents are kept (max_documents); retry when some have "
+                    "expired or delete finished ones",
+                )
+            kept = sum(job.size for job in jobs)
+            if kept + len(data) > self.settings.max_documents_bytes:
+                raise ServiceError(
+                    ErrorType.QUEUE_FULL,
+                    f"documents kept take {kept} bytes and this one {len(data)}; the limit is "
+                    f"{self.settings.max_documents_bytes} (max_documents_bytes); retry later",
+                )
+            job = Job(
+                secrets.token_hex(16),
+                filename,
+                format,
+                source,
+                target,
+                dict(options),
+                time.time(),
+                size=len(data),
+                characters=characters,
+                key=key,
             )
-        kept = sum(job.size for job in jobs)
-        if kept + len(data) > self.settings.max_documents_bytes:
-            raise ServiceError(
-                ErrorType.QUEUE_FULL,
-                f"documents kept take {kept} bytes and this one {len(data)}; the limit is "
-                f"{self.settings.max_documents_bytes} (max_documents_bytes); retry later",
-            )
-        job = Job(
-            secrets.token_hex(16),
-            filename,
-            format,
-            source,
-            target,
-            dict(options),
-            time.time(),
-            size=len(data),
-            characters=characters,
-            key=key,
-        )
-        folder = self.directory / job.id
-        folder.mkdir()
-        _write(folder / _SOURCE, data)
-        self._save(job)
+            await self.store.add(job, data)
         self._wake.set()
         return job
 
-    def get(self, id: str) -> Job:
-        job = self._load(id) if _valid_id(id) else None
+    async def get(self, id: str) -> Job:
+        with required("documents"):
+            job = await self.store.load(id) if valid_id(id) else None
         if job is None or self._expired(job, time.time()):
             raise ServiceError(ErrorType.NOT_FOUND, f"no document {id!r} (deleted or expired?)")
         return job
 
-    def result(self, id: str) -> tuple[Job, Path]:
-        job = self.get(id)
+    async def result(self, id: str) -> tuple[Job, bytes]:
+        job = await self.get(id)
         if job.status == "error":  # as it failed: a 4xx for the file, a 5xx for the service
             type = ErrorType(job.error_type or ErrorType.INTERNAL.value)
             raise ServiceError(type, f"document {id} failed: {job.error_message}")
@@ -188,28 +167,37 @@ class Documents:
                 f"document {id} is {job.status} ({job.done} of {job.total} sentences); ask "
                 "GET /documents/{id} until its status is done",
             )
-        return job, self.directory / id / _RESULT
+        with required("documents"):
+            result = await self.store.result(id)
+        if result is None:  # deleted meanwhile, or evicted by Redis (maxmemory)
+            raise ServiceError(ErrorType.NOT_FOUND, f"document {id}'s result is gone")
+        return job, result
 
-    def delete(self, id: str) -> Job:
-        job = self.get(id)
+    async def delete(self, id: str) -> Job:
+        job = await self.get(id)
         task = self._running.get(id)
         if task is not None:
             task.cancel()
-        shutil.rmtree(self.directory / id, ignore_errors=True)
+        with required("documents"):
+            await self.store.remove(id)
         if job.status not in ("done", "error"):
             self.metrics.documents.labels(job.format, "deleted").inc()
         return job
 
-    def expire(self) -> None:
+    async def expire(self) -> list[Job]:
+        """The jobs kept, once those expired are removed."""
         now = time.time()
         counts: dict[str, int] = dict.fromkeys(("queued", "translating", "done", "error"), 0)
-        for job in self._jobs():
+        kept = []
+        for job in await self.store.jobs():
             if self._expired(job, now):
-                shutil.rmtree(self.directory / job.id, ignore_errors=True)
+                await self.store.remove(job.id)
             else:
                 counts[job.status] += 1
+                kept.append(job)
         for status, count in counts.items():
             self.metrics.documents_kept.labels(status).set(count)
+        return kept
 
     def _expired(self, job: Job, now: float) -> bool:
         return job.finished is not None and now - job.finished > self.settings.document_ttl_s
@@ -217,52 +205,62 @@ class Documents:
     # --- Workers ---------------------------------------------------------------------------
 
     async def _worker(self) -> None:
+        me = asyncio.current_task()
         while True:
+            # A cancellation a library swallowed on the way (redis-py's calls can, under a
+            # timeout) still stops the worker: the shutdown waits for it.
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
             # Not wait_for: Python 3.11's can swallow the cancellation that stops the worker.
             woken = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait({woken}, timeout=SCAN_S)
+                await asyncio.wait({woken}, timeout=self._scan_s)
             finally:
                 woken.cancel()
             self._wake.clear()
-            self.expire()
-            while (claimed := self._claim()) is not None:
-                job, lock = claimed
-                task = asyncio.create_task(self._run(job))
-                self._running[job.id] = task
-                try:
-                    await asyncio.wait({task})
-                finally:
-                    self._running.pop(job.id, None)
-                    os.close(lock)
-                    if not task.done():  # this worker was cancelled: the job stays as it is
-                        task.cancel()
+            try:
+                await self._work()
+            except StoreUnavailable:  # logged by the link; tried again at the next look
+                continue
 
-    def _claim(self) -> tuple[Job, int] | None:
-        """The oldest job waiting or left unfinished by a process gone, locked by this one."""
+    async def _work(self) -> None:
+        """Every job this worker can claim, one after the other."""
+        await self.expire()
+        while (claimed := await self._claim()) is not None:
+            job, claim = claimed
+            task = asyncio.create_task(self._run(job))
+            lost = asyncio.ensure_future(claim.lost())
+            self._running[job.id] = task
+            try:
+                await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done():  # deleted through another process, or taken over
+                    log.info("document %s is no longer this process's: stopped", job.id)
+                    task.cancel()
+                    await asyncio.wait({task})
+            finally:
+                lost.cancel()
+                self._running.pop(job.id, None)
+                if not task.done():  # this worker was cancelled: the job is set aside first
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                await claim.release()
+
+    async def _claim(self) -> tuple[Job, Claim] | None:
+        """The oldest job waiting or left unfinished by a process gone, claimed by this one."""
         waiting = sorted(
-            (job for job in self._jobs() if job.status in ("queued", "translating")),
-            key=lambda job: job.created,
+            (job for job in await self.store.jobs() if job.waiting), key=lambda job: job.created
         )
         for job in waiting:
-            folder = self.directory / job.id
-            try:
-                lock = os.open(folder / _LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-            except OSError:  # deleted meanwhile
+            claim = await self.store.claim(job.id)
+            if claim is None:  # another worker has it
                 continue
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(lock)  # another worker has it
-                continue
-            fresh = self._load(job.id)
-            if fresh is not None and fresh.status in ("queued", "translating"):
-                return fresh, lock
-            os.close(lock)
+            fresh = await self.store.load(job.id)
+            if fresh is not None and fresh.waiting:
+                return fresh, claim
+            await claim.release()
         return None
 
     async def _run(self, job: Job) -> None:
-        folder = self.directory / job.id
         started = time.time()
         if job.started is None:
             self.metrics.document_queue_seconds.observe(max(0.0, started - job.created))
@@ -273,45 +271,56 @@ class Documents:
                 "service stopped during each)"
             )
             job.finished = started
-            self.metrics.documents.labels(job.format, job.error_type).inc()
-            self._save(job)
+            with contextlib.suppress(StoreUnavailable):  # failed at the next look
+                await self.store.save(job)
+                self.metrics.documents.labels(job.format, job.error_type).inc()
             return
         job.status, job.started, job.done = "translating", started, 0
         job.attempts += 1
-        self._save(job)
         try:
-            result = await self._translate(job, (folder / _SOURCE).read_bytes())
-            _write(folder / _RESULT, result)
-            job.size += len(result)
-            job.status, job.done = "done", job.total
-            self.metrics.document_sentences.labels(job.format).inc(job.total)
+            await self.store.save(job)
+            data = await self.store.source(job.id)
+            if data is None:
+                return  # deleted meanwhile
+            result: bytes | None = await self._translate(job, data)
         except ServiceError as e:
             if e.type is ErrorType.UNAVAILABLE and self.runtime.draining:
-                self._set_aside(job)
+                await self._set_aside(job)
                 return
             job.status, job.error_type, job.error_message = "error", e.type.value, e.message
+            result = None
+        except StoreUnavailable:
+            return  # the job stays as the store has it, taken again once its claim is free
         except asyncio.CancelledError:
             if self._stopping:
-                self._set_aside(job)
+                await self._set_aside(job)
             raise  # stopped, or deleted
-        except FileNotFoundError:
-            return  # deleted while it was being translated
         except Exception:
             log.exception("document %s (%s) failed", job.id, job.format)
             job.status, job.error_type = "error", ErrorType.INTERNAL.value
             job.error_message = "the translation of the document failed"
+            result = None
         job.finished = time.time()
-        self.metrics.documents.labels(job.format, job.error_type or "done").inc()
-        self.metrics.document_seconds.labels(job.format).observe(job.finished - started)
-        if folder.exists():
-            self._save(job)
+        if result is not None:
+            job.size += len(result)
+            job.status, job.done = "done", job.total
+            self.metrics.document_sentences.labels(job.format).inc(job.total)
+        await self._saved(job)
+        with contextlib.suppress(StoreUnavailable):  # unfinished in the store: taken again
+            if result is None:
+                await self.store.save(job)
+            else:
+                await self.store.finish(job, result)
+            self.metrics.documents.labels(job.format, job.error_type or "done").inc()
+            self.metrics.document_seconds.labels(job.format).observe(job.finished - started)
 
-    def _set_aside(self, job: Job) -> None:
+    async def _set_aside(self, job: Job) -> None:
         """The service stops while `job` is translated: queued again for the next start, this
         start not counted (only a start that the process did not survive is)."""
         job.status, job.attempts, job.done = "queued", job.attempts - 1, 0
-        if (self.directory / job.id).exists():
-            self._save(job)
+        await self._saved(job)
+        with contextlib.suppress(StoreUnavailable):  # taken again once its lease expires
+            await self.store.save(job)
 
     async def _translate(self, job: Job, data: bytes) -> bytes:
         format = by_name(job.format)
@@ -341,60 +350,22 @@ class Documents:
             job.done, job.total = progress.done, progress.total
             if time.monotonic() - saved >= SAVE_PROGRESS_S:
                 saved = time.monotonic()
-                self._save(job)
+                self._save_progress(job)
 
         translations = await translate_units(
             self.runtime, units, pair, job.options, progress, on_progress
         )
         return await asyncio.to_thread(extracted.write, translations)
 
-    # --- The directory ---------------------------------------------------------------------
+    def _save_progress(self, job: Job) -> None:
+        """In the background (progress is for status requests, not worth waiting for), one
+        save at a time; `_saved` waits for it before the job's next state."""
+        if job.id not in self._progress:
+            task = asyncio.create_task(self.store.save(job))
+            self._progress[job.id] = task
+            task.add_done_callback(lambda _: self._progress.pop(job.id, None))
 
-    def _jobs(self) -> Iterator[Job]:
-        for folder in self.directory.iterdir():
-            if folder.is_dir() and _valid_id(folder.name):
-                job = self._load(folder.name)
-                if job is not None:
-                    yield job
-
-    def _load(self, id: str) -> Job | None:
-        """The job's state; one that cannot be read is reported as failed, not dropped."""
-        folder = self.directory / id
-        try:
-            data = json.loads((folder / _STATE).read_text(encoding="utf-8"))
-            return Job(**data)
-        except FileNotFoundError:
-            if not folder.is_dir():
-                return None
-            reason = "its state was never written (the service stopped as it was sent)"
-        except (OSError, ValueError, TypeError) as e:
-            reason = f"its state cannot be read: {e}"
-        created = folder.stat().st_mtime if folder.exists() else time.time()
-        return Job(
-            id,
-            "",
-            "",
-            "",
-            "",
-            {},
-            created,
-            status="error",
-            finished=created,
-            error_type=ErrorType.INTERNAL.value,
-            error_message=f"the document was lost: {reason}",
-        )
-
-    def _save(self, job: Job) -> None:
-        with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
-            _write(self.directory / job.id / _STATE, json.dumps(dataclasses.asdict(job)).encode())
-
-
-def _valid_id(id: str) -> bool:
-    return len(id) == 32 and all(c in "0123456789abcdef" for c in id)
-
-
-def _write(path: Path, data: bytes) -> None:
-    """Whole or not at all: a reader (or a restart) never sees half a file."""
-    temporary = path.with_name(path.name + ".part")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
+    async def _saved(self, job: Job) -> None:
+        task = self._progress.get(job.id)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)  # StoreUnavailable: logged

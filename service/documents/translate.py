@@ -17,9 +17,11 @@ from lxml import etree
 
 from service.documents.base import Unit
 from service.errors import ErrorType, ServiceError
+from service.glossaries import Entry
 from service.scheduling.runtime import Runtime
 from service.text import markup, segment
 from service.text.pipeline import Form
+from service.text.terms import Terms
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,8 @@ CHUNK_CHARACTERS = 3000
 # Calls of one document in flight: the next one queued while one decodes, so that the engine
 # never waits for the event loop between two.
 IN_FLIGHT = 2
+# A job's options key for the entries of the glossary it was sent with (source, target, case).
+GLOSSARY = "glossary"
 # A full queue (interactive requests hold it) is waited out, not a failure of the document.
 QUEUE_FULL_WAIT_S = 0.2
 # Characters of the document read to detect its language when its source is "auto".
@@ -110,7 +114,11 @@ async def translate_units(
     progress: Progress,
     on_progress: Callable[[], None] = lambda: None,
 ) -> list[str]:
-    """Each unit's translation, in order; `progress.done` grows as calls finish."""
+    """Each unit's translation, in order, with the glossary entries the job was sent with
+    (`requested[GLOSSARY]`) enforced; `progress.done` grows as calls finish."""
+    requested = dict(requested)
+    glossary = requested.pop(GLOSSARY, None)
+    terms = None if glossary is None else Terms([Entry(*entry) for entry in glossary])
     options = runtime.decoding_options(pair, requested)
     translations: list[str] = [""] * len(units)
     gate = asyncio.Semaphore(IN_FLIGHT)
@@ -129,6 +137,7 @@ async def translate_units(
                         form=form,
                         label=paragraph_label(indices),
                         background=True,
+                        terms=terms,
                     )
                     break
                 except ServiceError as e:

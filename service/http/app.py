@@ -68,7 +68,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             log.info("ready: %s", runtime.describe())
             yield
         finally:
-            if documents is not None:  # documents in progress stay on disk for the next start
+            if documents is not None:  # documents in progress stay in the store, queued again
                 await documents.stop()
             await runtime.shutdown(settings.drain_timeout_s)
 

@@ -347,7 +347,7 @@ def deepl_code(runtime: Runtime, language: str) -> str:
     return _Languages.of(runtime).codes[language].lower()
 
 
-def _terms(
+async def _terms(
     runtime: Runtime, fields: Mapping[str, Any], owner: str, source: str | None, target: str
 ) -> Terms | None:
     """The glossary a translation names (`glossary_id`, or one in `glossary_ids`): the
@@ -361,7 +361,7 @@ def _terms(
     if len(named) > 1:
         raise _bad("Only one glossary per request is supported by this service.")
     try:
-        return runtime.terms(owner, (source, target), named[0])
+        return await runtime.terms(owner, (source, target), named[0])
     except ServiceError as e:
         if e.type is ErrorType.NOT_FOUND:
             raise glossary_not_found(named[0]) from None
@@ -387,7 +387,7 @@ class _Translate:
     terms: Terms | None
 
 
-def _translate_request(runtime: Runtime, fields: Mapping[str, Any], owner: str) -> _Translate:
+async def _translate_request(runtime: Runtime, fields: Mapping[str, Any], owner: str) -> _Translate:
     texts = _texts(fields)
     source, target = deepl_languages(runtime, fields)
     target_code = str(fields["target_lang"]).upper()
@@ -403,7 +403,7 @@ def _translate_request(runtime: Runtime, fields: Mapping[str, Any], owner: str) 
     _flag(fields, "outline_detection", True)
     _choice(fields, "tag_handling_version", ("v1", "v2"))
     _text(fields, "context")
-    terms = _terms(runtime, fields, owner, source, target)
+    terms = await _terms(runtime, fields, owner, source, target)
     if len(texts) > runtime.settings.max_texts:
         raise _bad(f"Too many texts: {len(texts)}; the limit is {runtime.settings.max_texts}.")
     form = Form(
@@ -494,7 +494,7 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         deadline = time.monotonic() + runtime.settings.request_timeout_s
         with runtime.accept():
             fields, caller = await deepl_call(request, runtime, header_key)
-            body = _translate_request(runtime, fields, caller.owner)
+            body = await _translate_request(runtime, fields, caller.owner)
             texts = body.texts
             characters = sum(len(text) for text in texts)
             await runtime.access.charge(caller.stored, characters)

@@ -16,8 +16,7 @@ import secrets
 import time
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from starlette.background import BackgroundTask
 
@@ -31,9 +30,14 @@ from service.http.deepl import (
     deepl_key,
     deepl_languages,
 )
-from service.http.documents import DocumentsDep, multipart_body, result_response, upload
+from service.http.documents import (
+    DocumentsDep,
+    Sender,
+    multipart_body,
+    result_response,
+    upload,
+)
 from service.http.middleware import RuntimeDep
-from service.keys.store import ApiKey
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": DeepLError} for status in (400, 403, 404, 413, 415, 429, 456, 503)
@@ -54,11 +58,11 @@ class DeepLDocumentStatus(BaseModel):
     error_message: str | None = None
 
 
-def _owned(documents: Documents, document_id: str, fields: dict[str, Any]) -> Job:
+async def _owned(documents: Documents, document_id: str, fields: dict[str, Any]) -> Job:
     """The job `document_id` if the request's `document_key` is its key; else DeepL's 404."""
     job = None
     with contextlib.suppress(ServiceError):
-        job = documents.get(document_id)
+        job = await documents.get(document_id)
     given = fields.get("document_key")
     if (
         job is None
@@ -95,7 +99,7 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
         """Queue a file for translation: its id and the key its status and result need."""
         caller_key: str | None = None
 
-        async def authorize(fields: dict[str, Any]) -> ApiKey | None:
+        async def authorize(fields: dict[str, Any]) -> Sender:
             nonlocal caller_key
             caller = await deepl_key(runtime, request, fields, header_key)
             caller_key = caller.key
@@ -115,7 +119,7 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
             filename = fields.get("filename")
             fields.clear()  # DeepL's fields, read: the native ones for `upload`
             fields.update(source=source or AUTO, target=target, filename=filename)
-            return caller.stored
+            return Sender(caller.stored, caller.owner)
 
         with runtime.accept():
             document_key = secrets.token_hex(16)
@@ -133,7 +137,7 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
         """The job's status; the time left while it is translated, the characters billed
         when it is done, why it failed when it did."""
         fields, _ = await deepl_call(request, runtime, header_key)
-        job = _owned(documents, document_id, fields)
+        job = await _owned(documents, document_id, fields)
         left = job.seconds_left(time.time())
         return DeepLDocumentStatus(
             document_id=job.id,
@@ -149,13 +153,13 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
         runtime: RuntimeDep,
         documents: DocumentsDep,
         header_key: HeaderKey,
-    ) -> FileResponse:
+    ) -> Response:
         """The translated file, once; removed when it has been sent."""
         fields, _ = await deepl_call(request, runtime, header_key)
-        job = _owned(documents, document_id, fields)
+        job = await _owned(documents, document_id, fields)
         if job.status in ("queued", "translating"):
             raise ServiceError(ErrorType.DOCUMENT_NOT_READY, "Document translation is not done")
-        response = result_response(job, documents)
+        response = await result_response(job.id, documents)
         response.background = BackgroundTask(_remove, documents, job.id)
         return response
 
@@ -172,12 +176,12 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
             "/v2/document/{document_id}/result",
             deepl_result,
             methods=[method],
-            response_class=FileResponse,
+            response_class=Response,
             responses={200: {"content": {"application/octet-stream": {}}}, **_ERRORS},
         )
     return router
 
 
-def _remove(documents: Documents, id: str) -> None:
+async def _remove(documents: Documents, id: str) -> None:
     with contextlib.suppress(ServiceError):  # removed meanwhile
-        documents.delete(id)
+        await documents.delete(id)

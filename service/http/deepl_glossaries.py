@@ -140,7 +140,7 @@ def _string(fields: Mapping[str, Any], name: str) -> str:
     return value
 
 
-def _create(
+async def _create(
     runtime: Runtime, caller: DeepLCaller, name: str, fields: Mapping[str, Any]
 ) -> Glossary:
     """A glossary of the pair `source_lang` -> `target_lang` from `entries` in
@@ -154,7 +154,7 @@ def _create(
     assert source is not None  # given
     codes = (deepl_code(runtime, source), deepl_code(runtime, target))
     parsed = parse_entries(entries, cast(EntriesFormat, entries_format), codes)
-    return runtime.create_glossary(caller.owner, name, (source, target), parsed)
+    return await runtime.create_glossary(caller.owner, name, (source, target), parsed)
 
 
 async def _owned(
@@ -164,7 +164,7 @@ async def _owned(
     and its caller."""
     fields, caller = await deepl_call(request, runtime, header_key)
     try:
-        return runtime.glossaries.get(caller.owner, glossary_id), fields, caller
+        return await runtime.glossaries.get(caller.owner, glossary_id), fields, caller
     except ServiceError:
         raise glossary_not_found(glossary_id) from None
 
@@ -174,7 +174,7 @@ async def _oldest_first(
 ) -> list[Glossary]:
     """The caller's glossaries, oldest first."""
     _, caller = await deepl_call(request, runtime, header_key)
-    return sorted(runtime.glossaries.store.list(caller.owner), key=lambda g: g.created)
+    return sorted(await runtime.glossaries.store.list(caller.owner), key=lambda g: g.created)
 
 
 @deepl_glossary_router.post(
@@ -185,7 +185,7 @@ async def create_glossary(
 ) -> DeepLGlossary:
     """A glossary from DeepL's TSV or CSV entries (JSON or form fields)."""
     fields, caller = await deepl_call(request, runtime, header_key)
-    return _v2(runtime, _create(runtime, caller, _string(fields, "name"), fields))
+    return _v2(runtime, await _create(runtime, caller, _string(fields, "name"), fields))
 
 
 @deepl_glossary_router.get(
@@ -230,7 +230,7 @@ async def create_multilingual_glossary(
         raise _bad("Missing or invalid argument: dictionaries")
     if len(dictionaries) > 1 or not isinstance(dictionaries[0], dict):
         raise _bad("A glossary of this service holds one dictionary (one language pair).")
-    return _v3(runtime, _create(runtime, caller, name, dictionaries[0]))
+    return _v3(runtime, await _create(runtime, caller, name, dictionaries[0]))
 
 
 @deepl_glossary_router.get(
@@ -256,7 +256,7 @@ async def delete_glossary(
     glossary_id: str, request: Request, runtime: RuntimeDep, header_key: HeaderKey
 ) -> Response:
     _, _, caller = await _owned(request, runtime, header_key, glossary_id)
-    runtime.glossaries.delete(caller.owner, glossary_id)
+    await runtime.glossaries.delete(caller.owner, glossary_id)
     return Response(status_code=204)
 
 

@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 
 from service.documents.base import Limits
 from service.documents.formats import by_name, choose, extension
 from service.documents.jobs import AUTO, Documents, Job
+from service.documents.translate import GLOSSARY
 from service.errors import ErrorType, ServiceError
-from service.http.middleware import Caller, RuntimeDep, require_api_key, validate
+from service.glossaries import owner_of
+from service.http.middleware import Caller, PresentedKey, RuntimeDep, require_api_key, validate
 from service.http.schemas import ErrorBody
 from service.keys.store import ApiKey
 from service.scheduling.runtime import Runtime
@@ -50,9 +54,21 @@ class DocumentFields(BaseModel):
     length_penalty: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False)
     max_decoding_length: int | None = Field(None, ge=1)
     no_repeat_ngram_size: int | None = Field(None, ge=0)
+    glossary_id: str | None = Field(
+        None, description="a glossary of this API key and language pair, enforced in decoding"
+    )
 
     def decoding(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"source", "target"}, exclude_none=True)
+        return self.model_dump(exclude={"source", "target", "glossary_id"}, exclude_none=True)
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who sends a document: the key of the key store it is charged to (None: no limits), and
+    the owner of the glossaries it may name (glossaries.owner_of)."""
+
+    key: ApiKey | None
+    owner: str
 
 
 class Progress(BaseModel):
@@ -83,22 +99,23 @@ async def upload(
     request: Request,
     runtime: Runtime,
     documents: Documents,
-    authorize: Callable[[dict[str, Any]], Awaitable[ApiKey | None]],
+    authorize: Callable[[dict[str, Any]], Awaitable[Sender]],
     *,
     document_key: str | None = None,
 ) -> Job:
     """The file of a multipart request and its fields (the query string's first), checked
     (`authorize(fields)` first: the caller, and a compatible API's fields put into the native
     ones; then the file's format by its name, else the `filename` field's, and content,
-    readable within the limits, a served language pair), its characters charged to the
-    caller's key (service/keys/), and queued (with a DeepL `document_key`)."""
+    readable within the limits, a served language pair, the glossary it names), its characters
+    charged to the caller's key (service/keys/), and queued with the glossary's entries as they
+    are now (and a DeepL `document_key`)."""
     settings = runtime.settings
     form = await request.form(max_files=1, max_fields=_MAX_FIELDS)
     fields: dict[str, Any] = dict(request.query_params)
     for key, value in form.multi_items():
         if isinstance(value, str):
             fields.setdefault(key, value)
-    caller = await authorize(fields)
+    sender = await authorize(fields)
     file = form.get("file")
     if not isinstance(file, UploadFile):
         raise ServiceError(ErrorType.INVALID_REQUEST, "Invalid request: missing file parameter")
@@ -124,6 +141,10 @@ async def upload(
     elif body.source != body.target:
         runtime.model(body.source, body.target)
         runtime.decoding_options((body.source, body.target), body.decoding())
+    options = body.decoding()
+    terms = await runtime.terms(sender.owner, (body.source, body.target), body.glossary_id)
+    if terms is not None:
+        options[GLOSSARY] = [[e.source, e.target, e.case_sensitive] for e in terms.entries]
     # Read now, off the event loop: a broken, encrypted or too large file is a 4xx here.
     limits = Limits(max_characters=settings.max_document_characters)
     extracted = await asyncio.to_thread(format.read, data, limits)
@@ -134,14 +155,14 @@ async def upload(
             f"the document holds {characters} characters of text; the limit is "
             f"{limits.max_characters} (max_document_characters)",
         )
-    await runtime.access.charge(caller, characters)
-    return documents.submit(
+    await runtime.access.charge(sender.key, characters)
+    return await documents.submit(
         filename or f"document{format.extensions[0]}",
         format.name,
         data,
         body.source,
         body.target,
-        body.decoding(),
+        options,
         characters=characters,
         key=document_key,
     )
@@ -188,9 +209,21 @@ def result_name(job: Job) -> str:
     return f"{stem}.{job.target}{suffix or by_name(job.format).extensions[0]}"
 
 
-def result_response(job: Job, documents: Documents) -> FileResponse:
-    job, path = documents.result(job.id)
-    return FileResponse(path, media_type=by_name(job.format).media_type, filename=result_name(job))
+async def result_response(id: str, documents: Documents) -> Response:
+    """The translated file, named for download (`result_name`)."""
+    job, data = await documents.result(id)
+    name = result_name(job)
+    quoted = urllib.parse.quote(name)
+    disposition = (
+        f'attachment; filename="{name}"'
+        if quoted == name
+        else f"attachment; filename*=utf-8''{quoted}"
+    )
+    return Response(
+        data,
+        media_type=by_name(job.format).media_type,
+        headers={"Content-Disposition": disposition},
+    )
 
 
 @documents_router.post(
@@ -204,12 +237,16 @@ def result_response(job: Job, documents: Documents) -> FileResponse:
     ),
 )
 async def post_document(
-    request: Request, runtime: RuntimeDep, documents: DocumentsDep, caller: Caller
+    request: Request,
+    runtime: RuntimeDep,
+    documents: DocumentsDep,
+    key: PresentedKey,
+    caller: Caller,
 ) -> JSONResponse:
     """Queue a file for translation; its status is at the answer's Location."""
 
-    async def authorize(fields: dict[str, Any]) -> ApiKey | None:
-        return caller
+    async def authorize(fields: dict[str, Any]) -> Sender:
+        return Sender(caller, owner_of(key))
 
     job = await upload(request, runtime, documents, authorize)
     body = status(job, documents).model_dump(mode="json", exclude_none=True)
@@ -225,18 +262,18 @@ async def post_document(
 )
 async def get_document(id: str, documents: DocumentsDep) -> DocumentStatus:
     """The job's status, its progress in sentences, and an estimate of the time left."""
-    return status(documents.get(id), documents)
+    return status(await documents.get(id), documents)
 
 
 @documents_router.get(
     "/documents/{id}/result",
     responses={200: {"content": {"application/octet-stream": {}}}, **_ERRORS},
-    response_class=FileResponse,
+    response_class=Response,
     dependencies=[Depends(require_api_key)],
 )
-async def get_result(id: str, documents: DocumentsDep) -> FileResponse:
+async def get_result(id: str, documents: DocumentsDep) -> Response:
     """The translated file, as the file sent with its text translated (409 until done)."""
-    return result_response(documents.get(id), documents)
+    return await result_response(id, documents)
 
 
 @documents_router.delete(
@@ -247,5 +284,5 @@ async def get_result(id: str, documents: DocumentsDep) -> FileResponse:
 )
 async def delete_document(id: str, documents: DocumentsDep) -> Response:
     """Stop the job if it runs and remove its files."""
-    documents.delete(id)
+    await documents.delete(id)
     return Response(status_code=204)

@@ -67,26 +67,26 @@ async def create_glossary(request: Request, runtime: RuntimeDep, key: PresentedK
         entries = parse_entries(body.entries, body.entries_format, pair)
     else:
         entries = [entry.entry() for entry in body.entries]
-    return _out(runtime.create_glossary(owner_of(key), body.name, pair, entries))
+    return _out(await runtime.create_glossary(owner_of(key), body.name, pair, entries))
 
 
 @glossary_router.get("", response_model=GlossaryList, responses=_ERRORS)
 async def list_glossaries(runtime: RuntimeDep, key: PresentedKey) -> GlossaryList:
     """This API key's glossaries, oldest first."""
-    found = runtime.glossaries.store.list(owner_of(key))
+    found = await runtime.glossaries.store.list(owner_of(key))
     return GlossaryList(glossaries=[_out(g) for g in sorted(found, key=lambda g: g.created)])
 
 
 @glossary_router.get("/{glossary_id}", response_model=GlossaryOut, responses=_ERRORS)
 async def get_glossary(glossary_id: str, runtime: RuntimeDep, key: PresentedKey) -> GlossaryOut:
-    return _out(runtime.glossaries.get(owner_of(key), glossary_id))
+    return _out(await runtime.glossaries.get(owner_of(key), glossary_id))
 
 
 @glossary_router.get("/{glossary_id}/entries", response_model=GlossaryEntries, responses=_ERRORS)
 async def glossary_entries(
     glossary_id: str, runtime: RuntimeDep, key: PresentedKey
 ) -> GlossaryEntries:
-    glossary = runtime.glossaries.get(owner_of(key), glossary_id)
+    glossary = await runtime.glossaries.get(owner_of(key), glossary_id)
     return GlossaryEntries(entries=[_entry(e) for e in glossary.entries])
 
 
@@ -98,5 +98,5 @@ def _entry(entry: Entry) -> GlossaryEntry:
 
 @glossary_router.delete("/{glossary_id}", status_code=204, responses=_ERRORS)
 async def delete_glossary(glossary_id: str, runtime: RuntimeDep, key: PresentedKey) -> Response:
-    runtime.glossaries.delete(owner_of(key), glossary_id)
+    await runtime.glossaries.delete(owner_of(key), glossary_id)
     return Response(status_code=204)

@@ -12,7 +12,7 @@ import urllib.parse
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field, field_validator
 
 from service.documents.formats import FORMATS
@@ -21,6 +21,7 @@ from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
 from service.http.documents import (
     DocumentsDep,
+    Sender,
     multipart_body,
     result_name,
     result_response,
@@ -197,7 +198,7 @@ async def libretranslate_translate(
         form = Form(body.format, protection=protection(body))
         inline = None if body.glossary is None else [e.entry() for e in body.glossary]
         owner = owner_of(_key(fields, header_key))
-        terms = runtime.terms(owner, (source, target), body.glossary_id, inline)
+        terms = await runtime.terms(owner, (source, target), body.glossary_id, inline)
         # With auto, each text's own language, not one for the batch as LibreTranslate does.
         auto = source == "auto"
         found = await translate_texts(
@@ -338,12 +339,12 @@ async def libretranslate_translate_file(
     """LibreTranslate's /translate_file: answers when the file is translated, with the URL of
     its download (a document job underneath: the same as POST /documents, waited for)."""
 
-    async def authorize(fields: dict[str, Any]) -> ApiKey | None:
-        caller = await _check_key(runtime, fields, header_key, request)
+    async def authorize(fields: dict[str, Any]) -> Sender:
+        stored = await _check_key(runtime, fields, header_key, request)
         for name in ("source", "target"):
             if not fields.get(name):
                 raise _missing(name)
-        return caller
+        return Sender(stored, owner_of(_key(fields, header_key)))
 
     with runtime.accept():
         job = await upload(request, runtime, documents, authorize)
@@ -351,10 +352,10 @@ async def libretranslate_translate_file(
             job = await unless_disconnected(request, _finished(documents, job.id))
         except BaseException:
             with contextlib.suppress(ServiceError):  # gone already
-                documents.delete(job.id)  # nobody will download it
+                await documents.delete(job.id)  # nobody will download it
             raise
     if job.status == "error":
-        documents.result(job.id)  # raises the job's own error
+        await documents.result(job.id)  # raises the job's own error
     prefix = runtime.settings.libretranslate_prefix
     name = urllib.parse.quote(f"{job.id}.{result_name(job)}")
     return LibreTranslateFile(
@@ -363,7 +364,7 @@ async def libretranslate_translate_file(
 
 
 async def _finished(documents: Documents, id: str) -> Job:
-    while (job := documents.get(id)).status not in ("done", "error"):
+    while (job := await documents.get(id)).status not in ("done", "error"):
         await asyncio.sleep(_FILE_POLL_S)
     return job
 
@@ -371,11 +372,11 @@ async def _finished(documents: Documents, id: str) -> Job:
 @libretranslate_router.get(
     "/download_file/{filename}",
     responses={200: {"content": {"application/octet-stream": {}}}, **_LIBRETRANSLATE_ERRORS},
-    response_class=FileResponse,
+    response_class=Response,
 )
-async def libretranslate_download_file(filename: str, documents: DocumentsDep) -> FileResponse:
+async def libretranslate_download_file(filename: str, documents: DocumentsDep) -> Response:
     """A file /translate_file translated: its id, a dot, then its name."""
-    return result_response(documents.get(filename.split(".", 1)[0]), documents)
+    return await result_response(filename.split(".", 1)[0], documents)
 
 
 class LibreTranslateFrontendLanguage(BaseModel):

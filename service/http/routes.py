@@ -91,7 +91,9 @@ async def translate(
     with runtime.accept():
         if body.source != AUTO:
             runtime.model(body.source, body.target)  # an unknown pair before the glossary
-        terms = runtime.terms(owner_of(key), (body.source, body.target), body.glossary_id, inline)
+        terms = await runtime.terms(
+            owner_of(key), (body.source, body.target), body.glossary_id, inline
+        )
         if body.source == AUTO:
             _check_count(runtime, len(texts))
             await runtime.access.charge(caller, characters)

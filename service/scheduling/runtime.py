@@ -206,7 +206,7 @@ class Runtime:
         # The model's own translation of each source term seen (by model and pair).
         self._renderings: dict[tuple[str, str, str], dict[str, str]] = {}
         self.glossaries = Glossaries(
-            open_store(settings.glossary_dir),
+            open_store(settings.glossary_dir, self.redis),
             max_entries=settings.max_glossary_entries,
             max_per_owner=settings.max_glossaries_per_key,
         )
@@ -550,14 +550,14 @@ class Runtime:
                 results[i] = DetectedTranslation(translation, best[i], self.models[pair].name, None)
         return results
 
-    def create_glossary(
+    async def create_glossary(
         self, owner: str, name: str, pair: tuple[str, str], entries: Sequence[Entry]
     ) -> Glossary:
         """A glossary of `owner` for a served pair, every target term spelled by its model."""
         self._spell(pair, glossaries.checked(entries, self.settings.max_glossary_entries))
-        return self.glossaries.create(owner, name, pair, entries)
+        return await self.glossaries.create(owner, name, pair, entries)
 
-    def terms(
+    async def terms(
         self,
         owner: str,
         pair: tuple[str, str],
@@ -573,10 +573,10 @@ class Runtime:
             )
         if glossary_id is not None:
             if pair[0] == AUTO:
-                glossary = self.glossaries.get(owner, glossary_id)
-                self.glossaries.for_pair(owner, glossary_id, (glossary.source, pair[1]))
+                glossary = await self.glossaries.get(owner, glossary_id)
+                await self.glossaries.for_pair(owner, glossary_id, (glossary.source, pair[1]))
             else:
-                glossary = self.glossaries.for_pair(owner, glossary_id, pair)
+                glossary = await self.glossaries.for_pair(owner, glossary_id, pair)
             return Terms(glossary.entries, (glossary.source, glossary.target))
         if entries is None:
             return None

@@ -1,21 +1,23 @@
 """The process's one connection to Redis (`redis_url`), which every shared-state user goes
 through: the sentence cache (service/scheduling/cache.py), the API keys and their quotas
-(service/keys/); document jobs and glossaries are meant to join them here.
+(service/keys/), document jobs (service/documents/store.py) and glossaries
+(service/glossaries.py).
 
 Redis is never on a request's critical path for longer than `redis_timeout_s`: every call runs
 under that timeout (a connection from the pool, connecting, the command), and a failure opens a
 breaker for `redis_retry_s` during which calls fail at once (`StoreUnavailable`), so that a Redis
 that is down or restarting costs each request nothing; the next call after it tries Redis again.
 What a caller does with `StoreUnavailable` is its own policy: the cache skips itself, quotas
-fail open or closed (`quota_fail_open`), documents and glossaries would answer 503.
+fail open or closed (`quota_fail_open`), documents and glossaries answer 503 (`required`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import redis.asyncio as redis
@@ -23,6 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,23 @@ HEALTH_CHECK_S = 30
 class StoreUnavailable(Exception):
     """Redis did not answer within the timeout, failed, or failed within the last
     `redis_retry_s` (the breaker is open)."""
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as text (the client answers bytes)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@contextlib.contextmanager
+def required(what: str) -> Iterator[None]:
+    """Around the calls that cannot go on without Redis (documents, glossaries): a
+    StoreUnavailable answered as a 503 with Retry-After, naming `what` could not be reached."""
+    try:
+        yield
+    except StoreUnavailable as e:
+        raise ServiceError(
+            ErrorType.UNAVAILABLE, f"{what} cannot be reached now ({e}); retry later"
+        ) from None
 
 
 class RedisLink:
@@ -77,6 +97,12 @@ class RedisLink:
             async with asyncio.timeout(self.timeout_s):
                 result = await call()
         except (RedisError, OSError, TimeoutError) as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # The caller was cancelled (a shutdown stopping a worker), not Redis failing:
+                # Python 3.11's timeout can report a cancellation that meets it as its own
+                # TimeoutError, and the worker would take it for an outage and go on for ever.
+                raise asyncio.CancelledError from e
             self._down_until = time.monotonic() + self.retry_s
             self._metrics.redis_errors.labels(operation=operation).inc()
             if not self._down:  # one line per outage, not one per request
@@ -96,5 +122,12 @@ class RedisLink:
         return result
 
     async def close(self) -> None:
-        await self.client.aclose()
-        await self.pool.aclose()
+        """Close the client and its pool, within `timeout_s` as every call: a shutdown never
+        waits on Redis (closing a pool whose connection a store in progress holds can wait for
+        ever; seen in tests, two apps one after the other in one process)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.client.aclose()
+                await self.pool.aclose()
+        except (RedisError, OSError, TimeoutError) as e:
+            log.warning("Redis not closed cleanly (%s): left to the process's exit", e)

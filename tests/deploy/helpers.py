@@ -26,10 +26,12 @@ def load_yaml(path: Path) -> list[Any]:
         return [doc for doc in yaml.safe_load_all(f) if doc is not None]
 
 
-def k8s_objects() -> dict[str, dict[str, Any]]:
-    """The manifests under deploy/k8s (monitoring/ included), keyed by kind."""
+def k8s_objects(directory: Path = K8S) -> dict[str, dict[str, Any]]:
+    """The service's manifests under deploy/k8s (monitoring/ included; Redis's, redis/, apart:
+    `k8s_objects(K8S / "redis")`), keyed by kind."""
     objects: dict[str, dict[str, Any]] = {}
-    for path in sorted(K8S.rglob("*.yaml")):
+    paths = directory.rglob("*.yaml")
+    for path in sorted(p for p in paths if directory != K8S or "redis" not in p.parts):
         for doc in load_yaml(path):
             assert doc["kind"] not in objects, f"two {doc['kind']} objects"
             objects[doc["kind"]] = doc

@@ -26,6 +26,7 @@ IMAGES = {
     "MT_IMAGE": os.environ.get("MT_TEST_IMAGE_CPU"),
     "NGINX_IMAGE": os.environ.get("MT_TEST_IMAGE_NGINX"),
     "PROMETHEUS_IMAGE": os.environ.get("MT_TEST_IMAGE_PROMETHEUS"),
+    "REDIS_IMAGE": os.environ.get("MT_TEST_IMAGE_REDIS"),
 }
 
 
@@ -35,6 +36,11 @@ def compose(project: str, env: dict[str, str], *args: str) -> subprocess.Complet
          *args],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
+
+
+def podman(*args: str) -> str:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
 
 
 def eventually(check: object, timeout: float, what: str) -> None:
@@ -62,7 +68,8 @@ def stack() -> Iterator[tuple[str, str, str]]:
         "MT_PUBLISH": f"127.0.0.1:{port}",
         "PROMETHEUS_PUBLISH": f"127.0.0.1:{prometheus_port}",
     }
-    up = compose(project, env, "up", "--detach", "--no-build", "mt", "nginx", "prometheus")
+    services = ["redis", "mt", "nginx", "prometheus"]
+    up = compose(project, env, "up", "--detach", "--no-build", *services)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         url = f"http://127.0.0.1:{port}"
@@ -73,12 +80,18 @@ def stack() -> Iterator[tuple[str, str, str]]:
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def test_nginx_answers_through_the_replicas(stack: tuple[str, str, str]) -> None:
-    _, url, _ = stack
+def test_nginx_answers_through_the_replicas_sharing_redis(stack: tuple[str, str, str]) -> None:
+    """A translation through nginx, and its sentence in the Redis every replica reads."""
+    project, url, _ = stack
     body = {"text": "Two dogs are playing in the snow.", "source": "en", "target": "de"}
     response = httpx.post(f"{url}/translate", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert "Hunde" in response.json()["translations"][0]["text"]
+    labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", "service=redis")]
+    filters = [arg for label in labels for arg in ("--filter", label)]
+    (redis,) = podman("ps", "--quiet", *filters).split()
+    keys = podman("exec", redis, "redis-cli", "dbsize")
+    assert int(keys) >= 1
 
 
 def test_prometheus_scrapes_every_replica(stack: tuple[str, str, str]) -> None:

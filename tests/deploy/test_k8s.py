@@ -57,6 +57,32 @@ def test_validates_against_kubernetes_schema(objects: dict[str, dict[str, Any]],
     kubernetes_validate.validate(objects[kind], K8S_VERSION, strict=True)
 
 
+def test_redis_is_persistent_valid_and_the_one_the_replicas_name() -> None:
+    """deploy/k8s/redis/: a Service and a StatefulSet that validate, Redis with its append-only
+    file on a claimed volume, non-root on a read-only root; the Deployment's MT_REDIS_URL names
+    that Service and port."""
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="pip install kubernetes-validate"
+    )
+    redis = k8s_objects(K8S / "redis")
+    assert set(redis) == {"Service", "StatefulSet"}
+    for doc in redis.values():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    spec = redis["StatefulSet"]["spec"]
+    (server,) = spec["template"]["spec"]["containers"]
+    assert server["args"][:3] == ["redis-server", "--appendonly", "yes"]
+    (mount,) = server["volumeMounts"]
+    (claim,) = spec["volumeClaimTemplates"]
+    assert mount["name"] == claim["metadata"]["name"] and mount["mountPath"] == "/data"
+    assert server["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    service = redis["Service"]
+    (port,) = service["spec"]["ports"]
+    assert service["spec"]["selector"] == spec["template"]["metadata"]["labels"]
+    name = service["metadata"]["name"]
+    assert env_of(k8s_objects())["MT_REDIS_URL"] == f"redis://{name}:{port['port']}/0"
+
+
 def test_schema_validation_can_fail(objects: dict[str, dict[str, Any]]) -> None:
     kubernetes_validate = pytest.importorskip(
         "kubernetes_validate", reason="pip install kubernetes-validate"

@@ -5,6 +5,7 @@ the search as constraints."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,41 @@ async def test_a_translation_hands_its_terms_to_the_search_with_a_beam() -> None
             "/translate", json={**body, "glossary_id": made["glossary_id"], "glossary": []}
         )
         assert both.status_code == 422
+
+
+async def test_a_document_names_a_glossary_and_its_terms_reach_the_search(
+    tmp_path: Path,
+) -> None:
+    """POST /documents and LibreTranslate's /translate_file take a glossary_id: checked when the
+    file is sent (another key's or pair's is refused then), its entries kept with the job and
+    enforced in each paragraph's search."""
+    fake = FakeModel()
+    settings = fast_settings(documents_dir=tmp_path, api_keys="k1,k2")
+    models = [fake, FakeModel("de", "en")]
+    async with running(create_app(settings, models=models)) as client:
+        mine = {"X-API-Key": "k1"}
+        made = await client.post("/glossaries", json={**SHOP, "entries": "bike\tRAD"}, headers=mine)
+        glossary_id = made.json()["glossary_id"]
+        files = {"file": ("a.txt", b"A bike waits.\n", "text/plain")}
+        form = {"source": "en", "target": "de", "glossary_id": glossary_id}
+        fake.constraints.clear()
+        sent = await client.post("/documents", data=form, files=files, headers=mine)
+        assert sent.status_code == 202, sent.text
+        for _ in range(200):
+            status = (await client.get(f"/documents/{sent.json()['id']}", headers=mine)).json()
+            if status["status"] == "done":
+                break
+            await asyncio.sleep(0.02)
+        assert status["status"] == "done", status
+        (sentences,) = [c for c in fake.constraints if any(c)]
+        assert [c.terms for c in sentences] == [(tuple(map(ord, "RAD")),)]
+        theirs = await client.post(
+            "/documents", data=form, files=files, headers={"X-API-Key": "k2"}
+        )
+        assert theirs.status_code == 404  # another key's glossary is not found
+        reverse = {**form, "source": "de", "target": "en"}
+        wrong = await client.post("/documents", data=reverse, files=files, headers=mine)
+        assert wrong.status_code == 422 and "is for en -> de" in wrong.text
 
 
 def test_matching_by_words_case_longest_first_and_token_boundaries() -> None:
