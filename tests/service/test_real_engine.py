@@ -133,7 +133,9 @@ def test_openapi_schema_fuzzing_finds_no_server_error(eos_engine: Engine) -> Non
     finally:
         shutdown_lifespans()
     assert calls["POST /translate"] >= 2 * EXAMPLES_PER_MODE, calls
-    assert all(n >= OTHER_EXAMPLES_PER_MODE for n in calls.values()), calls
+    # Every operation with a body got its cases (one without has only a few distinct ones).
+    posts = {op: n for op, n in calls.items() if op.startswith("POST ")}
+    assert all(n >= OTHER_EXAMPLES_PER_MODE for n in posts.values()), calls
 
 
 def _fuzz(
