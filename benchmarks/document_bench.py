@@ -1,6 +1,6 @@
 """A document beside interactive requests: a docx of Multi30k test sentences (three to a
-paragraph, 1-3 words of every other paragraph bold) through POST /documents, while one client
-sends one-sentence POST /translate requests one after another.
+paragraph, 1-3 words of every other paragraph bold: --bold-every) through POST /documents,
+while one client sends one-sentence POST /translate requests one after another.
 
 Reports (a service of its own for each --document-batch-size):
 - `translate_p50_ms` alone (before and after) and while the document runs, and their ratio
@@ -9,7 +9,7 @@ Reports (a service of its own for each --document-batch-size):
   plain POST /translate (goal: >= 0.9x).
 
     python -m benchmarks.document_bench --bundle bundles/multi30k-en-de [--paragraphs 300]
-        [--document-batch-size 8 32] [--scheduler batch] [--json out.json]
+        [--document-batch-size 8 32] [--scheduler batch] [--repeat 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import io
 import json
 import random
+import statistics
 import tempfile
 import threading
 import time
@@ -37,8 +38,11 @@ PROBE = "A man in a blue shirt is riding a bike."
 T = TypeVar("T")
 
 
-def make_docx(sentences: list[str], paragraphs: int, seed: int = 0) -> tuple[bytes, list[str]]:
-    """The document and its paragraphs' text."""
+def make_docx(
+    sentences: list[str], paragraphs: int, seed: int = 0, bold_every: int = 2
+) -> tuple[bytes, list[str]]:
+    """The document and its paragraphs' text: 1-3 words of every `bold_every`-th paragraph
+    bold (0: none)."""
     rng = random.Random(seed)
     document = docx.Document()
     texts = []
@@ -46,7 +50,7 @@ def make_docx(sentences: list[str], paragraphs: int, seed: int = 0) -> tuple[byt
         text = " ".join(sentences[(3 * i + k) % len(sentences)] for k in range(3))
         words = text.split(" ")
         paragraph = document.add_paragraph()
-        if i % 2:
+        if bold_every and i % bold_every == bold_every - 1:
             start = rng.randrange(len(words) - 3)
             end = start + rng.randint(1, 3)
             paragraph.add_run(" ".join(words[:start]) + " ")
@@ -107,18 +111,24 @@ def measure(
             "--documents-dir", jobs, "--document-batch-size", str(batch_size),
             "--max-texts", str(len(texts)), "--max-characters", "10000000",
             "--max-queue-segments", str(10 * len(texts)), "--request-timeout-s", "600",
+            "--no-cache",  # each run decodes every sentence (they repeat between phases)
         ]  # fmt: skip
         with service(bundle, flags) as running, httpx.Client(base_url=running.url) as client:
             for _ in range(10):
                 client.post("/translate", json={"text": PROBE, **EN_DE}).raise_for_status()
             alone: list[float] = []
             probing(client, alone, lambda: time.sleep(args.probe_s))
-            start = time.perf_counter()
-            plain = client.post("/translate", json={"text": texts, **EN_DE}, timeout=600)
-            plain.raise_for_status()
-            plain_s = time.perf_counter() - start
-            sentences = sum(len(t["segments"]) for t in plain.json()["translations"])
-            document_s, counted = translate_document(client, data)
+            # Alone, alternately, `repeat` times each: medians (the machine's pace moves).
+            plains, documents = [], []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                plain = client.post("/translate", json={"text": texts, **EN_DE}, timeout=600)
+                plain.raise_for_status()
+                plains.append(time.perf_counter() - start)
+                sentences = sum(len(t["segments"]) for t in plain.json()["translations"])
+                document_s, counted = translate_document(client, data)
+                documents.append(document_s)
+            plain_s, document_s = statistics.median(plains), statistics.median(documents)
             loaded: list[float] = []
             loaded_document_s, _ = probing(client, loaded, lambda: translate_document(client, data))
             # Alone again right after: on a shared machine the load moves between phases.
@@ -136,6 +146,8 @@ def measure(
         "plain_sentences_per_s": round(sentences / plain_s, 1),
         "document_sentences_per_s": round(sentences / document_s, 1),
         "throughput_ratio": round(plain_s / document_s, 2),
+        "plain_s_runs": [round(x, 2) for x in plains],
+        "document_s_runs": [round(x, 2) for x in documents],
         "document_s_under_probes": round(loaded_document_s, 1),
     }
 
@@ -148,12 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scheduler", choices=("batch", "step"), default="batch")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--probe-s", type=float, default=10.0, help="unloaded probing time")
+    p.add_argument(
+        "--bold-every", type=int, default=2, help="a bold run in every N-th paragraph (0: none)"
+    )
+    p.add_argument("--repeat", type=int, default=3, help="plain and document runs alone, each")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     sentences = read_texts(TEST_2016 if TEST_2016.exists() else None)
-    data, texts = make_docx(sentences, args.paragraphs)
+    data, texts = make_docx(sentences, args.paragraphs, bold_every=args.bold_every)
     results = [measure(args.bundle, data, texts, size, args) for size in args.document_batch_size]
-    report = {"paragraphs": args.paragraphs, "scheduler": args.scheduler, "runs": results}
+    report = {
+        "paragraphs": args.paragraphs,
+        "bold_every": args.bold_every,
+        "scheduler": args.scheduler,
+        "runs": results,
+    }
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -343,10 +343,10 @@ class Settings(BaseSettings):
         1, ge=1, description="documents translated at once (each behind interactive requests)"
     )
     document_batch_size: int = Field(
-        8,
+        32,
         ge=1,
-        description="a document's sentences per batch (batch) or running at once (step): "
-        "what an interactive request may have to wait behind",
+        description="a document's sentences running at once, in a batch of their own that "
+        "pauses for interactive requests (CPU bundles); elsewhere per batch, preempted",
     )
 
     @field_validator("bundle", "model", "checkpoint", "api_keys", "cors_origins", mode="before")

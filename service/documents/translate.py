@@ -2,7 +2,9 @@
 sends its texts), as background work: its sentences are decoded behind every interactive
 request (service/scheduling/batcher.py), a few paragraphs at a time so that the queue never holds
 much of it and progress moves. Each unit is one text of its request, translated in its own
-format, so a paragraph gets the translation its text would get alone."""
+format, so a paragraph gets the translation its text would get alone. An inline unit without
+codes (a paragraph of one run) is sent as the plain text it is: it gets exactly the
+translation of that text, without the markup path's work or the aligner's steps."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from xml.sax import saxutils
 
 from lxml import etree
 
-from service.documents.base import Unit
+from service.documents.base import ROOT, Unit
 from service.errors import ErrorType, ServiceError
 from service.glossaries import Entry
 from service.scheduling.runtime import Runtime
@@ -25,11 +28,12 @@ from service.text.terms import Terms
 
 log = logging.getLogger(__name__)
 
-# Units sent in one call (by characters of markup): some 30 sentences, a few batches' worth.
-CHUNK_CHARACTERS = 3000
-# Calls of one document in flight: the next one queued while one decodes, so that the engine
-# never waits for the event loop between two.
-IN_FLIGHT = 2
+# Units sent in one call (by characters of markup): some 40 sentences, more than a batch.
+CHUNK_CHARACTERS = 4000
+# Calls of one document in flight: the next ones queued while one decodes, so that the engine
+# never waits for the event loop between two and a background batch that empties is refilled
+# whole (service/scheduling/batcher.py).
+IN_FLIGHT = 3
 # A job's options key for the entries of the glossary it was sent with (source, target, case).
 GLOSSARY = "glossary"
 # A full queue (interactive requests hold it) is waited out, not a failure of the document.
@@ -66,22 +70,31 @@ def paragraph_label(indices: Sequence[int]) -> Callable[[int], str]:
     return lambda index: f"paragraph {indices[index] + 1}"
 
 
+def bare(unit: Unit) -> Unit:
+    """An inline unit without codes (`<p>text</p>`: a paragraph of one run) as the plain text
+    it holds; any other unit as it is."""
+    if unit.format != "xml" or unit.text == f"<{ROOT}/>":
+        return unit
+    head, tail = f"<{ROOT}>", f"</{ROOT}>"
+    inner = unit.text[len(head) : -len(tail)]
+    if not (unit.text.startswith(head) and unit.text.endswith(tail)) or "<" in inner:
+        return unit
+    return Unit(saxutils.unescape(inner), "text")
+
+
 def chunks(units: Sequence[Unit]) -> list[list[int]]:
-    """Unit indices in calls: consecutive units of one format, up to CHUNK_CHARACTERS each
-    (a longer unit alone)."""
+    """Unit indices in calls, in document order of their first unit: units of one format,
+    in order, up to CHUNK_CHARACTERS each (a longer unit alone)."""
     out: list[list[int]] = []
-    size = 0
+    current: dict[str, tuple[list[int], int]] = {}  # format: its last call, its characters
     for i, unit in enumerate(units):
-        if (
-            out
-            and units[out[-1][-1]].format == unit.format
-            and size + len(unit.text) <= (CHUNK_CHARACTERS)
-        ):
-            out[-1].append(i)
-            size += len(unit.text)
+        call, size = current.get(unit.format, ([], CHUNK_CHARACTERS))
+        if call and size + len(unit.text) <= CHUNK_CHARACTERS:
+            call.append(i)
+            current[unit.format] = (call, size + len(unit.text))
         else:
             out.append([i])
-            size = len(unit.text)
+            current[unit.format] = (out[-1], len(unit.text))
     return out
 
 
@@ -122,10 +135,11 @@ async def translate_units(
     options = runtime.decoding_options(pair, requested)
     translations: list[str] = [""] * len(units)
     gate = asyncio.Semaphore(IN_FLIGHT)
+    sent = [bare(unit) for unit in units]
 
     async def call(indices: list[int]) -> None:
-        texts = [units[i].text for i in indices]
-        form = Form(format=units[indices[0]].format)
+        texts = [sent[i].text for i in indices]
+        form = Form(format=sent[indices[0]].format)
         async with gate:
             while True:
                 try:
@@ -145,11 +159,14 @@ async def translate_units(
                         raise
                     await asyncio.sleep(QUEUE_FULL_WAIT_S)
         for i, result in zip(indices, results, strict=True):
-            translations[i] = result.texts[0]
+            translation = result.texts[0]
+            if sent[i] is not units[i]:  # back into the unit it was
+                translation = f"<{ROOT}>{saxutils.escape(translation)}</{ROOT}>"
+            translations[i] = translation
         progress.done = min(progress.total, progress.done + sum(len(r.segments) for r in results))
         on_progress()
 
-    calls = [asyncio.ensure_future(call(indices)) for indices in chunks(units)]
+    calls = [asyncio.ensure_future(call(indices)) for indices in chunks(sent)]
     try:
         await asyncio.gather(*calls)  # the first failure as it is (a TaskGroup would wrap it)
     finally:

@@ -10,11 +10,18 @@ thread (never on the event loop, never two calls at once):
 - whole batches (`generate`): the worker takes the oldest segment, lets it wait at most
   `max_wait_s` for company, forms a batch of segments with the same options under a size and a
   token budget, runs it to its end and resolves each waiter.
-Background work (a document's sentences: `submit(background=True)`) goes the same way behind
-interactive requests: whole batches hold either kind, never both, and a background batch of at
-most `background_batch_size` segments is taken only when no interactive segment waits;
-step-level admits background sentences only while no interactive one is queued or running, at
-most `background_batch_size` at once. An interactive request that arrives while background
+Background work (a document's sentences: `submit(background=True)`) goes behind interactive
+requests, never in their batches. Where the engine runs step-level batching (a CPU bundle),
+background sentences have a running batch of their own (`background`, a second `Stepper` of
+`background_batch_size` slots): it steps only while no interactive segment is queued or being
+decoded, and pauses at the next decoder step when one arrives, its sentences kept where they
+are (nothing decoded twice), to go on BACKGROUND_GRACE_S after the interactive work is done
+(and for one turn, TURN_S, every BACKGROUND_PAUSE_S under interactive work that never ends, so
+that a document still moves). It is refilled a whole batch of one options at a time, when it
+has emptied: sentences that start together share their steps' cache span, which keeps a
+document's throughput that of whole batches. Elsewhere (CUDA's bundles) whole batches hold
+either kind, a background batch of at most `background_batch_size` segments is taken only
+when no interactive segment waits, and an interactive request that arrives while background
 sentences are being decoded preempts them: they leave their batch at the next decoder step
 (as a segment past its deadline does) and go back to the queue, to start again later; a
 segment is preempted at most MAX_PREEMPTIONS times (then it runs to its end), so a document
@@ -141,6 +148,14 @@ REFILL_FRACTION = 4
 # last admission joins like a new request's (one segment: the next one waits anew).
 STARVING_S = 0.5
 
+# The background running batch waits this long after interactive work before it steps again:
+# a client's next request, sent as soon as its answer came, finds the engine free (its parsing
+# and tokenizing not slowed by background steps beside them).
+BACKGROUND_GRACE_S = 0.01
+# The longest the background running batch stays paused (then it steps for one turn, TURN_S):
+# a sixth of the engine's time at most, under interactive work that never ends.
+BACKGROUND_PAUSE_S = 0.1
+
 # Times a background segment may be taken out of its batch for an interactive request.
 MAX_PREEMPTIONS = 2
 
@@ -160,11 +175,17 @@ class Batcher:
         limits: BatchLimits,
         metrics: Metrics,
         stepper: Stepper | None = None,
+        background: Stepper | None = None,
     ) -> None:
         """`stepper`: schedule at decoder-step granularity through it (module docstring);
-        None: whole batches through `generate`."""
+        None: whole batches through `generate`. `background`: the running batch of
+        background work, paused for interactive work (module docstring); None: background
+        batches are preempted instead."""
         self._generate = generate
         self._stepper = stepper
+        self._background = background
+        self._paused = 0.0  # time.monotonic() at the background running batch's last turn
+        self._interactive_at = 0.0  # time.monotonic() when interactive work last came or ran
         self._decoding: set[_Pending] = set()  # taken into a batch, not finished
         self._wake = threading.Event()  # step-level: something arrived (read between steps)
         self._model = model
@@ -248,6 +269,7 @@ class Batcher:
         self._queue.extend(pending)
         self._queue_changed()
         if not background:
+            self._interactive_at = now
             self._preempt()
         self._idle.clear()
         self._arrived.set()
@@ -279,7 +301,10 @@ class Batcher:
 
     def _preempt(self) -> None:
         """Background segments being decoded leave their batch at its next step, for the
-        interactive segments just queued (module docstring)."""
+        interactive segments just queued (module docstring); with a background running batch,
+        that batch pauses instead (the worker's next turn is the interactive work's)."""
+        if self._background is not None:
+            return
         for item in self._decoding:
             if (
                 item.background
@@ -347,8 +372,9 @@ class Batcher:
             # A bug, not an engine failure: nobody may wait forever; /ready now reports it.
             log.exception("%s: batcher worker stopped", self._model)
             self._fail_queued(ErrorType.INTERNAL, "the batcher failed")
-            if self._stepper is not None:
-                self._fail_running(self._stepper, [], ErrorType.INTERNAL, "the batcher failed")
+            for stepper in (self._stepper, self._background):
+                if stepper is not None:
+                    self._fail_running(stepper, [], ErrorType.INTERNAL, "the batcher failed")
             self._idle.set()  # nothing left: a drain need not wait out its timeout
             raise
 
@@ -358,10 +384,7 @@ class Batcher:
             return
         while True:
             self._drop_dead()
-            if not self._queue:
-                self._idle.set()
-                self._arrived.clear()
-                await self._arrived.wait()
+            if await self._idle_or_background(None):
                 continue
             # The oldest interactive segment; background work when there is none.
             oldest = next((item for item in self._queue if not item.background), self._queue[0])
@@ -377,38 +400,70 @@ class Batcher:
         """Step-level scheduling: at every step boundary, admit what fits (`_admit`), run the
         next decoder steps in the engine's thread (`_iterate`), answer each segment as soon as
         its sentence finishes."""
-        loop = asyncio.get_running_loop()
         while True:
             self._drop_dead()
-            if not self._queue and not stepper.sentences:
-                self._idle.set()
+            if not await self._idle_or_background(stepper):
+                await self._turn(stepper, self._admit(stepper))
+
+    async def _idle_or_background(self, stepper: Stepper | None) -> bool:
+        """Whether the worker's turn went to waiting (nothing to do) or to the background
+        running batch (no interactive work queued, or running in `stepper`); False: the turn
+        is the interactive work's, or, without a background running batch, the queue's."""
+        background = self._background
+        if background is not None:
+            interactive = (stepper is not None and stepper.sentences) or any(
+                not item.background for item in self._queue
+            )
+            # Under interactive work that never ends, a paused batch still gets a turn now and
+            # then: a document moves, however slowly.
+            waiting = background.sentences or any(item.background for item in self._queue)
+            now = time.monotonic()
+            starved = now - self._paused >= BACKGROUND_PAUSE_S
+            grace = self._interactive_at + BACKGROUND_GRACE_S - now
+            if waiting and not interactive and grace > 0 and not starved:
                 self._arrived.clear()
-                await self._arrived.wait()
-                continue
-            admitted = self._admit(stepper)
-            self._wake.clear()
-            try:
-                turn = await loop.run_in_executor(
-                    self._executor, _iterate, stepper, admitted, self._wake, TURN_S
-                )
-            except asyncio.CancelledError:
-                self._fail_running(
-                    stepper, admitted, ErrorType.UNAVAILABLE, "the service stopped during decoding"
-                )
-                raise
-            except Exception:
-                log.exception("%s: a decoder step failed", self._model)
-                self._fail_running(
-                    stepper, admitted, ErrorType.INTERNAL, "the translation engine failed"
-                )
-                continue
-            if turn.refused is not None:
-                log.error("%s: admission failed", self._model, exc_info=turn.refused)
-                self._fail_running(
-                    None, admitted, ErrorType.INTERNAL, "the translation engine failed"
-                )
-                admitted = []
-            self._stepped(stepper, admitted, turn)
+                await set_within(self._arrived, grace)
+                return True
+            if waiting and (not interactive or starved):
+                await self._turn(background, self._admit_background(background))
+                self._paused = time.monotonic()
+                return True
+        if self._queue or (stepper is not None and stepper.sentences):
+            return False
+        self._idle.set()
+        self._arrived.clear()
+        await self._arrived.wait()
+        return True
+
+    async def _turn(self, stepper: Stepper, admitted: list[_Pending]) -> None:
+        """Admit `admitted` into `stepper` and run its next steps in the engine's thread
+        (`_iterate`), answering the segments that finished."""
+        loop = asyncio.get_running_loop()
+        self._wake.clear()
+        try:
+            # Background sentences are answered at the end of a turn, not one turn each.
+            answer = stepper is not self._background
+            turn = await loop.run_in_executor(
+                self._executor, _iterate, stepper, admitted, self._wake, TURN_S, answer
+            )
+        except asyncio.CancelledError:
+            self._fail_running(
+                stepper, admitted, ErrorType.UNAVAILABLE, "the service stopped during decoding"
+            )
+            raise
+        except Exception:
+            log.exception("%s: a decoder step failed", self._model)
+            self._fail_running(
+                stepper, admitted, ErrorType.INTERNAL, "the translation engine failed"
+            )
+            return
+        if turn.refused is not None:
+            log.error("%s: admission failed", self._model, exc_info=turn.refused)
+            self._fail_running(None, admitted, ErrorType.INTERNAL, "the translation engine failed")
+            admitted = []
+        self._stepped(admitted, turn)
+        if stepper is not self._background:
+            self._interactive_at = time.monotonic()
 
     def _admit(self, stepper: Stepper) -> list[_Pending]:
         """Take from the queue what the running batches have room for, while a segment's beam
@@ -455,7 +510,9 @@ class Batcher:
             if beam in full:
                 continue
             if item.background and (
-                interactive or background >= self._limits.background_batch_size
+                self._background is not None
+                or interactive
+                or background >= self._limits.background_batch_size
             ):
                 continue
             if beam not in loads:
@@ -477,6 +534,31 @@ class Batcher:
             if waiting[request]:
                 waiting[request][0].next_since = now
                 heapq.heappush(order, rank(i, request))
+        return self._taken(taken, now)
+
+    def _admit_background(self, stepper: Stepper) -> list[_Pending]:
+        """Queued background segments into their running batch, oldest first, once it has
+        emptied: a whole batch at once (module docstring), of one options as a whole batch
+        is (sentences that want no alignment do not pay for the aligner's steps beside ones
+        that do), within its slots and max_batch_tokens."""
+        if stepper.sentences:
+            return []
+        taken: list[_Pending] = []
+        longest = 0
+        for item in self._queue:
+            if not item.background or (taken and item.options != taken[0].options):
+                continue
+            longer = max(longest, len(item.ids))
+            if taken and (len(taken) + 1) * longer > self._limits.max_batch_tokens:
+                break
+            taken.append(item)
+            longest = longer
+            if len(taken) == stepper.slots:
+                break
+        return self._taken(taken, time.monotonic())
+
+    def _taken(self, taken: list[_Pending], now: float) -> list[_Pending]:
+        """`taken` out of the queue and being decoded."""
         if taken:
             chosen = set(taken)
             self._queue = deque(item for item in self._queue if item not in chosen)
@@ -487,7 +569,7 @@ class Batcher:
                 self._metrics.queue_wait_seconds.labels(self._model).observe(now - item.enqueued)
         return taken
 
-    def _stepped(self, stepper: Stepper, admitted: list[_Pending], turn: _Turn) -> None:
+    def _stepped(self, admitted: list[_Pending], turn: _Turn) -> None:
         model, metrics = self._model, self._metrics
         for rows, seconds in turn.steps:
             metrics.step_seconds.labels(model).observe(seconds)
@@ -505,11 +587,12 @@ class Batcher:
             metrics.generated_tokens.labels(model).inc(len(nbest[0].ids) if nbest else 0)
             if not segment.future.done():
                 segment.future.set_result(nbest)
-        usage = stepper.usage()
-        metrics.running_segments.labels(model).set(usage.sentences)
-        metrics.slots.labels(model, "used").set(usage.sentences)
-        metrics.slots.labels(model, "free").set(usage.slots - usage.sentences)
-        metrics.cache_bytes.labels(model).set(usage.cache_bytes)
+        usages = [s.usage() for s in (self._stepper, self._background) if s is not None]
+        sentences = sum(usage.sentences for usage in usages)
+        metrics.running_segments.labels(model).set(sentences)
+        metrics.slots.labels(model, "used").set(sentences)
+        metrics.slots.labels(model, "free").set(sum(usage.slots for usage in usages) - sentences)
+        metrics.cache_bytes.labels(model).set(sum(usage.cache_bytes for usage in usages))
 
     def _stop(self, item: _Pending) -> None:
         """A segment the engine took out of its batch between two steps: preempted, it goes
@@ -533,13 +616,19 @@ class Batcher:
         self, stepper: Stepper | None, admitted: list[_Pending], type: ErrorType, message: str
     ) -> None:
         """An engine failure: the admitted segments fail, and with a `stepper` every segment
-        being decoded (its batches are cleared); those it had answered stay answered."""
+        it was decoding (its batches are cleared); those it had answered stay answered."""
         failed = set(admitted)
         if stepper is not None:
             stepper.clear()
-            failed |= self._decoding
+            failed |= {item for item in self._decoding if self._stepper_of(item) is stepper}
         self._decoding -= failed
         _fail(failed, type, message)
+
+    def _stepper_of(self, item: _Pending) -> Stepper | None:
+        """The running batches a segment being decoded is in (None: a whole batch)."""
+        if item.background and self._background is not None:
+            return self._background
+        return self._stepper
 
     def _drop_dead(self) -> None:
         """Remove queued segments nobody waits for any more, or that are past their deadline."""
@@ -634,7 +723,10 @@ class Batcher:
             return
         finally:
             self._decoding.difference_update(batch)
-            self._metrics.engine_seconds.labels(model).observe(time.monotonic() - start)
+            end = time.monotonic()
+            self._metrics.engine_seconds.labels(model).observe(end - start)
+            if not batch[0].background:
+                self._interactive_at = end
         self._metrics.input_tokens.labels(model).inc(sum(len(s) for s in sources))
         self._metrics.generated_tokens.labels(model).inc(
             sum(len(nbest[0].ids) for nbest in results if nbest and not _stopped(nbest))
@@ -677,12 +769,16 @@ async def set_within(event: asyncio.Event, timeout: float) -> bool:
 
 
 def _iterate(
-    stepper: Stepper, admitted: list[_Pending], wake: threading.Event, budget_s: float
+    stepper: Stepper,
+    admitted: list[_Pending],
+    wake: threading.Event,
+    budget_s: float,
+    answer: bool = True,
 ) -> _Turn:
-    """In the engine's thread: admit, then step until a sentence finishes, a segment arrives
-    (`wake`), nothing runs any more, or `budget_s` has passed (each call is a thread hop of
-    the event loop: one per step would cost ~0.1 ms a step). An admission that fails is
-    returned, not raised: the running sentences go on."""
+    """In the engine's thread: admit, then step until a sentence finishes (`answer`), a
+    segment arrives (`wake`), nothing runs any more, or `budget_s` has passed (each call is a
+    thread hop of the event loop: one per step would cost ~0.1 ms a step). An admission that
+    fails is returned, not raised: the running sentences go on."""
     turn = _Turn()
     try:
         turn.finished = stepper.admit(admitted)
@@ -698,7 +794,7 @@ def _iterate(
         if not rows:
             break
         turn.steps.append((rows, done - start))
-        if turn.finished or wake.is_set() or done >= end:
+        if (answer and turn.finished) or wake.is_set() or done >= end:
             break
     return turn
 

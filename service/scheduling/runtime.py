@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -170,6 +170,8 @@ class Runtime:
                 limits=limits,
                 metrics=metrics,
                 stepper=_stepper(model, settings),
+                # Documents' sentences: a running batch of their own, paused for requests.
+                background=model.stepper(settings.document_batch_size),
             )
             for name, model in names.items()
         }
@@ -424,6 +426,7 @@ class Runtime:
         options = pipeline.check_form(model, form, options)
         prepared = await self._prepare(model, texts, pair, form, label, terms)
         options = prepared.decoding(options, min(pipeline.TERMS_BEAM, self.settings.max_beam_size))
+        each = prepared.sentence_options(options, form.alignments)
         sources = prepared.sources
         # Sentences that encode to nothing (only control characters, say) skip the model.
         to_run = [i for i, ids in enumerate(sources) if ids]
@@ -431,15 +434,36 @@ class Runtime:
         prefix = model.decoder_prefix(pair[1])
         constraints = await self._constraints(model, pair, prepared, to_run, deadline)
 
-        async def submit(positions: list[int]) -> list[list[Hypothesis]]:
-            return await batcher.submit(
-                [sources[to_run[j]] for j in positions],
-                options,
+        def submitted(own: DecodingOptions, group: list[int]) -> Awaitable[list[list[Hypothesis]]]:
+            return batcher.submit(
+                [sources[to_run[j]] for j in group],
+                own,
                 deadline=deadline,
                 prefix=prefix,
-                constraints=None if constraints is None else [constraints[j] for j in positions],
+                constraints=None if constraints is None else [constraints[j] for j in group],
                 background=background,
             )
+
+        async def submit(positions: list[int]) -> list[list[Hypothesis]]:
+            # One submission per options (markup asks some sentences only for the alignment).
+            groups: dict[DecodingOptions, list[int]] = {}
+            for j in positions:
+                groups.setdefault(each[to_run[j]], []).append(j)
+            if len(groups) == 1:
+                ((own, group),) = groups.items()
+                return await submitted(own, group)
+            calls = [asyncio.ensure_future(submitted(*item)) for item in groups.items()]
+            try:
+                answers = await asyncio.gather(*calls)
+            finally:
+                for call in calls:  # after a failure, the other sentences are not wanted
+                    call.cancel()
+            found = {
+                j: nbest
+                for group, got in zip(groups.values(), answers, strict=True)
+                for j, nbest in zip(group, got, strict=True)
+            }
+            return [found[j] for j in positions]
 
         if cache and self.sentences is not None:
             keys = [
@@ -448,7 +472,7 @@ class Runtime:
                     pair,
                     sources[i],
                     prefix,
-                    options,
+                    each[i],
                     NO_CONSTRAINTS if constraints is None else constraints[j],
                 )
                 for j, i in enumerate(to_run)

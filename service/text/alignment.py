@@ -218,6 +218,29 @@ def sentence_alignment(
     )
 
 
+def placed_whole(
+    source: str, target: str, source_tokens: list[Span], target_tokens: list[Span]
+) -> SentenceAlignment:
+    """A sentence placed whole, without its word alignment: its first and last tokens, and its
+    first and last lexical ones, linked to its translation's. What markup reads of a sentence
+    that no element's edge or kept thing is inside (pipeline.Prepared.aligned): where it starts
+    and ends in the translation (after its final punctuation), and the translation's span for
+    an element around all of it (its words: the lexical links come first)."""
+
+    def ends(text: str, tokens: list[Span]) -> list[int]:
+        lexical = [i for i, span in enumerate(tokens) if _lexical(text, span)]
+        chosen = lexical or list(range(len(tokens)))
+        return [0, chosen[0], chosen[-1], len(tokens) - 1]
+
+    pairs: list[tuple[int, int]] = []
+    if source_tokens and target_tokens:
+        linked = zip(ends(source, source_tokens), ends(target, target_tokens), strict=True)
+        pairs = sorted(set(linked))
+    return SentenceAlignment(
+        source, target, source_tokens, target_tokens, pairs, [True] * len(pairs)
+    )
+
+
 def _lexical(text: str, span: Span) -> bool:
     """Whether a token's characters hold a letter or digit."""
     return _LEXICAL.search(text, *span) is not None

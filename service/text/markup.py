@@ -1016,6 +1016,26 @@ def without_items(text: str) -> str:
     return _SPECIAL.sub(" ", text)
 
 
+def edges(document: Document) -> list[list[int]]:
+    """Each block's character positions where `render` reads its translation's alignment:
+    where an inline element starts and ends, and where a kept thing (or an element without
+    text) sits. A sentence with none of them inside it is placed whole: the alignment of its
+    first and last words is all `render` reads of it."""
+    out: list[list[int]] = [[] for _ in document.blocks]
+
+    def walk(children: Iterable[_Child], into: list[int]) -> None:
+        for child in children:
+            if isinstance(child, _Wrap):
+                into.extend((child.start, child.end) if child.start >= 0 else (child.position,))
+                walk(child.children, into)
+            else:
+                into.append(child.position)
+
+    for run in document._runs:
+        walk(run.children, out[run.block])
+    return out
+
+
 def render(document: Document, translations: Sequence[tuple[str, Projection]]) -> str:
     """The document with each block replaced by its translation, `translations[i]` being
     (target text of `blocks[i]`, its projection)."""

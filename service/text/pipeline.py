@@ -25,7 +25,7 @@ from service.errors import ErrorType, ServiceError
 from service.glossaries import Entry
 from service.settings import Settings
 from service.text import markup, segment
-from service.text.alignment import TextAlignment, sentence_alignment
+from service.text.alignment import TextAlignment, placed_whole, sentence_alignment
 from service.text.markup import Format as MarkupFormat
 from service.text.placeholders import Protection
 from service.text.terms import TermModel, Terms
@@ -71,17 +71,29 @@ class Prepared:
     documents: list[markup.Document | None] | None = None
     # Each sentence's glossary entries found in it (service/text/terms.py); [] without terms.
     matched: list[tuple[Entry, ...]] = field(default_factory=list)
+    # Whether each sentence's word alignment is read (an element's edge or a kept thing inside
+    # it: markup.edges); [] for none.
+    aligned: list[bool] = field(default_factory=list)
 
     def decoding(self, options: DecodingOptions, terms_beam: int = TERMS_BEAM) -> DecodingOptions:
-        """`options` as these texts need them: a document is rendered through its blocks'
-        alignments (a plain text's placeholders too); sentences with terms are searched with a
+        """`options` as these texts need them: a document is rendered through the alignments of
+        its sentences that have an element's edge or a placeholder inside them (`aligned`;
+        `sentence_options` asks only those for it); sentences with terms are searched with a
         beam (`terms_beam` at least: constrained beam search shares its beams out among the
         terms' progress)."""
-        if self.documents is not None:
+        if any(self.aligned):
             options = replace(options, alignments=True)
         if any(self.matched) and options.beam_size < terms_beam:
             options = replace(options, beam_size=terms_beam)
         return options
+
+    def sentence_options(self, options: DecodingOptions, asked: bool) -> list[DecodingOptions]:
+        """Each sentence's options, `options` from `decoding`: the alignment only for the
+        sentences whose alignment is read (a step without it skips the aligner's nodes, a
+        quarter of a beam step's time), or every one where the request `asked` for them."""
+        unaligned = replace(options, alignments=asked)
+        aligned = self.aligned or [False] * len(self.sources)
+        return [options if a else unaligned for a in aligned]
 
     @property
     def count(self) -> int:
@@ -101,6 +113,7 @@ class Prepared:
             [t - start for t in self.owners[first_block:last_block]],
             None if self.documents is None else self.documents[start:stop],
             self.matched[first:last],
+            self.aligned[first:last],
         )
 
 
@@ -146,8 +159,9 @@ PLAIN = Form()
 
 def check_form(model: TextModel, form: Form, options: DecodingOptions) -> DecodingOptions:
     """Refuse, before any work, what this model cannot do in this form; else `options` as the
-    form decodes them: the search keeps alignment rows only for a form that reads them (a step
-    without skips the aligner's nodes: decoding 1.09-1.11x faster on the shipped model)."""
+    form decodes them: the search keeps alignment rows only where a request asks for them
+    (markup's sentences that need theirs are `Prepared.aligned`: a step without skips the
+    aligner's nodes, a quarter of a beam step's time on the shipped model)."""
     if form.aligned and not model.aligns:
         raise ServiceError(
             ErrorType.INVALID_REQUEST,
@@ -161,7 +175,7 @@ def check_form(model: TextModel, form: Form, options: DecodingOptions) -> Decodi
             f"format {form.format} has one translation per text: alternatives and "
             "num_hypotheses > 1 are for format text",
         )
-    return replace(options, alignments=form.aligned)
+    return replace(options, alignments=form.alignments)
 
 
 def text_label(index: int) -> str:
@@ -240,7 +254,16 @@ def prepare(
     matched = []
     if terms is not None:
         matched = terms.matches(model, [s for layout in layouts for s in layout.inputs])
-    return Prepared(layouts, sources, origins, owners, documents, matched)
+    aligned = []
+    if documents is not None:
+        edges = [e for d in documents for e in ([[]] if d is None else markup.edges(d))]
+        spans = [layout.spans() for layout in layouts]
+        aligned = [
+            any(start < edge < end for edge in edges[b])
+            for b, n in origins
+            for start, end in (spans[b][n],)
+        ]
+    return Prepared(layouts, sources, origins, owners, documents, matched, aligned)
 
 
 def _layout(
@@ -349,12 +372,16 @@ def assemble(
     placeholders re-placed through their alignments (a markup document has one translation;
     a plain text's n alternatives are each rendered through its own)."""
     per_block: list[list[list[Hypothesis]]] = [[] for _ in prepared.layouts]
-    for (block, _), hypotheses in zip(prepared.origins, nbest, strict=True):
+    # Whether each sentence's alignment is read: a hypothesis without one is placed whole.
+    read: list[list[bool]] = [[] for _ in prepared.layouts]
+    aligned = prepared.aligned if prepared.aligned and not alignments else None
+    for i, ((block, _), hypotheses) in enumerate(zip(prepared.origins, nbest, strict=True)):
         per_block[block].append(hypotheses)
+        read[block].append(True if aligned is None else aligned[i])
     documents = prepared.documents
     translated = [
-        _assemble(model, layout, own, n, alignments or documents is not None)
-        for layout, own in zip(prepared.layouts, per_block, strict=True)
+        _assemble(model, layout, own, n, alignments or documents is not None, reads)
+        for layout, own, reads in zip(prepared.layouts, per_block, read, strict=True)
     ]
     if documents is None:
         return translated
@@ -410,6 +437,7 @@ def _assemble(
     nbest: list[list[Hypothesis]],
     n: int,
     alignments: bool,
+    read: list[bool],
 ) -> TextTranslation:
     if not layout.segments:
         # Nothing the model reads: "" for whitespace and format characters alone, else (emoji,
@@ -427,7 +455,7 @@ def _assemble(
         texts.append(layout.join([t.text for t in translations]))
         scores.append(sum(h.score for h in chosen) / len(chosen))
         if alignments:
-            projections.append(_text_alignment(model, layout, chosen, translations))
+            projections.append(_text_alignment(model, layout, chosen, translations, read))
     segments = [hyps[0] for hyps in nbest]
     alignment = projections[0] if projections else None
     return TextTranslation(texts, scores, segments, alignment, projections)
@@ -438,26 +466,37 @@ def _text_alignment(
     layout: segment.Layout,
     hypotheses: list[Hypothesis],
     translations: list[segment.Rewrapped],
+    read: list[bool],
 ) -> TextAlignment:
     """The word alignment of a text's best translation: each sentence's, placed where the
     sentence is in the text and in the translation (both keep the text's separators, and a
-    hard-wrapped sentence's line breaks)."""
+    hard-wrapped sentence's line breaks). A sentence whose alignment is not `read` may come
+    without one: it is placed whole (alignment.placed_whole)."""
     sentences = []
     source_at = target_at = len(layout.separators[0])
     source_spans = model.source_spans(layout.inputs)
-    for source, target, hypothesis, spans, separator in zip(
-        layout.segments, translations, hypotheses, source_spans, layout.separators[1:], strict=True
+    for source, target, hypothesis, spans, separator, reads in zip(
+        layout.segments,
+        translations,
+        hypotheses,
+        source_spans,
+        layout.separators[1:],
+        read,
+        strict=True,
     ):
         weights = hypothesis.alignment
-        if weights is None:  # a sentence of no tokens (nothing()), or a model without them
-            if hypothesis.ids:
-                raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
-            weights = np.zeros((0, len(spans) + 1), np.float32)
         target_spans = [
             (target.position(a, starts=True), target.position(b))
             for a, b in model.target_spans(hypothesis.ids)
         ]
-        aligned = sentence_alignment(source, target.text, spans, target_spans, weights)
+        if weights is None and hypothesis.ids and not reads:
+            aligned = placed_whole(source, target.text, spans, target_spans)
+        else:
+            if weights is None:  # a sentence of no tokens (nothing()), or a model without them
+                if hypothesis.ids:
+                    raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
+                weights = np.zeros((0, len(spans) + 1), np.float32)
+            aligned = sentence_alignment(source, target.text, spans, target_spans, weights)
         sentences.append((source_at, target_at, aligned))
         source_at += len(source) + len(separator)
         target_at += len(target.text) + len(separator)

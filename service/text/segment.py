@@ -221,6 +221,14 @@ class Layout:
                 separators[-1] += segment + separator
         return Layout(tuple(segments), tuple(separators))
 
+    def spans(self) -> list[tuple[int, int]]:
+        """Each segment's characters [start, end) in the original text."""
+        out, at = [], len(self.separators[0])
+        for segment, separator in zip(self.segments, self.separators[1:], strict=True):
+            out.append((at, at + len(segment)))
+            at += len(segment) + len(separator)
+        return out
+
     def join(self, translations: Sequence[str]) -> str:
         """The layout with each segment replaced by its translation."""
         if len(translations) != len(self.segments):

@@ -15,6 +15,7 @@ from service.bundle.decoding import Deadline, DecodingOptions, Hypothesis
 from service.errors import ErrorType, ServiceError
 from service.inference.running import Usage
 from service.metrics import Metrics
+from service.scheduling import batcher as batcher_module
 from service.scheduling.batcher import STARVING_S, Batcher, BatchLimits
 from tests.service.helpers import FakeModel, async_wait_for
 
@@ -599,3 +600,98 @@ async def test_step_level_admits_background_only_when_no_request_runs_and_at_mos
     assert first == [False, False]  # the request's, no background sentence beside them
     assert all(sum(a) <= 1 for a in admitted)
     assert sum(sum(a) for a in admitted) == 3
+
+
+class LoggingStepper(FakeStepper):
+    """A FakeStepper that logs what it admits and every step it runs."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps=steps)
+        self.admitted: list[list[Any]] = []
+        self.steps_run = 0
+
+    def admit(self, segments: Sequence[Any]) -> list[Any]:
+        if segments:
+            self.admitted.append(list(segments))
+        return super().admit(segments)
+
+    def step(self) -> tuple[list[Any], int]:
+        finished, rows = super().step()
+        self.steps_run += bool(rows)
+        return finished, rows
+
+
+async def test_background_running_batch_pauses_for_a_request_and_keeps_its_sentences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a background running batch, a document's sentences are never in a request's batch,
+    are admitted a whole batch of one options at a time once the batch has emptied, and a
+    request that arrives while they run finds them paused, not preempted: none is decoded
+    twice, and none steps again before the grace after the request."""
+    monkeypatch.setattr(batcher_module, "BACKGROUND_GRACE_S", 0.3)
+    fake = FakeModel()
+    background = LoggingStepper(steps=40)  # 2 ms a step: a batch runs ~80 ms
+    batcher = Batcher(
+        fake.generate, model="m", limits=limits(max_wait_s=0), metrics=Metrics(),
+        background=background,
+    )  # fmt: skip
+    beam = DecodingOptions(beam_size=2)
+    batcher.start()
+    try:
+        document = asyncio.ensure_future(
+            batcher.submit([ids(f"d{i}") for i in range(6)], GREEDY, deadline=FAR, background=True)
+        )
+        other = asyncio.ensure_future(
+            batcher.submit([ids(f"e{i}") for i in range(2)], beam, deadline=FAR, background=True)
+        )
+        await async_wait_for(lambda: background.steps_run >= 3)
+        [nbest] = await batcher.submit([ids("q")], GREEDY, deadline=FAR)
+        answered, paused_at = time.monotonic(), background.steps_run
+        assert background.sentences == 4  # kept in their batch, not queued again
+        await asyncio.sleep(0.15)
+        assert background.steps_run == paused_at  # within the grace after the request
+        translated, others = await asyncio.gather(document, other)
+        assert time.monotonic() - answered >= 0.3
+    finally:
+        assert await batcher.stop(5)
+    assert nbest[0].ids == ids("q")[:-1]
+    assert [s for sources, _ in fake.calls for s in sources] == [ids("q")]
+    texts = ["".join(map(chr, s.ids[:-1])) for group in background.admitted for s in group]
+    assert texts == ["d0", "d1", "d2", "d3", "d4", "d5", "e0", "e1"]  # each once
+    assert [len(group) for group in background.admitted] == [4, 2, 2]  # slots, one options
+    assert [n[0].ids for n in translated] == [ids(f"d{i}")[:-1] for i in range(6)]
+    assert len(others) == 2
+
+
+async def test_background_running_batch_moves_under_requests_that_never_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Interactive requests one after another without a pause: the document still finishes
+    (a turn every BACKGROUND_PAUSE_S), and the requests are answered meanwhile."""
+    monkeypatch.setattr(batcher_module, "BACKGROUND_PAUSE_S", 0.05)
+    fake = FakeModel()
+    background = LoggingStepper(steps=5)
+    batcher = Batcher(
+        fake.generate, model="m", limits=limits(max_wait_s=0), metrics=Metrics(),
+        background=background,
+    )  # fmt: skip
+    batcher.start()
+    stop = asyncio.Event()
+    answered = 0
+
+    async def requests() -> None:
+        nonlocal answered
+        while not stop.is_set():
+            await batcher.submit([ids("q")], GREEDY, deadline=FAR)
+            answered += 1
+
+    client = asyncio.ensure_future(requests())
+    try:
+        await asyncio.sleep(0.05)
+        document = batcher.submit([ids("d")] * 8, GREEDY, deadline=FAR, background=True)
+        assert len(await asyncio.wait_for(document, 10)) == 8
+    finally:
+        stop.set()
+        await client
+        assert await batcher.stop(5)
+    assert answered > 20

@@ -194,12 +194,19 @@ async def test_html_and_xml_keep_their_tags_and_ignore_tags(deepl: httpx.AsyncCl
 async def test_splitting_and_non_splitting_tags_decide_the_blocks(
     deepl: httpx.AsyncClient, fake: FakeModel
 ) -> None:
+    seen = 0
+
     def segments() -> list[str]:
-        return ["".join(chr(i) for i in ids[:-1]) for ids in fake.calls[-1][0]]
+        """The sentences the engine read since the last look (a request's sentences that need
+        their alignment and those that do not are decoded apart)."""
+        nonlocal seen
+        calls, seen = fake.calls[seen:], len(fake.calls)
+        return ["".join(chr(i) for i in ids[:-1]) for sources, _ in calls for ids in sources]
 
     base = {"source_lang": "EN", "target_lang": "DE"}
     html = "<div>A dog <span>runs fast</span> now.<div>Two</div> cats.</div>"
     body = {**base, "text": [html], "tag_handling": "html", "splitting_tags": ["span"]}
+    segments()
     response = await deepl.post(
         "/v2/translate", json={**body, "non_splitting_tags": "div"}, headers=KEY
     )

@@ -92,6 +92,32 @@ async def test_a_docx_is_queued_translated_downloaded_and_deleted(tmp_path: Path
         assert not (tmp_path / id).exists()
 
 
+async def test_a_paragraph_of_one_run_is_sent_as_its_text(tmp_path: Path) -> None:
+    """A paragraph without inline formatting is translated as the plain text it is (no markup
+    path, no alignment asked of the engine), its characters escaped back; one with a bold run
+    goes through the markup path."""
+    fake = FakeModel()
+    async with running(create_app(fast_settings(documents_dir=tmp_path), models=[fake])) as client:
+        document = docx.Document()
+        document.add_paragraph("Tom & Jerry <3 cats.")
+        document.add_paragraph("A man pulling ").add_run("some luggage").bold = True
+        out = io.BytesIO()
+        document.save(out)
+        id = (await post(client, "report.docx", out.getvalue())).json()["id"]
+        assert (await finished(client, id))["status"] == "done"
+        result = await client.get(f"/documents/{id}/result")
+    paragraphs = docx.Document(io.BytesIO(result.content)).paragraphs
+    assert paragraphs[0].text == "TOM & JERRY <3 CATS."
+    assert [(r.text, r.bold) for r in paragraphs[1].runs][-1] == ("SOME LUGGAGE", True)
+    aligned = {
+        "".join(map(chr, source[:-1])): options.alignments
+        for sources, options in fake.calls
+        for source in sources
+    }
+    assert aligned["Tom & Jerry <3 cats."] is False
+    assert aligned["A man pulling some luggage"] is True
+
+
 @pytest.mark.parametrize(
     ("name", "media_type", "sent", "translated"),
     [

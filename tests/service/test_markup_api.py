@@ -62,6 +62,39 @@ async def test_only_markup_and_return_alignments_ask_the_engine_for_alignments(
     assert fake.calls[-1][1].alignments is aligned
 
 
+async def test_only_sentences_with_an_edge_or_a_kept_thing_inside_ask_for_alignments() -> None:
+    """The engine aligns a sentence only where markup reads its alignment: an element's edge
+    or a kept thing inside it. One that an element wraps whole, or that has nothing around
+    it, is placed whole (its first and last words), and comes back the same."""
+    fake = FakeModel()
+    texts = [
+        "<p>A cat sits. A <b>dog</b> runs. <i>Birds fly.</i> Fish swim.</p>",
+        "Hello {name}, read this. Then %s that. Bye.",
+    ]
+    async with running(create_app(fast_settings(), models=[fake])) as client:
+        html = await client.post("/translate", json={"text": texts[0], **EN_DE, "format": "html"})
+        plain = await client.post("/translate", json={"text": texts[1], **EN_DE})
+    # As with every sentence's alignment: an element's span is its words, not the full stop.
+    assert html.json()["translations"][0]["text"] == (
+        "<p>A CAT SITS. A <b>DOG</b> RUNS. <i>BIRDS FLY</i>. FISH SWIM.</p>"
+    )
+    assert plain.json()["translations"][0]["text"] == "HELLO {name}, READ THIS. THEN %s THAT. BYE."
+    asked = {
+        "".join(map(chr, source[:-1])): options.alignments
+        for sources, options in fake.calls
+        for source in sources
+    }
+    assert {k: asked[k] for k in ("A cat sits.", "A dog runs.", "Birds fly.", "Fish swim.")} == {
+        "A cat sits.": False,
+        "A dog runs.": True,
+        "Birds fly.": False,
+        "Fish swim.": False,
+    }
+    assert asked["Hello, read this."] is True  # the placeholders are out of the sentences
+    assert asked["Then that."] is True
+    assert asked["Bye."] is False
+
+
 async def test_html_comes_back_translated_with_its_tags_around_the_same_words(
     markup_client: httpx.AsyncClient,
 ) -> None:
