@@ -4,8 +4,8 @@ same as POST /documents): POST /v2/document (multipart: `file`, `source_lang`, `
 answers its status with `seconds_remaining`, `billed_characters` and `error_message`; POST
 /v2/document/{id}/result the translated file, which is then removed, as DeepL removes it. The
 id without its key is DeepL's 404; a result not ready yet its 503. A document's characters are
-charged to the caller's key when it is sent. Glossaries are applied to texts, not documents:
-a `glossary_id` is refused.
+charged to the caller's key when it is sent. A `glossary_id` (the caller's, of the pair, with
+`source_lang` given, as /v2/translate takes it) is enforced in the document's decoding.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from service.http.deepl import (
     deepl_call,
     deepl_key,
     deepl_languages,
+    deepl_terms,
 )
 from service.http.documents import (
     DocumentsDep,
@@ -87,7 +88,13 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
                 "file": {"type": "string", "format": "binary"},
                 **{
                     name: _STRING
-                    for name in ("source_lang", "target_lang", "filename", "formality")
+                    for name in (
+                        "source_lang",
+                        "target_lang",
+                        "filename",
+                        "formality",
+                        "glossary_id",
+                    )
                 },
             },
             ["file", "target_lang"],
@@ -103,12 +110,6 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
             nonlocal caller_key
             caller = await deepl_key(runtime, request, fields, header_key)
             caller_key = caller.key
-            if fields.get("glossary_id") or fields.get("glossary_ids"):
-                raise ServiceError(
-                    ErrorType.INVALID_REQUEST,
-                    "Glossaries are not supported for documents by this service (only for "
-                    "/v2/translate).",
-                )
             if fields.get("output_format"):
                 raise ServiceError(
                     ErrorType.INVALID_REQUEST,
@@ -116,9 +117,12 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
                     "its own format.",
                 )
             source, target = deepl_languages(runtime, fields)
+            glossary = await deepl_terms(runtime, fields, caller.owner, source, target)
             filename = fields.get("filename")
             fields.clear()  # DeepL's fields, read: the native ones for `upload`
             fields.update(source=source or AUTO, target=target, filename=filename)
+            if glossary is not None:
+                fields["glossary_id"] = glossary[0]
             return Sender(caller.stored, caller.owner)
 
         with runtime.accept():

@@ -483,8 +483,8 @@ async def test_a_document_uploaded_polled_and_downloaded_once(
 BAD_UPLOADS = [
     ({"source_lang": "EN"}, "Parameter 'target_lang' not specified."),
     ({"target_lang": "FR"}, "Value for 'target_lang' not supported."),
-    ({"target_lang": "DE", "source_lang": "EN", "glossary_id": "g"},
-     "Glossaries are not supported for documents by this service (only for /v2/translate)."),
+    ({"target_lang": "DE", "glossary_id": "g"},
+     "Use of a glossary requires the source_lang parameter to be specified"),
     ({"target_lang": "DE", "output_format": "pdf"},
      "Value for 'output_format' not supported: a document is translated into its own format."),
 ]  # fmt: skip
@@ -498,6 +498,9 @@ async def test_a_bad_document_upload_is_deepls_400(deepl: httpx.AsyncClient) -> 
         assert message(answer, 400) == expected
         refused = await deepl.post("/v2/document", files=file, data=fields, headers=wrong_key)
         assert refused.status_code == 403  # the key before the fields
+    glossary = {"target_lang": "DE", "source_lang": "EN", "glossary_id": "g"}
+    answer = await deepl.post("/v2/document", files=file, data=glossary, headers=KEY)
+    assert message(answer, 404) == "Glossary 'g' not found."
     unknown = await deepl.post(
         "/v2/document", files={"file": ("talk.xyz", SRT)}, data={"target_lang": "DE"}, headers=KEY
     )

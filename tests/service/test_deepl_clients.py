@@ -143,7 +143,7 @@ def test_glossaries_made_read_used_and_deleted(
     server: ServerProcess, translator: deepl.Translator
 ) -> None:
     """v2's glossaries (Translator) and v3's (DeepLClient), one store: the glossary's target
-    term is in the translation that names it."""
+    term is in the translation that names it, a text's or a document's."""
     made = translator.create_glossary("people", "EN", "DE", {"man": "Herr"})
     assert (made.source_lang, made.target_lang, made.entry_count, made.ready) == (
         "EN",
@@ -158,6 +158,17 @@ def test_glossaries_made_read_used_and_deleted(
     text = "A man is riding a bike."
     result = translator.translate_text(text, source_lang="EN", target_lang="DE", glossary=made)
     assert isinstance(result, deepl.TextResult) and "Herr" in result.text, result.text
+    document = docx.Document()
+    document.add_paragraph(text)
+    sent, translated = io.BytesIO(), io.BytesIO()
+    document.save(sent)
+    sent.seek(0)
+    sent.name = "note.docx"
+    translator.translate_document(
+        sent, translated, source_lang="EN", target_lang="DE", glossary=made
+    )
+    [paragraph] = docx.Document(io.BytesIO(translated.getvalue())).paragraphs
+    assert "Herr" in paragraph.text, paragraph.text  # the glossary, in the document too
     pairs = [(p.source_lang, p.target_lang) for p in translator.get_glossary_languages()]
     assert pairs == [("de", "en"), ("en", "de")]
     client = deepl.DeepLClient(KEY, server_url=server.url)
