@@ -14,7 +14,13 @@ Post & Vilar (2018), dynamic beam allocation, over the service's beam search
   once), and so is </s> before every term is met; so is a token of `Constraints.avoid` (the
   model's own word for a source term whose glossary target differs: "Fahrrad" beside the
   glossary's "Rad"), and a piece that would continue the word a term just ended ("Leder" +
-  "kleidung": `Constraints.word_pieces`).
+  "kleidung": `Constraints.word_pieces`). A term counts in any of its spellings
+  (`Constraints.spellings`: the same text in other pieces, "ant" + "ik" + "es" for the
+  glossary's "ant" + "ikes"), which the model may write where the glossary's pieces are not
+  its own: counted in the glossary's alone, the model's word was not the term, and the sentence
+  went on to write it a second time. Only the term's own pieces count as beginning it (a
+  spelling begun and left, "erk" + "l" + "immt" for "erk" + "let" + "tert", would hold a beam
+  as progress).
 - The K beams go first to the best candidate of each bank (candidates of equal progress) of
   progress all term tokens .. 1, then to the best of the rest by score, whatever their
   progress. So a hypothesis that has begun or met a term is not pushed out by better-scoring
@@ -57,13 +63,21 @@ class _Terms:
         for term in constraints.terms:
             required[term] = required.get(term, 0) + 1
         self.required = required
+        # Each term's spellings, its own first (Constraints.spellings).
+        self.spellings: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {
+            term: (term,) for term in required
+        }
+        for term, others in zip(constraints.terms, constraints.spellings, strict=False):
+            self.spellings[term] = (term, *others)
         self.avoid = constraints.avoid
         self.word_pieces = constraints.word_pieces
         self.total = sum(len(term) * n for term, n in required.items())
 
     def counts(self, tokens: Sequence[int]) -> dict[tuple[int, ...], int]:
-        """How often each term occurs in `tokens`, not overlapping."""
-        return {term: _count(tokens, term) for term in self.required}
+        """How often each term occurs in `tokens` in any of its spellings, not overlapping."""
+        return {
+            term: sum(_count(tokens, own) for own in self.spellings[term]) for term in self.required
+        }
 
     def state(
         self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]
@@ -89,18 +103,19 @@ class _Terms:
         extended = [*tokens[-_LONGEST:], token]
         new = dict(counts)
         for term in self.required:
-            if (
-                extended[-len(term) :] == list(term)
-                and _count(tokens + [token], term) > counts[term]
-            ):
-                new[term] += 1
+            for own in self.spellings[term]:
+                if extended[-len(own) :] == list(own) and _count(tokens + [token], own) > _count(
+                    tokens, own
+                ):
+                    new[term] += 1
         return self.state(extended, new)
 
     def glued(self, tokens: Sequence[int], token: int) -> bool:
         """Whether `token` would continue a word that a term just ended ("Leder" + "kleidung")."""
         return token in self.word_pieces and any(
-            len(tokens) >= len(term) and tuple(tokens[-len(term) :]) == term
-            for term in self.required
+            len(tokens) >= len(own) and tuple(tokens[-len(own) :]) == own
+            for spellings in self.spellings.values()
+            for own in spellings
         )
 
     def next_tokens(self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]) -> set[int]:

@@ -41,6 +41,10 @@ class TermModel(Protocol):
         """The target ids that continue a word (Constraints.word_pieces)."""
         ...
 
+    def spellings(self, ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """A term's ids' other spellings that the model may write (Constraints.spellings)."""
+        ...
+
 
 class Terms:
     """A glossary's entries, compiled for matching; `pair`: the (source, target) languages it
@@ -121,7 +125,10 @@ def constraints(
         terms = tuple(tuple(found) for e in entries if (found := ids[e.target]))
         kept = {t for term in terms for t in term}
         avoid = frozenset().union(*(avoided[e] for e in entries)) - kept
-        result.append(Constraints(terms, avoid, model.word_pieces) if terms else NO_CONSTRAINTS)
+        spellings = tuple(model.spellings(term) for term in terms)
+        result.append(
+            Constraints(terms, avoid, model.word_pieces, spellings) if terms else NO_CONSTRAINTS
+        )
     return result
 
 

@@ -214,11 +214,11 @@ def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: P
 
     texts = ["A man is riding a bike.", "A woman in a red dress walks down the street."]
     assert translate(texts) == [
-        "Ein Mann fährt Rad.",
+        "Ein Mann fährt auf einem Rad.",
         "Eine Dame in einem roten Kleid geht die Gasse entlang.",
     ]
     assert translate(["<p>A man is riding a <b>bike</b>.</p>"], "html") == [
-        "<p>Ein Mann fährt <b>Rad</b>.</p>"
+        "<p>Ein Mann fährt auf einem <b>Rad</b>.</p>"
     ]
 
 
@@ -229,10 +229,13 @@ def test_terms_the_model_already_writes_leave_its_translation_as_it_was(
     search returns it: beams shared evenly among term progress lost it in the first steps
     ("Ein Mann in einem orangefarbenen Hemd und mit Helm.", "... auf dem Feld" without its full
     stop), and the model's articles avoided beside a term it already says ("eines", "einer"
-    from "Dach eines Dachs." and "Eine Jacke in einer Jacke.") changed the rest."""
+    from "Dach eines Dachs." and "Eine Jacke in einer Jacke.") changed the rest; and the model
+    writes "antikes" as "ant" + "ik" + "es", the glossary's pieces are "ant" + "ikes" (not
+    counted as the term, it was written a second time: "... herum, das ein antikes Rennauto
+    steht. antikes ist.")."""
     engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
     entries = [("man", "Mann"), ("field", "Feld"), ("dog", "Hund"), ("roof", "Dach"),
-               ("jacket", "Jacke"), ("chair", "Stuhl")]  # fmt: skip
+               ("jacket", "Jacke"), ("chair", "Stuhl"), ("antique", "antikes")]  # fmt: skip
     texts = [
         "A man wearing an orange shirt and helmet.",
         "Two soccer teams are on the field.",
@@ -240,6 +243,7 @@ def test_terms_the_model_already_writes_leave_its_translation_as_it_was(
         "People are fixing the roof of a house.",
         "A woman in an orange jacket sits on a bench.",
         "A man in a vest is sitting in a chair and holding magazines.",
+        "Several men standing around an antique race car",
     ]
     greedy = pipeline.DecodingOptions(max_length_a=3, max_length_b=10)
     sources = [source for source, _ in entries]
@@ -272,7 +276,7 @@ def test_the_file_cli_reads_a_glossary_file(shipped_bundle: Path, tmp_path: Path
     lines = ["A man is riding a bike.", "Two dogs play in the snow."]
     options = pipeline.DecodingOptions(beam_size=4, max_length_a=3, max_length_b=10)
     translate_lines(engine, lines, options, out=out, max_segment_characters=1000, glossary=glossary)
-    assert out.getvalue() == "Ein Mann fährt Rad.\nZwei Hunde spielen im Schnee.\n"
+    assert out.getvalue() == "Ein Mann fährt auf einem Rad.\nZwei Hunde spielen im Schnee.\n"
     bad = tmp_path / "bad.tsv"
     bad.write_text("snow\t雪\n", encoding="utf-8")
     with pytest.raises(ServiceError, match=r"entry 0 .* cannot spell"):
