@@ -19,7 +19,8 @@ Reported, per kind and in all:
 - doubled (the term more often than the source term was found) and glued (only inside a
   longer word);
 - BLEU (sacrebleu, 13a) of the translations with the glossary and without, on the sentences
-  with a term;
+  with a term, and how many translations the glossary left unchanged (where the plain one
+  used the term, it should leave nearly all);
 - decoding time with terms against without: the same sentences one at a time (batch 1, the
   first --timed) and 32 at a time (all), the engine's generate only; and once, the greedy
   translations of the source terms alone that the avoided words come from (the service keeps
@@ -193,6 +194,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 [plain[k] for k in indices], [[refs[k] for k in indices]]
             ).score,
             "matched": sum(1 for k in indices if constraints[k]),
+            "unchanged": sum(1 for k in indices if termed[k] == plain[k]),
         }
     timed_options = replace_beam(options, constraints)
     batch_one = slice(0, args.timed)
@@ -231,8 +233,8 @@ def _print_report(report: dict[str, Any]) -> None:
     for example in report["examples"]:
         print(f"  {example['term']}: {example['plain']}  ->  {example['with']}")
     print(
-        "\n| terms | n | exact match | goal | doubled | glued | BLEU without | BLEU with |\n"
-        "|---|---|---|---|---|---|---|---|"
+        "\n| terms | n | exact match | goal | doubled | glued | BLEU without | BLEU with "
+        "| unchanged |\n|---|---|---|---|---|---|---|---|---|"
     )
     for kind, row in report["rows"].items():
         goal = report["goals_pct"].get(kind)
@@ -240,7 +242,7 @@ def _print_report(report: dict[str, Any]) -> None:
         print(
             f"| {kind} | {row['terms']} | {row['exact_pct']:.1f} % | {goal_text} | "
             f"{row['doubled']} | {row['glued']} | {row['bleu_without']:.2f} | "
-            f"{row['bleu_with']:.2f} |"
+            f"{row['bleu_with']:.2f} | {row['unchanged']} |"
         )
     print("\n| decoding, beam 4 | without terms | with terms | ratio |\n|---|---|---|---|")
     for label in ("batch_1", "batch_32"):
