@@ -1,7 +1,7 @@
 """Lexically constrained beam search: each sentence's terms (`Constraints`: target id
 sequences, from a glossary) appear in its translation exactly once each.
 
-Post & Vilar (2018), dynamic beam allocation, over the service's beam search
+After Post & Vilar (2018), dynamic beam allocation, over the service's beam search
 (service/inference/search.py `beam_steps`), which hands a constrained sentence's step to
 `Bank.choose`:
 - Candidates: each row's best tokens as the step returns them (2K per row), plus, for each
@@ -30,8 +30,9 @@ Post & Vilar (2018), dynamic beam allocation, over the service's beam search
   on, as in beam search. Post & Vilar's even shares (K // banks each, the bank of progress 0
   too) took K // 2 beams from them at every step for a one-token term, before and after it was
   met: of the test2016 sentences whose term the plain translation already used, 1 in 5 came
-  out otherwise, nearly all by a hypothesis lost in the first steps, and BLEU there fell
-  (benchmarks/RESULTS.md, terminology).
+  out otherwise, and BLEU there fell (benchmarks/RESULTS.md, terminology). 1 in 15 still
+  do: the beam the term's bank takes in the first steps, before the model writes the term, is
+  the one the model's best translation began in.
 - </s> from a hypothesis that holds every term finishes it when it ranks among the K best of
   the full bank; the n-best list is then ranked by score as always (BeamBook).
 A hypothesis that cannot meet its terms before the sentence's length limit finishes at the
