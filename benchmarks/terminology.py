@@ -24,9 +24,8 @@ Reported, per kind and in all:
 - decoding time with terms against without: the same sentences one at a time (batch 1, the
   first --timed) and 32 at a time (all), the engine's generate only, each the fastest of
   --repeat runs that alternate without and with (a shared machine's load comes and goes); and
-  once, the greedy
-  translations of the source terms alone that the avoided words come from (the service keeps
-  them per model and term).
+  once, the greedy translations of the source terms alone that the avoided words come from (the
+  service keeps them per model and term).
 The last lines printed are a markdown table for benchmarks/RESULTS.md; --json writes every
 number.
 """
