@@ -51,6 +51,10 @@ class Constraints:
     # The ids that continue a word (no space before them): never right after a term, which
     # would glue "Leder" and "kleidung" (the model's, shared by its sentences).
     word_pieces: frozenset[int] = frozenset()
+    # Each term's other spellings that count as it: the same text in other pieces, as the model
+    # may write it ("ant" + "ik" + "es" for the glossary's "ant" + "ikes"); without them the
+    # model's own word was not the term, and the search wrote the term a second time.
+    spellings: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.terms)

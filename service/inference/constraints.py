@@ -1,7 +1,7 @@
 """Lexically constrained beam search: each sentence's terms (`Constraints`: target id
 sequences, from a glossary) appear in its translation exactly once each.
 
-Post & Vilar (2018), dynamic beam allocation, over the service's beam search
+After Post & Vilar (2018), dynamic beam allocation, over the service's beam search
 (service/inference/search.py `beam_steps`), which hands a constrained sentence's step to
 `Bank.choose`:
 - Candidates: each row's best tokens as the step returns them (2K per row), plus, for each
@@ -14,12 +14,25 @@ Post & Vilar (2018), dynamic beam allocation, over the service's beam search
   once), and so is </s> before every term is met; so is a token of `Constraints.avoid` (the
   model's own word for a source term whose glossary target differs: "Fahrrad" beside the
   glossary's "Rad"), and a piece that would continue the word a term just ended ("Leder" +
-  "kleidung": `Constraints.word_pieces`).
-- The K beams are shared out among the banks of equal progress (0 .. all term tokens): K //
-  banks each, the rest to the most advanced; a bank without enough candidates leaves its slots
-  to the others, most advanced first. Within a bank, the best scores. So a hypothesis that has
-  begun a term is not pushed out by better-scoring ones that have not, and the rest of the
-  sentence stays what the model prefers around the term.
+  "kleidung": `Constraints.word_pieces`). A term counts in any of its spellings
+  (`Constraints.spellings`: the same text in other pieces, "ant" + "ik" + "es" for the
+  glossary's "ant" + "ikes"), which the model may write where the glossary's pieces are not
+  its own: counted in the glossary's alone, the model's word was not the term, and the sentence
+  went on to write it a second time. Only the term's own pieces count as beginning it (a
+  spelling begun and left, "erk" + "l" + "immt" for "erk" + "let" + "tert", would hold a beam
+  as progress).
+- The K beams go first to the best candidate of each bank (candidates of equal progress) of
+  progress all term tokens .. 1, then to the best of the rest by score, whatever their
+  progress. So a hypothesis that has begun or met a term is not pushed out by better-scoring
+  ones that have not, yet each bank takes one beam at most from them, and none when its best
+  already ranks among the K best: where the model writes a one-token term itself, the
+  hypotheses it prefers keep K - 1 beams until one of them holds the term and all K from then
+  on, as in beam search. Post & Vilar's even shares (K // banks each, the bank of progress 0
+  too) took K // 2 beams from them at every step for a one-token term, before and after it was
+  met: of the test2016 sentences whose term the plain translation already used, 1 in 5 came
+  out otherwise, and BLEU there fell (benchmarks/RESULTS.md, terminology). 1 in 15 still
+  do: the beam the term's bank takes in the first steps, before the model writes the term, is
+  the one the model's best translation began in.
 - </s> from a hypothesis that holds every term finishes it when it ranks among the K best of
   the full bank; the n-best list is then ranked by score as always (BeamBook).
 A hypothesis that cannot meet its terms before the sentence's length limit finishes at the
@@ -51,13 +64,21 @@ class _Terms:
         for term in constraints.terms:
             required[term] = required.get(term, 0) + 1
         self.required = required
+        # Each term's spellings, its own first (Constraints.spellings).
+        self.spellings: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = {
+            term: (term,) for term in required
+        }
+        for term, others in zip(constraints.terms, constraints.spellings, strict=False):
+            self.spellings[term] = (term, *others)
         self.avoid = constraints.avoid
         self.word_pieces = constraints.word_pieces
         self.total = sum(len(term) * n for term, n in required.items())
 
     def counts(self, tokens: Sequence[int]) -> dict[tuple[int, ...], int]:
-        """How often each term occurs in `tokens`, not overlapping."""
-        return {term: _count(tokens, term) for term in self.required}
+        """How often each term occurs in `tokens` in any of its spellings, not overlapping."""
+        return {
+            term: sum(_count(tokens, own) for own in self.spellings[term]) for term in self.required
+        }
 
     def state(
         self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]
@@ -83,18 +104,19 @@ class _Terms:
         extended = [*tokens[-_LONGEST:], token]
         new = dict(counts)
         for term in self.required:
-            if (
-                extended[-len(term) :] == list(term)
-                and _count(tokens + [token], term) > counts[term]
-            ):
-                new[term] += 1
+            for own in self.spellings[term]:
+                if extended[-len(own) :] == list(own) and _count(tokens + [token], own) > _count(
+                    tokens, own
+                ):
+                    new[term] += 1
         return self.state(extended, new)
 
     def glued(self, tokens: Sequence[int], token: int) -> bool:
         """Whether `token` would continue a word that a term just ended ("Leder" + "kleidung")."""
         return token in self.word_pieces and any(
-            len(tokens) >= len(term) and tuple(tokens[-len(term) :]) == term
-            for term in self.required
+            len(tokens) >= len(own) and tuple(tokens[-len(own) :]) == own
+            for spellings in self.spellings.values()
+            for own in spellings
         )
 
     def next_tokens(self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]) -> set[int]:
@@ -225,17 +247,17 @@ class Bank:
 
 
 def _allocate(banks: dict[int, list[tuple[float, int]]], total: int, k: int) -> list[int]:
-    """K candidates from banks of progress 0 .. total (each sorted best first): K // banks
-    each, the rest to the most advanced, then the slots a bank cannot fill to the others, most
-    advanced first; ordered most advanced first, best first within a bank."""
-    count = total + 1
-    sizes = {p: k // count + (1 if total - p < k % count else 0) for p in range(count)}
-    taken = {p: banks.get(p, [])[: sizes[p]] for p in range(count)}
-    free = k - sum(map(len, taken.values()))
-    for p in range(total, -1, -1):
-        if free <= 0:
-            break
-        more = banks.get(p, [])[len(taken[p]) : len(taken[p]) + free]
-        taken[p] = taken[p] + more
-        free -= len(more)
-    return [column for p in range(total, -1, -1) for _, column in taken[p]]
+    """K candidates from banks of progress 0 .. total (each sorted best first): the best of
+    each bank of progress total .. 1 that has any, while beams are left, then the best of the
+    rest by score, ties to the lower column (module docstring); ordered most advanced first,
+    best first within a bank."""
+    firsts = [(p, *banks[p][0]) for p in range(total, 0, -1) if banks.get(p)][:k]
+    kept = {column for _, _, column in firsts}
+    rest = sorted(
+        ((p, score, column) for p, bank in banks.items() for score, column in bank
+         if column not in kept),
+        key=lambda c: (-c[1], c[2]),
+    )  # fmt: skip
+    chosen = firsts + rest[: k - len(firsts)]
+    chosen.sort(key=lambda c: (-c[0], -c[1], c[2]))
+    return [column for _, _, column in chosen]

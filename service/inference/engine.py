@@ -88,6 +88,8 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
 # C0 and C1 control characters (category Cc: all below U+00A0) other than whitespace (tab, line
 # breaks), dropped before tokenizing.
+# A term's other spellings that the search counts as the term (Engine.spellings).
+MAX_SPELLINGS = 8
 _CONTROL_CHARACTERS = dict.fromkeys(
     c for c in range(0xA0) if unicodedata.category(chr(c)) == "Cc" and not chr(c).isspace()
 )
@@ -432,14 +434,47 @@ class Engine:
         """The target ids that continue a word: decoded after a one-letter word, no space
         comes between them and it (made at the first use: a pass over the vocabulary, 30 ms
         for the shipped model's 8,000 ids)."""
+        return frozenset(self._continuations)
+
+    @functools.cached_property
+    def _continuations(self) -> dict[int, str]:
+        """Each word piece's text (`word_pieces`)."""
         anchor = self._tokenizer.encode_target(["a"])[0][-1:]
         start = len(self.decode(anchor))
-        pieces = []
+        pieces = {}
         for i in range(self.manifest.model.output_vocab_size):
             text = self.decode([*anchor, i])
             if len(text) > start and text[start].isalnum():
-                pieces.append(i)
-        return frozenset(pieces)
+                pieces[i] = text[start:]
+        return pieces
+
+    @functools.cached_property
+    def _pieces_by_text(self) -> dict[str, list[int]]:
+        by_text: dict[str, list[int]] = {}
+        for i, text in self._continuations.items():
+            by_text.setdefault(text, []).append(i)
+        return by_text
+
+    def spellings(self, ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """A term's other spellings (`target_ids`'s are the tokenizer's) that the model may
+        write: one piece after a word's first split in two ("antikes" is "ant" + "ikes", the
+        model writes "ant" + "ik" + "es") or two merged in one; at most `MAX_SPELLINGS`,
+        fewest pieces first."""
+        pieces, by_text = self._continuations, self._pieces_by_text
+        found: dict[tuple[int, ...], None] = {}
+        for j in range(1, len(ids)):
+            if ids[j] not in pieces:
+                continue
+            head, text, tail = tuple(ids[:j]), pieces[ids[j]], tuple(ids[j + 1 :])
+            if tail and tail[0] in pieces:
+                for i in by_text.get(text + pieces[tail[0]], []):
+                    found[(*head, i, *tail[1:])] = None
+            for n in range(1, len(text)):
+                for a in by_text.get(text[:n], []):
+                    for b in by_text.get(text[n:], []):
+                        found[(*head, a, b, *tail)] = None
+        found.pop(tuple(ids), None)
+        return tuple(sorted(found, key=len)[:MAX_SPELLINGS])
 
     def _spells(self, term: str, ids: list[int]) -> bool:
         unknown = {self.manifest.special_ids.unk, *self.manifest.model.suppressed_ids}

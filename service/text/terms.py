@@ -41,6 +41,10 @@ class TermModel(Protocol):
         """The target ids that continue a word (Constraints.word_pieces)."""
         ...
 
+    def spellings(self, ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """A term's ids' other spellings that the model may write (Constraints.spellings)."""
+        ...
+
 
 class Terms:
     """A glossary's entries, compiled for matching; `pair`: the (source, target) languages it
@@ -100,13 +104,20 @@ def constraints(
     """Each sentence's constraints from its matched entries: every target term's ids, and to
     avoid, the model's own words for a source term (`rendering(source)`: its translation of the
     term alone) that are none of the target term's, so that it does not write "Fahrrad" for
-    "bike" and the glossary's "Rad" beside it (`_own_words`)."""
+    "bike" and the glossary's "Rad" beside it (`_own_words`). Where that translation already
+    says the target term ("Dach eines Dachs." for roof -> Dach), the model's word is the
+    glossary's and nothing is avoided: its other words are articles and inflections ("eines",
+    "einem"), which avoided changed a sentence that had the term already."""
     words = sorted({e.target for own in matched for e in own})
     ids = dict(zip(words, model.target_ids(words), strict=True))
     avoided: dict[Entry, frozenset[int]] = {}
     for entry in {e for own in matched for e in own}:
         wanted = {w.casefold() for w in _WORDS.findall(entry.target)}
-        others = [w for w in _own_words(rendering(entry.source)) if w.casefold() not in wanted]
+        said = rendering(entry.source)
+        if wanted <= {w.casefold() for w in _WORDS.findall(said)}:
+            avoided[entry] = frozenset()
+            continue
+        others = [w for w in _own_words(said) if w.casefold() not in wanted]
         spelled = [own for own in model.target_ids(others) if own]
         avoided[entry] = frozenset(own[0] for own in spelled)
     result = []
@@ -114,7 +125,10 @@ def constraints(
         terms = tuple(tuple(found) for e in entries if (found := ids[e.target]))
         kept = {t for term in terms for t in term}
         avoid = frozenset().union(*(avoided[e] for e in entries)) - kept
-        result.append(Constraints(terms, avoid, model.word_pieces) if terms else NO_CONSTRAINTS)
+        spellings = tuple(model.spellings(term) for term in terms)
+        result.append(
+            Constraints(terms, avoid, model.word_pieces, spellings) if terms else NO_CONSTRAINTS
+        )
     return result
 
 

@@ -139,6 +139,9 @@ class FakeModel:
 
     word_pieces: frozenset[int] = frozenset()  # a character is a word
 
+    def spellings(self, ids: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        return ()  # one id a character: one spelling
+
     def target_ids(self, terms: Sequence[str]) -> list[list[int] | None]:
         """Code points; a term with a "☃" is one the fake cannot spell."""
         return [None if "☃" in t else [ord(c) for c in t] for t in terms]

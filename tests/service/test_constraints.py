@@ -8,7 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.bundle.decoding import Constraints, DecodingOptions
+from service.bundle.decoding import Constraints, DecodingOptions, Hypothesis
+from service.inference.constraints import Bank
 from service.inference.search import FloatArray, IntArray, search
 from tests.service.test_decoding import BOS, EOS, NumpyState, RandomModel, top_k
 
@@ -121,3 +122,41 @@ def test_no_word_piece_follows_a_term(seed: int, term: int) -> None:
     assert count(tokens, (term,)) == 1
     at = tokens.index(term)
     assert at + 1 == len(tokens) or tokens[at + 1] not in pieces
+
+
+def test_beams_go_by_score_where_they_take_none_from_a_bank_that_has_begun_a_term() -> None:
+    """Once the K best candidates hold the term, the step keeps them, as beam search would:
+    the bank of progress 0 (beam 2, which has not written the term) is not given beams of its
+    own (Post & Vilar's even shares gave it K // 2 = 2, dropping two better ones). Before that,
+    the bank holding the term takes one beam, the best of it, and the rest go by score."""
+    bank = Bank([Constraints(((9,),))], EOS)
+    histories = {0: [9], 1: [9, 4], 2: [4]}
+    # (score, beam, token): beams 0 and 1 hold the term, beam 2 does not.
+    candidates = [(-1.0, 0, 4), (-1.2, 1, 5), (-1.4, 0, 5), (-1.6, 1, 6), (-3.0, 2, 5),
+                  (-4.0, 2, 6), (-9.0, 2, 9)]  # fmt: skip
+    scores, beams, ids = map(list, zip(*candidates, strict=True))
+    chosen = bank.choose(0, 4, scores, beams, ids, histories.__getitem__)
+    assert sorted(chosen) == [0, 1, 2, 3]
+    # Nobody holds the term: its best candidate takes one beam, the other three go by score.
+    histories = {0: [4], 1: [5], 2: [6]}
+    chosen = bank.choose(0, 4, scores, beams, ids, histories.__getitem__)
+    assert chosen == [6, 0, 1, 2]
+
+
+def test_a_term_counts_in_its_other_spellings() -> None:
+    """The model may write a term's text in other pieces (Constraints.spellings): that holds
+    the term, so the hypothesis may end, and the term's own pieces after it would be a second
+    one; begun in another spelling, it is no progress."""
+    term, spelled = (7, 8), (7, 9, 10)
+    bank = Bank([Constraints((term,), spellings=((spelled,),))], EOS)
+    plain = Bank([Constraints((term,))], EOS)
+    held = Hypothesis([5, 7, 9, 10], -1.0, "eos")
+    assert bank.holds(0, held) and not plain.holds(0, held)
+    histories = {0: [5, 7, 9, 10], 1: [5, 7, 9, 10, 7], 2: [5, 7, 9]}
+    candidates = [(-1.0, 0, EOS), (-1.5, 1, 8), (-2.0, 2, 10), (-2.5, 2, 11), (-3.0, 0, 4)]
+    scores, beams, ids = map(list, zip(*candidates, strict=True))
+    chosen = bank.choose(0, 2, scores, beams, ids, histories.__getitem__)
+    # </s> ends beam 0; 7 8 after the term is dropped; 10 meets it, 11 leaves it unbegun.
+    assert chosen == [0, 2, 3]
+    # Without the spelling, beam 0 may not end, and 7 8 is the term (its first).
+    assert plain.choose(0, 2, scores, beams, ids, histories.__getitem__) == [1, 2]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +214,57 @@ def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: P
 
     texts = ["A man is riding a bike.", "A woman in a red dress walks down the street."]
     assert translate(texts) == [
-        "Ein Mann fährt Rad.",
+        "Ein Mann fährt auf einem Rad.",
         "Eine Dame in einem roten Kleid geht die Gasse entlang.",
     ]
     assert translate(["<p>A man is riding a <b>bike</b>.</p>"], "html") == [
-        "<p>Ein Mann fährt <b>Rad</b>.</p>"
+        "<p>Ein Mann fährt auf einem <b>Rad</b>.</p>"
     ]
+
+
+def test_terms_the_model_already_writes_leave_its_translation_as_it_was(
+    shipped_bundle: Path,
+) -> None:
+    """Where the plain beam search's translation already holds each term, the constrained
+    search returns it: beams shared evenly among term progress lost it in the first steps
+    ("Ein Mann in einem orangefarbenen Hemd und mit Helm.", "... auf dem Feld" without its full
+    stop), and the model's articles avoided beside a term it already says ("eines", "einer"
+    from "Dach eines Dachs." and "Eine Jacke in einer Jacke.") changed the rest; and the model
+    writes "antikes" as "ant" + "ik" + "es", the glossary's pieces are "ant" + "ikes" (not
+    counted as the term, it was written a second time: "... herum, das ein antikes Rennauto
+    steht. antikes ist.")."""
+    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    entries = [("man", "Mann"), ("field", "Feld"), ("dog", "Hund"), ("roof", "Dach"),
+               ("jacket", "Jacke"), ("chair", "Stuhl"), ("antique", "antikes")]  # fmt: skip
+    texts = [
+        "A man wearing an orange shirt and helmet.",
+        "Two soccer teams are on the field.",
+        "A brown dog about to catch a green Frisbee.",
+        "People are fixing the roof of a house.",
+        "A woman in an orange jacket sits on a bench.",
+        "A man in a vest is sitting in a chair and holding magazines.",
+        "Several men standing around an antique race car",
+    ]
+    greedy = pipeline.DecodingOptions(max_length_a=3, max_length_b=10)
+    sources = [source for source, _ in entries]
+    alone = engine.generate(engine.encode(sources), greedy)
+    rendering = dict(zip(sources, (engine.decode(h[0].ids) for h in alone), strict=True))
+
+    def translate(glossary: Terms | None) -> list[str]:
+        prepared = pipeline.prepare(
+            engine, texts, None, max_segment_characters=1000, terms=glossary
+        )
+        matched = prepared.matched if glossary else []
+        constraints = terms.constraints(engine, matched, rendering.__getitem__) or None
+        options = pipeline.DecodingOptions(beam_size=4)
+        nbest = engine.generate(prepared.sources, options, constraints=constraints)
+        return [r.texts[0] for r in pipeline.assemble(engine, prepared, nbest, 1)]
+
+    plain = translate(None)
+    for text, out in zip(texts, plain, strict=True):  # each term is in the plain translation
+        for source, target in entries:
+            assert not re.search(rf"\b{source}\b", text) or re.search(rf"\b{target}\b", out)
+    assert translate(Terms([Entry(*entry) for entry in entries])) == plain
 
 
 def test_the_file_cli_reads_a_glossary_file(shipped_bundle: Path, tmp_path: Path) -> None:
@@ -230,7 +276,7 @@ def test_the_file_cli_reads_a_glossary_file(shipped_bundle: Path, tmp_path: Path
     lines = ["A man is riding a bike.", "Two dogs play in the snow."]
     options = pipeline.DecodingOptions(beam_size=4, max_length_a=3, max_length_b=10)
     translate_lines(engine, lines, options, out=out, max_segment_characters=1000, glossary=glossary)
-    assert out.getvalue() == "Ein Mann fährt Rad.\nZwei Hunde spielen im Schnee.\n"
+    assert out.getvalue() == "Ein Mann fährt auf einem Rad.\nZwei Hunde spielen im Schnee.\n"
     bad = tmp_path / "bad.tsv"
     bad.write_text("snow\t雪\n", encoding="utf-8")
     with pytest.raises(ServiceError, match=r"entry 0 .* cannot spell"):
