@@ -49,6 +49,7 @@ _WORD = re.compile(r"\S+")
 _RUN = re.compile(r"\w+")  # a word's piece between its punctuation ("park.[1]": park, 1)
 _LEXICAL = re.compile(r"\w")
 _CORE = re.compile(r"\w(?:.*\w)?", re.DOTALL)  # a word from its first letter or digit to its last
+_TOKEN = re.compile(r"\w+|[^\w\s]")  # placed_whole's tokens: a word, or a punctuation character
 
 
 # A link whose attention is below this is weak: a tag's span is read from its words' strong links
@@ -218,14 +219,14 @@ def sentence_alignment(
     )
 
 
-def placed_whole(
-    source: str, target: str, source_tokens: list[Span], target_tokens: list[Span]
-) -> SentenceAlignment:
-    """A sentence placed whole, without its word alignment: its first and last tokens, and its
-    first and last lexical ones, linked to its translation's. What markup reads of a sentence
-    that no element's edge or kept thing is inside (pipeline.Prepared.aligned): where it starts
-    and ends in the translation (after its final punctuation), and the translation's span for
-    an element around all of it (its words: the lexical links come first)."""
+def placed_whole(source: str, target: str) -> SentenceAlignment:
+    """A sentence placed whole, without its word alignment: its first and last tokens (a word,
+    or a punctuation character), and its first and last words, linked to its translation's.
+    What markup reads of a sentence that no element's edge or kept thing is inside
+    (pipeline.Prepared.aligned): where it starts and ends in the translation (after its final
+    punctuation), and the translation's span for an element around all of it (its words: the
+    lexical links come first)."""
+    source_tokens, target_tokens = _tokens(source), _tokens(target)
 
     def ends(text: str, tokens: list[Span]) -> list[int]:
         lexical = [i for i, span in enumerate(tokens) if _lexical(text, span)]
@@ -239,6 +240,11 @@ def placed_whole(
     return SentenceAlignment(
         source, target, source_tokens, target_tokens, pairs, [True] * len(pairs)
     )
+
+
+def _tokens(text: str) -> list[Span]:
+    """A text's words and punctuation characters, as spans."""
+    return [match.span() for match in _TOKEN.finditer(text)]
 
 
 def _lexical(text: str, span: Span) -> bool:

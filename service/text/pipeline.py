@@ -471,27 +471,27 @@ def _text_alignment(
     """The word alignment of a text's best translation: each sentence's, placed where the
     sentence is in the text and in the translation (both keep the text's separators, and a
     hard-wrapped sentence's line breaks). A sentence whose alignment is not `read` may come
-    without one: it is placed whole (alignment.placed_whole)."""
+    without one: it is placed whole (alignment.placed_whole, by its words: no tokenizer)."""
+    whole = [
+        h.alignment is None and bool(h.ids) and not reads
+        for h, reads in zip(hypotheses, read, strict=True)
+    ]
+    read_out = [s for s, w in zip(layout.inputs, whole, strict=True) if not w]
+    source_spans = iter(model.source_spans(read_out))
     sentences = []
     source_at = target_at = len(layout.separators[0])
-    source_spans = model.source_spans(layout.inputs)
-    for source, target, hypothesis, spans, separator, reads in zip(
-        layout.segments,
-        translations,
-        hypotheses,
-        source_spans,
-        layout.separators[1:],
-        read,
-        strict=True,
+    for source, target, hypothesis, separator, placed in zip(
+        layout.segments, translations, hypotheses, layout.separators[1:], whole, strict=True
     ):
-        weights = hypothesis.alignment
-        target_spans = [
-            (target.position(a, starts=True), target.position(b))
-            for a, b in model.target_spans(hypothesis.ids)
-        ]
-        if weights is None and hypothesis.ids and not reads:
-            aligned = placed_whole(source, target.text, spans, target_spans)
+        if placed:
+            aligned = placed_whole(source, target.text)
         else:
+            spans = next(source_spans)
+            target_spans = [
+                (target.position(a, starts=True), target.position(b))
+                for a, b in model.target_spans(hypothesis.ids)
+            ]
+            weights = hypothesis.alignment
             if weights is None:  # a sentence of no tokens (nothing()), or a model without them
                 if hypothesis.ids:
                     raise ValueError("the hypotheses carry no alignment (a bundle exported before)")
