@@ -7,6 +7,7 @@ files made by LibreOffice open in it again."""
 
 from __future__ import annotations
 
+import copy
 import io
 import zipfile
 from collections import Counter
@@ -103,7 +104,7 @@ def test_paragraphs_are_units_with_spans_and_links_as_codes() -> None:
     assert "<p>A note\nabout the bike.</p>" in units
     # All words in spans: the longest is the paragraph's base, the other a code.
     assert "<p><c0>All in </c0>two spans.</p>" in units
-    assert "<p>Page <c0/> of the<c1/>story.</p>" in units
+    assert "<p>Page <c0/> of the <c1/>story.</p>" in units  # the tab parts "the" and "story"
     assert "<p>A comment stays.</p>" not in units
     assert units[-3:] == ["<p>The header.</p>", "<p>The footer.</p>", "A dog story"]
 
@@ -191,6 +192,23 @@ def test_a_package_of_another_kind_or_with_entities_is_refused() -> None:
         ODT.read(odf(ODT.media_type, bomb), Limits())
 
 
+def test_a_line_break_or_tab_parts_words_and_no_space_is_added_next_to_it() -> None:
+    """The model reads "runs through", not "runsthrough" (the unit has a space before the
+    break's code), and the written paragraph has no space next to the break or tab."""
+    body = (
+        "<office:body><office:text><text:p>A dog runs<text:line-break/>through the grass."
+        "<text:tab/>A cat sleeps.</text:p></office:text></office:body>"
+    )
+    source = odf(ODT.media_type, odf_document("document-content", body))
+    assert unit_texts(ODT, source) == [
+        "<p>A dog runs <c0/>through the grass. <c1/>A cat sleeps.</p>"
+    ]
+    (paragraph,) = xml(translate(ODT, source), "content.xml").iterfind(".//text:p", ODF_NAMESPACES)
+    assert etree.tostring(paragraph, encoding="unicode").split(">", 1)[1] == (
+        "A DOG RUNS<text:line-break/>THROUGH THE GRASS.<text:tab/>A CAT SLEEPS.</text:p>"
+    )
+
+
 def test_the_real_model_puts_a_span_on_the_translated_word(shipped_engine: Engine) -> None:
     out = translate(ODT, odt(), shipped_engine)
     span = xml(out, "content.xml").find(".//text:span[@text:style-name='B']", ODF_NAMESPACES)
@@ -264,6 +282,14 @@ def test_any_paragraphs_keep_their_elements_and_get_their_words_translated(
     after = xml(translate(ODT, source), "content.xml").findall(".//text:p", ODF_NAMESPACES)
     for old, new in zip(before, after, strict=True):
         assert elements(new) == elements(old)
-        assert " ".join("".join(new.itertext()).split()) == " ".join(
-            "".join(old.itertext()).upper().split()
-        )
+        assert words(new) == words(old).upper()
+
+
+def words(paragraph: etree._Element) -> str:
+    """Its words, one space apart (a tab or line break parts words as a space does)."""
+    paragraph = copy.deepcopy(paragraph)
+    for part in paragraph.iter(
+        *(f"{{{ODF_NAMESPACES['text']}}}{n}" for n in ("tab", "line-break"))
+    ):
+        part.text = " "
+    return " ".join("".join(paragraph.itertext()).split())

@@ -33,7 +33,15 @@ from typing import TypeAlias
 
 from lxml import etree
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import (
+    Code,
+    Extracted,
+    Limits,
+    Unit,
+    inline,
+    read_inline,
+    space_apart,
+)
 from service.documents.safe import (
     OLE_MAGIC,
     Archive,
@@ -196,7 +204,7 @@ class _Paragraph:
                 into = link.children
             if isinstance(piece, _Object):
                 if piece.separates:
-                    _apart(into)
+                    space_apart(into)
                 if (
                     not piece.separates
                     and into
@@ -314,18 +322,6 @@ def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Elem
             yield from _written(child, dialect)
         else:
             yield child
-
-
-def _apart(into: list[Code | str]) -> None:
-    """A space at the end of `into`, unless it ends with whitespace: what comes next (a line
-    break, a tab) parts the words on either side."""
-    if not into:
-        return
-    last = into[-1]
-    if isinstance(last, Code):
-        into.append(" ")
-    elif last and not last[-1].isspace():
-        into[-1] = last + " "
 
 
 def _plain_cell_text(element: etree._Element, dialect: _Dialect) -> None:
