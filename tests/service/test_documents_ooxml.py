@@ -401,7 +401,7 @@ LO_TEXT = """<office:automatic-styles>
 <table:table-cell office:value-type="string"><text:p>A woman is reading a book.</text:p></table:table-cell>
 <table:table-cell office:value-type="string"><text:p>Three people walk down the street.</text:p></table:table-cell>
 </table:table-row></table:table>
-<text:p>A dog runs<text:line-break/>through the<text:tab/>green grass.</text:p>
+<text:p>A dog runs<text:line-break/>through the<text:tab/>green grass.<text:tab/>A cat sleeps.</text:p>
 </office:text></office:body>"""  # noqa: E501
 LO_SLIDES = """<office:automatic-styles>
 <style:style style:name="B" style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>
@@ -503,7 +503,7 @@ def test_files_libreoffice_made_open_in_it_translated(
     )
     assert (len(target.paragraphs), len(target.tables)) == (len(source.paragraphs), 1)
     assert paragraphs(target) == plain_translations(paragraphs(source))
-    assert paragraphs(target)[2] == "A DOG RUNS\nTHROUGH THE\tGREEN GRASS."
+    assert paragraphs(target)[2] == "A DOG RUNS\nTHROUGH THE\tGREEN GRASS.\tA CAT SLEEPS."
     assert paragraphs(target)[-1] == "PAGE 1"  # the field's result as it was
     first, second = target.paragraphs[:2]
     assert [r.text for r in first.runs if r.bold] == ["BLUE"]
@@ -552,7 +552,7 @@ def test_files_libreoffice_made_open_in_it_translated(
         "A WOMAN IS READING A BOOK.",
         "THREE PEOPLE WALK DOWN THE STREET.",
         "A DOG RUNS",
-        "THROUGH THE\tGREEN GRASS.",
+        "THROUGH THE\tGREEN GRASS.\tA CAT SLEEPS.",
     ]
     sentences = ["".join((before, words, after)).upper() for before, _, words, after in SENTENCES]
     assert read["lib"].splitlines() == [*sentences, "A WOMAN IS READING A BOOK.", "1,234.5"]

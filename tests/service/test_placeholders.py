@@ -238,6 +238,9 @@ def test_the_shipped_model_keeps_the_issues_placeholders(engine: Engine) -> None
     assert out[2].count("{{name}}") == 1 and "Hunde" in out[2]
     assert out[3].startswith("Ein <0>Mann</0> ")
     assert out[4].count("`make test`") == 1
+    # A placeholder at a sentence's start stays there, after the sentence before's period.
+    two = "A dog runs through the grass. {x}A cat sleeps."
+    assert translate(engine, [two]) == ["Ein Hund rennt durch das Gras. {x}Eine Katze schläft."]
 
 
 async def test_the_api_switch_and_a_requests_own_patterns() -> None:
