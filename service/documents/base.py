@@ -121,6 +121,19 @@ def append_text(parent: etree._Element, text: str) -> None:
     last.tail = (last.tail or "") + text
 
 
+def space_apart(into: list[Code | str]) -> None:
+    """A space at the end of `into` unless it ends with whitespace, before the code of a line
+    break or tab: an empty code glues the words on either side ("runs<c0/>through" reads
+    "runsthrough"), and these part them. The writer takes the spaces next to them out again."""
+    if not into:
+        return
+    last = into[-1]
+    if isinstance(last, Code):
+        into.append(" ")
+    elif last and not last[-1].isspace():
+        into[-1] = last + " "
+
+
 def plain(children: Sequence[Code | str]) -> str:
     """The text of strings and codes, without the codes."""
     return "".join(c if isinstance(c, str) else plain(c.children) for c in children)

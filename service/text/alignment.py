@@ -36,6 +36,7 @@ letters ("<b>man</b><i>woman</i>") still reads the whole run.
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -185,10 +186,21 @@ class TextAlignment:
         return None
 
     def point(self, position: int) -> int:
-        """Where something at source character `position` goes: after the target of the last
-        linked source word that ends at or before it, or, with none before it, before the
-        target of the first one after it (piece by piece inside a word: `_Link.at`); at the
-        start of the text when nothing is linked."""
+        """Where something at source character `position` goes: at the start of a sentence
+        after the first, at the start of its translation; after a sentence that ends with
+        punctuation (and before the next), at the end of its translation, the punctuation
+        before it (the target of the word before would put it before the punctuation: "Gras
+        {x}. Eine" for "grass. {x}A"); else after the target of the last linked source word
+        that ends at or before it, or, with none before it, before the target of the first one
+        after it (piece by piece inside a word: `_Link.at`); at the start of the text when
+        nothing is linked."""
+        for k, (source_at, target_at, sentence) in enumerate(self.sentences):
+            if k and position == source_at:
+                return target_at
+            following = self.sentences[k + 1][0] if k + 1 < len(self.sentences) else math.inf
+            end = source_at + len(sentence.source)
+            if end <= position < following and not sentence.source[-1:].isalnum():
+                return target_at + len(sentence.target)
         links = [link.at(position) for link in self._links]
         before = [s[1] for s, _ in links if s[1] <= position]
         if before:

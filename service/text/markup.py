@@ -1010,6 +1010,13 @@ def translatable(text: str) -> bool:
     return LETTER.search(without_items(text)) is not None
 
 
+def kept_spans(text: str, protection: Protection) -> list[tuple[int, int]]:
+    """Where in plain `text` are the units that never reach the model: its placeholders
+    (`protection`), URLs, e-mail addresses, @mentions and #hashtags; in order, none
+    overlapping."""
+    return [(span.start, span.end) for span in protection.find(text, _SPECIAL)]
+
+
 def without_items(text: str) -> str:
     """Plain `text` without what a document's blocks leave out of the model's text (URLs,
     e-mail addresses, @mentions, #hashtags): what language detection reads of it."""

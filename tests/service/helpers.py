@@ -187,6 +187,18 @@ class FakeModel:
         return [len(sources) for sources, _ in self.calls]
 
 
+class GarblingModel(FakeModel):
+    """FakeModel that garbles every character it reads, not only letters: digits and the
+    characters of placeholders (% $ { } < > / ` @ :) come back as capital letters, one for one
+    (the alignment stays each character's own). A placeholder that reached the model would not
+    come back as sent, whatever it is made of ("{0}" and "<1/>" too)."""
+
+    GARBLED = str.maketrans("0123456789%${}<>/`@:", "ABCDEFGHIJPSXYVWKQMN")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return super().decode(ids).translate(self.GARBLED)
+
+
 def _diagonal(source_length: int, extra: int) -> np.ndarray:
     """The fake's alignment: target token i on source token i, the k tildes on the last."""
     rows = [min(i, source_length - 2) for i in range(source_length - 1 + extra)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -284,6 +285,30 @@ def test_span_covers_the_linked_words_and_point_follows_the_word_before() -> Non
     assert text.point(4 + 6) == 6 + 13  # after "blue": after "blau"
     assert text.point(4 + 12) == 6 + 8  # after "shirt": after "Hemd"
     assert text.point(0) == 6 + 0  # before everything: before the first word's target
+
+
+def test_point_between_two_sentences_is_between_their_translations() -> None:
+    """Not before the earlier one's period, which links to nothing: something at the later
+    sentence's start goes at its translation's start, something after the earlier one's
+    period after the earlier translation's."""
+
+    def sentence(source: str, target: str) -> SentenceAlignment:
+        words = [(m.start(), m.end()) for m in re.finditer(r"\w+|\.", source)]
+        targets = [(m.start(), m.end()) for m in re.finditer(r"\w+|\.", target)]
+        pairs = [(i, i) for i in range(len(words) - 1)]  # the period: unlinked
+        return SentenceAlignment(source, target, words, targets, pairs, [True] * len(pairs))
+
+    # "A dog runs. A cat sleeps." -> "Ein Hund rennt. Eine Katze schläft."
+    text = TextAlignment(
+        [
+            (0, 0, sentence("A dog runs.", "Ein Hund rennt.")),
+            (12, 16, sentence("A cat sleeps.", "Eine Katze schläft.")),
+        ]
+    )
+    assert text.point(12) == 16  # "runs. {x}A cat": "rennt. {x}Eine Katze"
+    assert text.point(11) == 15  # "runs.{x} A cat": "rennt.{x} Eine Katze"
+    assert text.point(10) == 14  # "runs{x}.": after "rennt", as before
+    assert text.point(25) == 35  # after the last period: at the end
 
 
 def test_token_words_read_each_tokens_first_character_past_its_word_boundary() -> None:

@@ -1,16 +1,22 @@
 """Constrained beam search (service/inference/constraints.py) on random log-prob tables: a
 sentence without terms is searched exactly as without them, one with terms gets each exactly
-once."""
+once; and over the shipped model, a glossary that matches nothing in a sentence leaves its
+search as it was."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.bundle.decoding import Constraints, DecodingOptions, Hypothesis
+from service.glossaries import Entry
 from service.inference.constraints import Bank
+from service.inference.engine import Engine
 from service.inference.search import FloatArray, IntArray, search
+from service.text import pipeline, terms
+from service.text.terms import Terms
 from tests.service.test_decoding import BOS, EOS, NumpyState, RandomModel, top_k
 
 
@@ -160,3 +166,41 @@ def test_a_term_counts_in_its_other_spellings() -> None:
     assert chosen == [0, 2, 3]
     # Without the spelling, beam 0 may not end, and 7 8 is the term (its first).
     assert plain.choose(0, 2, scores, beams, ids, histories.__getitem__) == [1, 2]
+
+
+def test_the_shipped_model_searches_sentences_no_term_matches_as_without_a_glossary(
+    shipped_engine: Engine,
+) -> None:
+    """Over the real engine, beam 4, two hypotheses: a glossary none of whose terms is in a
+    sentence leaves its search as it was, whether no sentence of the batch has a term (the
+    texts are prepared as without a glossary) or another sentence of the same batch has one
+    (its rows are searched with constraints, the others' with none)."""
+    texts = [
+        "Two dogs play in the snow.",
+        "A man is riding a bike down the street.",
+        "A woman reads a book in the park.",
+    ]
+    options = DecodingOptions(beam_size=4, num_hypotheses=2, max_decoding_length=40)
+
+    def search(glossary: Terms | None) -> list[list[tuple[list[int], float]]]:
+        prepared = pipeline.prepare(
+            shipped_engine, texts, None, max_segment_characters=1000, terms=glossary
+        )
+        # The model's own words for a term are avoided in its sentence only: none here.
+        constraints = None
+        if glossary is not None:
+            constraints = terms.constraints(shipped_engine, prepared.matched, lambda term: "")
+        found = shipped_engine.generate(
+            prepared.sources, prepared.decoding(options), constraints=constraints
+        )
+        return [[(h.ids, h.score) for h in hypotheses] for hypotheses in found]
+
+    plain = search(None)
+    unmatched = search(Terms([Entry("cat", "Katze"), Entry("mountain bike", "Mountainbike")]))
+    assert unmatched == plain
+    one = search(Terms([Entry("bike", "Rad")]))
+    rad = shipped_engine.target_ids(["Rad"])[0]
+    assert rad is not None and count(one[1][0][0], tuple(rad)) == 1
+    for without, with_ in ((plain[0], one[0]), (plain[2], one[2])):
+        assert [ids for ids, _ in with_] == [ids for ids, _ in without]
+        assert [score for _, score in with_] == pytest.approx([s for _, s in without], abs=1e-5)

@@ -19,6 +19,7 @@ from service.documents.formats.localization import PoFormat, XliffFormat
 from service.documents.safe import DocumentError
 from service.inference.engine import Engine
 from tests.service.document_helpers import translate, unit_texts
+from tests.service.helpers import GarblingModel
 
 PO, XLIFF = PoFormat(), XliffFormat()
 
@@ -67,6 +68,15 @@ def test_po_units_hide_placeholders_from_the_model() -> None:
         "<p>Line one <c5/> line two</p>",
         "<p><c6/> found</p>",
     ]
+
+
+def test_a_template_placeholder_is_one_code_with_its_dollar() -> None:
+    """`${user}` whole: its `$` reached the model as a word, and `{user}` was a code of its
+    own (placed apart from it: "${user}dogs" came back "$DOGS{user}")."""
+    sent = b'msgid ""\nmsgstr ""\n\nmsgid "Hello ${user}, two dogs run."\nmsgstr ""\n'
+    assert unit_texts(PO, sent) == ["<p>Hello <c0/>, two dogs run.</p>"]
+    (entry,) = polib.pofile(translate(PO, sent, GarblingModel()).decode())
+    assert entry.msgstr == "HELLO ${user}, TWO DOGS RUN."
 
 
 def test_po_entries_are_translated_marked_fuzzy_and_plurals_filled() -> None:

@@ -175,3 +175,16 @@ def test_any_document_round_trips(blocks: list[str], newline: str) -> None:
 
 def squeezed(text: str) -> str:
     return re.sub(r"\s+", " ", text)
+
+
+def test_placeholders_urls_and_addresses_are_codes_written_as_read() -> None:
+    """Never escaped when written: `<0>` came back as `\\<0>`, `{user_name}` as
+    `{user\\_name}` and a URL's or address's `_` as `\\_` (the markup stage kept them from the
+    model, but the writer escaped them as text)."""
+    sent = b"Hello {user_name}, see <0>the dogs</0> at https://x.org/a_b or mail a_b@x.org.\n"
+    assert unit_texts(MD, sent) == [
+        "<p>Hello <c0/>, see <c1/>the dogs<c2/> at <c3/> or mail <c4/>.</p>"
+    ]
+    assert translate(MD, sent) == (
+        b"HELLO {user_name}, SEE <0>THE DOGS</0> AT https://x.org/a_b OR MAIL a_b@x.org.\n"
+    )

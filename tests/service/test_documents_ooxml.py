@@ -7,6 +7,8 @@ places it on, and every part that holds no text is byte for byte the source's.""
 from __future__ import annotations
 
 import asyncio
+import csv
+import datetime
 import io
 import subprocess
 import sys
@@ -28,6 +30,17 @@ from lxml import etree
 from service.documents.base import Limits, read_inline
 from service.documents.formats import ooxml
 from service.http.app import create_app
+from service.inference.engine import Engine
+from tests.service.document_helpers import (
+    ODF_NAMESPACES,
+    SOFFICE,
+    flat_odf,
+    libreoffice,
+    needs_libreoffice,
+    plain_translations,
+    translate,
+    unit_texts,
+)
 from tests.service.helpers import fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -152,7 +165,7 @@ async def test_the_file_cli_writes_what_the_api_answers(
     assert refused.returncode == 2 and "PDF" in refused.stderr
 
 
-async def test_pptx_slides_and_speaker_notes(client: httpx.AsyncClient) -> None:
+def make_pptx() -> bytes:
     presentation = pptx.Presentation()
     slide = presentation.slides.add_slide(presentation.slide_layouts[1])
     slide.shapes.title.text = "A dog catches a ball."
@@ -164,7 +177,11 @@ async def test_pptx_slides_and_speaker_notes(client: httpx.AsyncClient) -> None:
     slide.notes_slide.notes_text_frame.text = "A man sits on a bench."
     out = io.BytesIO()
     presentation.save(out)
-    sent = out.getvalue()
+    return out.getvalue()
+
+
+async def test_pptx_slides_and_speaker_notes(client: httpx.AsyncClient) -> None:
+    sent = make_pptx()
     result = await translate_file(client, "talk.pptx", sent)
     translated = pptx.Presentation(io.BytesIO(result)).slides[0]
     texts = [translated.shapes.title.text, translated.placeholders[1].text_frame.text]
@@ -184,16 +201,20 @@ async def test_pptx_slides_and_speaker_notes(client: httpx.AsyncClient) -> None:
     unchanged_parts(sent, result, {"ppt/slides/slide1.xml", "ppt/notesSlides/notesSlide1.xml"})
 
 
-async def test_xlsx_strings_are_translated_and_numbers_dates_formulas_kept(
-    client: httpx.AsyncClient,
-) -> None:
+def make_xlsx() -> bytes:
     book = openpyxl.Workbook()
     sheet = book.active
     sheet.append(["A dog runs.", 3.5, "=B1*2"])
     sheet.append(["Two men talk.", "2024-01-01"])
     out = io.BytesIO()
     book.save(out)
-    sent = out.getvalue()
+    return out.getvalue()
+
+
+async def test_xlsx_strings_are_translated_and_numbers_dates_formulas_kept(
+    client: httpx.AsyncClient,
+) -> None:
+    sent = make_xlsx()
     result = await translate_file(client, "table.xlsx", sent)
     rows = [[c.value for c in row] for row in openpyxl.load_workbook(io.BytesIO(result)).active]
     one, two = await plain(client, ["A dog runs.", "Two men talk."])
@@ -231,7 +252,8 @@ def test_docx_fields_links_tabs_text_boxes_are_codes_and_come_back() -> None:
             z.writestr(info, body)
     read = ooxml.DOCX.read(sent.getvalue(), Limits())
     units = [u.text for u in read.units]
-    assert "<p>See <c0><c1>the page</c1></c0><c2/> now <c3/> please.</p>" in units
+    # The tab parts "page" from "now": a space before it, for the model.
+    assert "<p>See <c0><c1>the page</c1></c0> <c2/> now <c3/> please.</p>" in units
     assert "<p>Boxed text.</p>" in units
     upper = [etree.tostring(_upper(etree.fromstring(u)), encoding="unicode") for u in units]
     out = zipfile.ZipFile(io.BytesIO(read.write(upper))).read("word/document.xml")
@@ -315,3 +337,277 @@ def test_written_back_as_read_every_character_keeps_its_formatting(
 
     source = docx.Document(io.BytesIO(out.getvalue()))
     assert [characters(p) for p in written.paragraphs] == [characters(p) for p in source.paragraphs]
+
+
+def test_a_line_break_or_tab_parts_words_and_no_space_is_added_next_to_it() -> None:
+    """A docx break and tab, a pptx break: the model reads the words on either side apart
+    ("runs through", not "runsthrough": the unit has a space before the code), and the written
+    paragraph has no space next to them that the source had not."""
+    document = docx.Document()
+    run = document.add_paragraph().add_run("A dog runs")
+    run.add_break()
+    run.add_text("through the grass.")
+    run.add_tab()
+    run.add_text("A cat sleeps.")
+    out = io.BytesIO()
+    document.save(out)
+    sent = out.getvalue()
+    assert unit_texts(ooxml.DOCX, sent) == [
+        "<p>A dog runs <c0/>through the grass. <c1/>A cat sleeps.</p>"
+    ]
+    (paragraph,) = docx.Document(io.BytesIO(translate(ooxml.DOCX, sent))).paragraphs
+    assert paragraph.text == "A DOG RUNS\nTHROUGH THE GRASS.\tA CAT SLEEPS."
+    presentation = pptx.Presentation()
+    slide = presentation.slides.add_slide(presentation.slide_layouts[1])
+    slide.shapes.title.text = "A dog runs\vthrough the grass."  # python-pptx: an a:br
+    out = io.BytesIO()
+    presentation.save(out)
+    assert unit_texts(ooxml.PPTX, out.getvalue()) == ["<p>A dog runs <c0/>through the grass.</p>"]
+    translated = pptx.Presentation(io.BytesIO(translate(ooxml.PPTX, out.getvalue())))
+    assert translated.slides[0].shapes.title.text == "A DOG RUNS\vTHROUGH THE GRASS."
+
+
+def test_a_cells_lines_stay_lines() -> None:
+    """A cell's line break is a character of its string (Excel's Alt+Enter; LibreOffice writes
+    a cell of two paragraphs so): it parts the words and comes back, not a space."""
+    book = openpyxl.Workbook()
+    book.active.append(["Two dogs run.\nA cat sleeps.", "A dog\r\nsleeps."])
+    out = io.BytesIO()
+    book.save(out)
+    result = openpyxl.load_workbook(io.BytesIO(translate(ooxml.XLSX, out.getvalue())))
+    assert [c.value for c in result.active[1]] == [
+        "TWO DOGS RUN.\nA CAT SLEEPS.",
+        "A DOG\r\nSLEEPS.",
+    ]
+
+
+# --- Files LibreOffice made, translated, opened in LibreOffice ----------------------------------
+
+# Flat OpenDocument that LibreOffice converts to docx, pptx and xlsx: bold, italic and linked
+# runs, a table, a header, a footer with a page number field, a footnote, a line break and a
+# tab; slides with a title, a linked and a bold run, a line break and speaker notes; cells with
+# text (one of two lines, one with a bold run), a number, a date and formulas.
+LO_TEXT = """<office:automatic-styles>
+<style:style style:name="B" style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>
+<style:style style:name="I" style:family="text"><style:text-properties fo:font-style="italic"/></style:style>
+<style:page-layout style:name="pm1"><style:header-style/><style:footer-style/></style:page-layout>
+</office:automatic-styles><office:master-styles><style:master-page style:name="Standard" style:page-layout-name="pm1">
+<style:header><text:p>A boy jumps into the water.</text:p></style:header>
+<style:footer><text:p>Page <text:page-number text:select-page="current">1</text:page-number></text:p></style:footer>
+</style:master-page></office:master-styles><office:body><office:text>
+<text:p>A man in a <text:span text:style-name="B">blue</text:span> shirt rides a <text:a xlink:type="simple" xlink:href="http://example.com/bike">red bike</text:a>.<text:note text:id="n1" text:note-class="footnote"><text:note-citation>1</text:note-citation><text:note-body><text:p>A note about the bike.</text:p></text:note-body></text:note></text:p>
+<text:p>Two <text:span text:style-name="I">young girls</text:span> are playing in the park.</text:p>
+<table:table table:name="T"><table:table-column table:number-columns-repeated="2"/><table:table-row>
+<table:table-cell office:value-type="string"><text:p>A woman is reading a book.</text:p></table:table-cell>
+<table:table-cell office:value-type="string"><text:p>Three people walk down the street.</text:p></table:table-cell>
+</table:table-row></table:table>
+<text:p>A dog runs<text:line-break/>through the<text:tab/>green grass.<text:tab/>A cat sleeps.</text:p>
+</office:text></office:body>"""  # noqa: E501
+LO_SLIDES = """<office:automatic-styles>
+<style:style style:name="B" style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>
+</office:automatic-styles><office:body><office:presentation>
+<draw:page draw:name="p1">
+<draw:frame svg:x="2cm" svg:y="1cm" svg:width="20cm" svg:height="3cm"><draw:text-box><text:p>A dog catches a ball.</text:p></draw:text-box></draw:frame>
+<draw:frame svg:x="2cm" svg:y="5cm" svg:width="20cm" svg:height="9cm"><draw:text-box><text:p>Two <text:span text:style-name="B">young girls</text:span> are playing in the <text:a xlink:href="http://example.com/park">park</text:a>.</text:p></draw:text-box></draw:frame>
+<presentation:notes><draw:frame svg:x="2cm" svg:y="14cm" svg:width="17cm" svg:height="9cm"><draw:text-box><text:p>What the speaker says.</text:p></draw:text-box></draw:frame></presentation:notes>
+</draw:page><draw:page draw:name="p2">
+<draw:frame svg:x="2cm" svg:y="1cm" svg:width="20cm" svg:height="3cm"><draw:text-box><text:p>A dog runs<text:line-break/>through the grass.</text:p></draw:text-box></draw:frame>
+</draw:page></office:presentation></office:body>"""  # noqa: E501
+LO_SHEET = """<office:automatic-styles>
+<number:date-style style:name="N1"><number:year number:style="long"/><number:text>-</number:text><number:month number:style="long"/><number:text>-</number:text><number:day number:style="long"/></number:date-style>
+<style:style style:name="D" style:family="table-cell" style:data-style-name="N1"/>
+<style:style style:name="B" style:family="text"><style:text-properties fo:font-weight="bold"/></style:style>
+</office:automatic-styles><office:body><office:spreadsheet><table:table table:name="Dogs">
+<table:table-row>
+<table:table-cell office:value-type="string"><text:p>Two dogs run.</text:p><text:p>A cat sleeps.</text:p></table:table-cell>
+<table:table-cell office:value-type="float" office:value="3.5"><text:p>3.5</text:p></table:table-cell>
+<table:table-cell table:style-name="D" office:value-type="date" office:date-value="2026-11-28"><text:p>2026-11-28</text:p></table:table-cell>
+<table:table-cell table:formula="of:=[.B1]*2" office:value-type="float" office:value="7"><text:p>7</text:p></table:table-cell>
+</table:table-row><table:table-row>
+<table:table-cell office:value-type="string"><text:p>A <text:span text:style-name="B">big</text:span> dog sleeps.</text:p></table:table-cell>
+<table:table-cell table:formula="of:=LOWER(&quot;A DOG&quot;)" office:value-type="string" office:string-value="a dog"><text:p>a dog</text:p></table:table-cell>
+</table:table-row></table:table></office:spreadsheet></office:body>"""  # noqa: E501
+LO_MADE = {
+    "docx": ("fodt", "application/vnd.oasis.opendocument.text", LO_TEXT),
+    "pptx": ("fodp", "application/vnd.oasis.opendocument.presentation", LO_SLIDES),
+    "xlsx": ("fods", "application/vnd.oasis.opendocument.spreadsheet", LO_SHEET),
+}
+FORMATS = {"docx": ooxml.DOCX, "pptx": ooxml.PPTX, "xlsx": ooxml.XLSX}
+
+
+@pytest.fixture(scope="module")
+def libreoffice_made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """docx, pptx and xlsx that LibreOffice wrote (from the flat OpenDocument above)."""
+    if SOFFICE is None:
+        pytest.skip("LibreOffice (soffice) is not installed")
+    directory = tmp_path_factory.mktemp("libreoffice")
+    for kind, (flat, media_type, body) in LO_MADE.items():
+        (directory / f"made.{flat}").write_text(flat_odf(media_type, body))
+        libreoffice(directory / "profile", directory, "--convert-to", kind, f"made.{flat}")
+    return {kind: (directory / f"made.{kind}").read_bytes() for kind in LO_MADE}
+
+
+def paragraphs(document: Any) -> list[str]:
+    """A docx's paragraphs' texts: the body's, its tables', the first section's header and
+    footer."""
+    cells = [c.text for table in document.tables for row in table.rows for c in row.cells]
+    section = document.sections[0]
+    edges = [p.text for p in (*section.header.paragraphs, *section.footer.paragraphs)]
+    return [*(p.text for p in document.paragraphs), *cells, *edges]
+
+
+def shapes(presentation: Any) -> list[list[str]]:
+    """Each slide's paragraphs' texts, its notes' last (python-pptx makes notes for a slide
+    whose notes it is asked for: only when it has them)."""
+    return [
+        [
+            p.text
+            for shape in (
+                *slide.shapes,
+                *(slide.notes_slide.shapes if slide.has_notes_slide else ()),
+            )
+            if shape.has_text_frame
+            for p in shape.text_frame.paragraphs
+        ]
+        for slide in presentation.slides
+    ]
+
+
+def cells(data: bytes) -> list[list[Any]]:
+    return [[c.value for c in row] for row in openpyxl.load_workbook(io.BytesIO(data)).active]
+
+
+def part_texts(data: bytes, name: str) -> list[str]:
+    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(data)).read(name))
+    return ["".join(p.itertext()) for p in root.iter(f"{{{W}}}p")]
+
+
+@needs_libreoffice
+def test_files_libreoffice_made_open_in_it_translated(
+    libreoffice_made: dict[str, bytes], tmp_path: Path
+) -> None:
+    """docx, pptx and xlsx that LibreOffice wrote, and the same made by python-docx,
+    python-pptx and openpyxl, translated (FakeModel): the same structure, each paragraph the
+    plain translation of its text, each formatted run one run with its formatting on the same
+    words, fields, numbers, dates and formulas as they were (the sheets' parts byte for byte);
+    and LibreOffice opens every translation (one call per kind) and reads the translated
+    text."""
+    made = libreoffice_made
+    out = {f"lo.{kind}": translate(FORMATS[kind], data) for kind, data in made.items()}
+    library = {"docx": make_docx(), "pptx": make_pptx(), "xlsx": make_xlsx()}
+    out |= {f"lib.{kind}": translate(FORMATS[kind], data) for kind, data in library.items()}
+
+    source, target = (
+        docx.Document(io.BytesIO(made["docx"])),
+        docx.Document(io.BytesIO(out["lo.docx"])),
+    )
+    assert (len(target.paragraphs), len(target.tables)) == (len(source.paragraphs), 1)
+    assert paragraphs(target) == plain_translations(paragraphs(source))
+    assert paragraphs(target)[2] == "A DOG RUNS\nTHROUGH THE\tGREEN GRASS.\tA CAT SLEEPS."
+    assert paragraphs(target)[-1] == "PAGE 1"  # the field's result as it was
+    first, second = target.paragraphs[:2]
+    assert [r.text for r in first.runs if r.bold] == ["BLUE"]
+    assert [r.text for r in second.runs if r.italic] == ["YOUNG GIRLS"]
+    assert [(h.text, h.address) for h in first.hyperlinks] == [
+        ("RED BIKE", "http://example.com/bike")
+    ]
+    assert part_texts(out["lo.docx"], "word/footnotes.xml")[-1] == "A NOTE ABOUT THE BIKE."
+    changed = {f"word/{name}.xml" for name in ("document", "header1", "footer1", "footnotes")}
+    unchanged_parts(made["docx"], out["lo.docx"], changed)
+
+    slides = pptx.Presentation(io.BytesIO(out["lo.pptx"]))
+    before = shapes(pptx.Presentation(io.BytesIO(made["pptx"])))
+    assert shapes(slides) == [plain_translations(texts) for texts in before]
+    assert shapes(slides)[0][-1] == "WHAT THE SPEAKER SAYS."  # the notes
+    assert shapes(slides)[1] == ["A DOG RUNS\vTHROUGH THE GRASS."]
+    runs = slides.slides[0].shapes[1].text_frame.paragraphs[0].runs
+    assert [r.text for r in runs if r.font.bold] == ["YOUNG GIRLS"]
+    assert [(r.text, r.hyperlink.address) for r in runs if r.hyperlink.address] == [
+        ("PARK", "http://example.com/park")
+    ]
+    unchanged_parts(
+        made["pptx"],
+        out["lo.pptx"],
+        {"ppt/slides/slide1.xml", "ppt/slides/slide2.xml", "ppt/notesSlides/notesSlide1.xml"},
+    )
+
+    assert cells(out["lo.xlsx"]) == [
+        ["TWO DOGS RUN.\nA CAT SLEEPS.", 3.5, datetime.datetime(2026, 11, 28), "=B1*2"],
+        ["A BIG DOG SLEEPS.", '=LOWER("A DOG")', None, None],
+    ]
+    rich = openpyxl.load_workbook(io.BytesIO(out["lo.xlsx"]), rich_text=True).active["A2"].value
+    assert [block.text for block in rich if block.font.b] == ["BIG"]
+    unchanged_parts(made["xlsx"], out["lo.xlsx"], {"xl/sharedStrings.xml"})
+
+    for name, data in out.items():
+        (tmp_path / name).write_bytes(data)
+    profile = tmp_path / "profile"
+    libreoffice(profile, tmp_path, "--convert-to", "txt:Text", "lo.docx", "lib.docx")
+    libreoffice(profile, tmp_path, "--convert-to", "csv", "lo.xlsx", "lib.xlsx")
+    libreoffice(profile, tmp_path, "--convert-to", "fodp", "lo.pptx", "lib.pptx")
+    read = {n: (tmp_path / f"{n}.txt").read_text(encoding="utf-8-sig") for n in ("lo", "lib")}
+    assert read["lo"].splitlines() == [
+        "A MAN IN A BLUE SHIRT RIDES A RED BIKE.1",  # the footnote's number
+        "TWO YOUNG GIRLS ARE PLAYING IN THE PARK.",
+        "A WOMAN IS READING A BOOK.",
+        "THREE PEOPLE WALK DOWN THE STREET.",
+        "A DOG RUNS",
+        "THROUGH THE\tGREEN GRASS.\tA CAT SLEEPS.",
+    ]
+    sentences = ["".join((before, words, after)).upper() for before, _, words, after in SENTENCES]
+    assert read["lib"].splitlines() == [*sentences, "A WOMAN IS READING A BOOK.", "1,234.5"]
+    with (tmp_path / "lo.csv").open(newline="") as sheet:
+        assert list(csv.reader(sheet)) == [
+            ["TWO DOGS RUN.\nA CAT SLEEPS.", "3.5", "2026-11-28", "7"],
+            ["A BIG DOG SLEEPS.", "a dog", "", ""],
+        ]
+    with (tmp_path / "lib.csv").open(newline="") as sheet:
+        assert list(csv.reader(sheet)) == [
+            ["A DOG RUNS.", "3.5", "7"],
+            ["TWO MEN TALK.", "2024-01-01", ""],
+        ]
+    for name in ("lo", "lib"):
+        root = etree.parse(str(tmp_path / f"{name}.fodp")).getroot()
+        written = {"".join(p.itertext()) for p in root.iter(f"{{{ODF_NAMESPACES['text']}}}p")}
+        expected = shapes(pptx.Presentation(io.BytesIO(out[f"{name}.pptx"])))
+        assert {t.replace("\v", "") for texts in expected for t in texts} <= written, (
+            name,
+            written,
+        )
+
+
+def test_libreoffice_made_files_get_each_paragraphs_plain_translation(
+    libreoffice_made: dict[str, bytes], shipped_engine: Engine
+) -> None:
+    """The shipped model: each paragraph of LibreOffice's docx, pptx and xlsx is translated as
+    its text alone is (a line break or tab read as a space; the footer, whose page number is a
+    field, aside), and each bold, italic or linked run is on words of it."""
+    out = {
+        kind: translate(FORMATS[kind], data, shipped_engine)
+        for kind, data in libreoffice_made.items()
+    }
+
+    def same(before: list[str], after: list[str]) -> None:
+        expected = plain_translations([" ".join(t.split()) for t in before], shipped_engine)
+        assert [" ".join(t.split()) for t in after] == expected
+
+    def on_words(runs: list[str], paragraph: str) -> None:
+        assert len(runs) == 1 and runs[0].strip() and runs[0] in paragraph, (runs, paragraph)
+
+    source = docx.Document(io.BytesIO(libreoffice_made["docx"]))
+    target = docx.Document(io.BytesIO(out["docx"]))
+    same(paragraphs(source)[:-1], paragraphs(target)[:-1])
+    first, second = target.paragraphs[:2]
+    on_words([r.text for r in first.runs if r.bold], first.text)
+    on_words([r.text for r in second.runs if r.italic], second.text)
+    on_words([h.text for h in first.hyperlinks], first.text)
+    before = shapes(pptx.Presentation(io.BytesIO(libreoffice_made["pptx"])))
+    slides = pptx.Presentation(io.BytesIO(out["pptx"]))
+    same([t for texts in before for t in texts], [t for texts in shapes(slides) for t in texts])
+    body = slides.slides[0].shapes[1].text_frame.paragraphs[0]
+    on_words([r.text for r in body.runs if r.font.bold], body.text)
+    on_words([r.text for r in body.runs if r.hyperlink.address], body.text)
+    strings = [row[0] for row in cells(libreoffice_made["xlsx"])]
+    same(strings, [row[0] for row in cells(out["xlsx"])])
+    rich = openpyxl.load_workbook(io.BytesIO(out["xlsx"]), rich_text=True).active["A2"].value
+    on_words([block.text for block in rich if block.font.b], str(rich))

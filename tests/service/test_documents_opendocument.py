@@ -7,9 +7,8 @@ files made by LibreOffice open in it again."""
 
 from __future__ import annotations
 
+import copy
 import io
-import shutil
-import subprocess
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -23,27 +22,16 @@ from service.documents.base import Limits
 from service.documents.formats.opendocument import ODP, ODS, ODT
 from service.documents.safe import DocumentError
 from service.inference.engine import Engine
-from tests.service.document_helpers import identity, translate, unit_texts
-
-NAMESPACES = {
-    "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
-    "text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0",
-    "table": "urn:oasis:names:tc:opendocument:xmlns:table:1.0",
-    "style": "urn:oasis:names:tc:opendocument:xmlns:style:1.0",
-    "draw": "urn:oasis:names:tc:opendocument:xmlns:drawing:1.0",
-    "presentation": "urn:oasis:names:tc:opendocument:xmlns:presentation:1.0",
-    "xlink": "http://www.w3.org/1999/xlink",
-    "dc": "http://purl.org/dc/elements/1.1/",
-    "svg": "urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0",
-}
-DECLARED = " ".join(f'xmlns:{prefix}="{uri}"' for prefix, uri in NAMESPACES.items())
-
-
-def document(root: str, body: str) -> str:
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<office:{root} {DECLARED} office:version="1.3">'
-        f"{body}</office:{root}>"
-    )
+from tests.service.document_helpers import (
+    ODF_NAMESPACES,
+    flat_odf,
+    identity,
+    libreoffice,
+    needs_libreoffice,
+    odf_document,
+    translate,
+    unit_texts,
+)
 
 
 def odf(media_type: str, content: str, styles: str = "", meta: str = "") -> bytes:
@@ -53,9 +41,11 @@ def odf(media_type: str, content: str, styles: str = "", meta: str = "") -> byte
         package.writestr("mimetype", media_type, compress_type=zipfile.ZIP_STORED)
         package.writestr("content.xml", content, compress_type=zipfile.ZIP_DEFLATED)
         package.writestr(
-            "styles.xml", styles or document("document-styles", ""), zipfile.ZIP_DEFLATED
+            "styles.xml", styles or odf_document("document-styles", ""), zipfile.ZIP_DEFLATED
         )
-        package.writestr("meta.xml", meta or document("document-meta", ""), zipfile.ZIP_DEFLATED)
+        package.writestr(
+            "meta.xml", meta or odf_document("document-meta", ""), zipfile.ZIP_DEFLATED
+        )
         package.writestr("Pictures/dog.png", b"\x89PNG not really", zipfile.ZIP_DEFLATED)
         package.writestr("META-INF/manifest.xml", "<manifest/>", zipfile.ZIP_DEFLATED)
     return out.getvalue()
@@ -86,9 +76,9 @@ TEXT_META = (
 def odt() -> bytes:
     return odf(
         ODT.media_type,
-        document("document-content", TEXT_BODY),
-        document("document-styles", TEXT_STYLES),
-        document("document-meta", TEXT_META),
+        odf_document("document-content", TEXT_BODY),
+        odf_document("document-styles", TEXT_STYLES),
+        odf_document("document-meta", TEXT_META),
     )
 
 
@@ -102,7 +92,7 @@ def xml(data: bytes, name: str) -> etree._Element:
 
 
 def texts(root: etree._Element) -> list[str]:
-    return ["".join(p.itertext()) for p in root.iterfind(".//text:p", NAMESPACES)]
+    return ["".join(p.itertext()) for p in root.iterfind(".//text:p", ODF_NAMESPACES)]
 
 
 def test_paragraphs_are_units_with_spans_and_links_as_codes() -> None:
@@ -114,7 +104,7 @@ def test_paragraphs_are_units_with_spans_and_links_as_codes() -> None:
     assert "<p>A note\nabout the bike.</p>" in units
     # All words in spans: the longest is the paragraph's base, the other a code.
     assert "<p><c0>All in </c0>two spans.</p>" in units
-    assert "<p>Page <c0/> of the<c1/>story.</p>" in units
+    assert "<p>Page <c0/> of the <c1/>story.</p>" in units  # the tab parts "the" and "story"
     assert "<p>A comment stays.</p>" not in units
     assert units[-3:] == ["<p>The header.</p>", "<p>The footer.</p>", "A dog story"]
 
@@ -139,26 +129,26 @@ def test_an_odt_is_translated_where_it_has_text_and_nowhere_else() -> None:
     assert paragraphs[0] == "A MAN IN A BLUE SHIRT RIDES A RED BIKE.1A NOTE ABOUT THE BIKE."
     assert paragraphs[-2:] == ["A comment stays.COMMENTED TEXT.", "A comment stays."]
     assert "A CELL." in paragraphs and "TEXT IN A BOX." in paragraphs
-    span = content.find(".//text:span[@text:style-name='B']", NAMESPACES)
+    span = content.find(".//text:span[@text:style-name='B']", ODF_NAMESPACES)
     assert span.text == "BLUE"
-    link = content.find(".//text:a", NAMESPACES)
-    assert (link.text, link.get(f"{{{NAMESPACES['xlink']}}}href")) == (
+    link = content.find(".//text:a", ODF_NAMESPACES)
+    assert (link.text, link.get(f"{{{ODF_NAMESPACES['xlink']}}}href")) == (
         "RED BIKE",
         "http://example.com/bike",
     )
-    assert content.find(".//text:page-number", NAMESPACES).text == "3"  # a field: as it was
-    spans = content.findall(".//text:p/text:span", NAMESPACES)
+    assert content.find(".//text:page-number", ODF_NAMESPACES).text == "3"  # a field: as it was
+    spans = content.findall(".//text:p/text:span", ODF_NAMESPACES)
     # The base span takes the words outside the other codes (the space between them stays
     # outside both).
-    assert [(s.get(f"{{{NAMESPACES['text']}}}style-name"), s.text) for s in spans][-2:] == [
+    assert [(s.get(f"{{{ODF_NAMESPACES['text']}}}style-name"), s.text) for s in spans][-2:] == [
         ("T2", "ALL IN"),
         ("T3", "TWO SPANS."),
     ]
     assert "ALL IN TWO SPANS." in paragraphs
     assert texts(xml(out, "styles.xml")) == ["THE HEADER.", "THE FOOTER."]
     meta = xml(out, "meta.xml")
-    assert meta.findtext(".//dc:title", namespaces=NAMESPACES) == "A DOG STORY"
-    assert meta.findtext(".//dc:creator", namespaces=NAMESPACES) == "Ann"
+    assert meta.findtext(".//dc:title", namespaces=ODF_NAMESPACES) == "A DOG STORY"
+    assert meta.findtext(".//dc:creator", namespaces=ODF_NAMESPACES) == "Ann"
 
 
 SHEET_BODY = """<office:body><office:spreadsheet><table:table table:name="Sheet1">
@@ -172,7 +162,7 @@ SHEET_BODY = """<office:body><office:spreadsheet><table:table table:name="Sheet1
 
 
 def test_only_string_cells_of_a_spreadsheet_are_translated() -> None:
-    source = odf(ODS.media_type, document("document-content", SHEET_BODY))
+    source = odf(ODS.media_type, odf_document("document-content", SHEET_BODY))
     out = texts(xml(translate(ODS, source), "content.xml"))
     # A formula's cell is a string the formula computes: its text is the formula's, not ours.
     assert out == ["TWO DOGS", "3.5", "Nov 28", "a dog", "NO TYPE"]
@@ -185,7 +175,7 @@ SLIDES_BODY = """<office:body><office:presentation><draw:page draw:name="p1">
 
 
 def test_slides_and_their_speaker_notes_are_translated() -> None:
-    source = odf(ODP.media_type, document("document-content", SLIDES_BODY))
+    source = odf(ODP.media_type, odf_document("document-content", SLIDES_BODY))
     assert texts(xml(translate(ODP, source), "content.xml")) == [
         "A SLIDE TITLE",
         "WHAT THE SPEAKER SAYS.",
@@ -194,44 +184,45 @@ def test_slides_and_their_speaker_notes_are_translated() -> None:
 
 def test_a_package_of_another_kind_or_with_entities_is_refused() -> None:
     with pytest.raises(DocumentError, match="mimetype entry is not"):
-        ODT.read(odf(ODS.media_type, document("document-content", SHEET_BODY)), Limits())
-    assert ODS.sniff(odf(ODS.media_type, document("document-content", SHEET_BODY)))
-    assert not ODT.sniff(odf(ODS.media_type, document("document-content", SHEET_BODY)))
+        ODT.read(odf(ODS.media_type, odf_document("document-content", SHEET_BODY)), Limits())
+    assert ODS.sniff(odf(ODS.media_type, odf_document("document-content", SHEET_BODY)))
+    assert not ODT.sniff(odf(ODS.media_type, odf_document("document-content", SHEET_BODY)))
     bomb = '<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>'
     with pytest.raises(DocumentError, match="entities"):
         ODT.read(odf(ODT.media_type, bomb), Limits())
 
 
-def test_the_real_model_puts_a_span_on_the_translated_word(shipped_engine: Engine) -> None:
-    out = translate(ODT, odt(), shipped_engine)
-    span = xml(out, "content.xml").find(".//text:span[@text:style-name='B']", NAMESPACES)
-    assert span.text.startswith("blau"), span.text
-
-
-SOFFICE = shutil.which("soffice")
-
-
-def libreoffice(profile: Path, directory: Path, *args: str) -> None:
-    """soffice --headless with its own profile, in `directory`."""
-    command = [str(SOFFICE), "--headless", f"-env:UserInstallation=file://{profile}", *args]
-    subprocess.run(command, cwd=directory, check=True, capture_output=True, timeout=120)
-
-
-def flat(kind: str, body: str) -> str:
-    """A flat (single XML file) OpenDocument, as LibreOffice reads .fodt and .fods."""
-    return document("document", body).replace(
-        "<office:document ", f'<office:document office:mimetype="{kind}" '
+def test_a_line_break_or_tab_parts_words_and_no_space_is_added_next_to_it() -> None:
+    """The model reads "runs through", not "runsthrough" (the unit has a space before the
+    break's code), and the written paragraph has no space next to the break or tab."""
+    body = (
+        "<office:body><office:text><text:p>A dog runs<text:line-break/>through the grass."
+        "<text:tab/>A cat sleeps.</text:p></office:text></office:body>"
+    )
+    source = odf(ODT.media_type, odf_document("document-content", body))
+    assert unit_texts(ODT, source) == [
+        "<p>A dog runs <c0/>through the grass. <c1/>A cat sleeps.</p>"
+    ]
+    (paragraph,) = xml(translate(ODT, source), "content.xml").iterfind(".//text:p", ODF_NAMESPACES)
+    assert etree.tostring(paragraph, encoding="unicode").split(">", 1)[1] == (
+        "A DOG RUNS<text:line-break/>THROUGH THE GRASS.<text:tab/>A CAT SLEEPS.</text:p>"
     )
 
 
-@pytest.mark.skipif(SOFFICE is None, reason="LibreOffice (soffice) is not installed")
+def test_the_real_model_puts_a_span_on_the_translated_word(shipped_engine: Engine) -> None:
+    out = translate(ODT, odt(), shipped_engine)
+    span = xml(out, "content.xml").find(".//text:span[@text:style-name='B']", ODF_NAMESPACES)
+    assert span.text.startswith("blau"), span.text
+
+
+@needs_libreoffice
 def test_files_libreoffice_made_open_in_it_translated(tmp_path: Path) -> None:
     """LibreOffice writes an odt, an ods and an odp from flat XML; each is translated, and
     LibreOffice converts the translations to text, CSV and flat XML: they open, with the
     translated words."""
-    (tmp_path / "doc.fodt").write_text(flat(ODT.media_type, TEXT_BODY))
-    (tmp_path / "sheet.fods").write_text(flat(ODS.media_type, SHEET_BODY))
-    (tmp_path / "slides.fodp").write_text(flat(ODP.media_type, SLIDES_BODY))
+    (tmp_path / "doc.fodt").write_text(flat_odf(ODT.media_type, TEXT_BODY))
+    (tmp_path / "sheet.fods").write_text(flat_odf(ODS.media_type, SHEET_BODY))
+    (tmp_path / "slides.fodp").write_text(flat_odf(ODP.media_type, SLIDES_BODY))
     profile, out = tmp_path / "profile", tmp_path / "out"
     libreoffice(profile, tmp_path, "--convert-to", "odt", "doc.fodt")
     libreoffice(profile, tmp_path, "--convert-to", "ods", "sheet.fods")
@@ -282,15 +273,23 @@ def test_any_paragraphs_keep_their_elements_and_get_their_words_translated(
     body = "".join(f"<text:p>{p}</text:p>" for p in paragraphs)
     source = odf(
         ODT.media_type,
-        document(
+        odf_document(
             "document-content", f"<office:body><office:text>{body}</office:text></office:body>"
         ),
     )
     assert parts(identity(ODT, source)) == parts(source)
-    before = xml(source, "content.xml").findall(".//text:p", NAMESPACES)
-    after = xml(translate(ODT, source), "content.xml").findall(".//text:p", NAMESPACES)
+    before = xml(source, "content.xml").findall(".//text:p", ODF_NAMESPACES)
+    after = xml(translate(ODT, source), "content.xml").findall(".//text:p", ODF_NAMESPACES)
     for old, new in zip(before, after, strict=True):
         assert elements(new) == elements(old)
-        assert " ".join("".join(new.itertext()).split()) == " ".join(
-            "".join(old.itertext()).upper().split()
-        )
+        assert words(new) == words(old).upper()
+
+
+def words(paragraph: etree._Element) -> str:
+    """Its words, one space apart (a tab or line break parts words as a space does)."""
+    paragraph = copy.deepcopy(paragraph)
+    for part in paragraph.iter(
+        *(f"{{{ODF_NAMESPACES['text']}}}{n}" for n in ("tab", "line-break"))
+    ):
+        part.text = " "
+    return " ".join("".join(paragraph.itertext()).split())

@@ -5,24 +5,33 @@ times as sent, where the alignment puts them."""
 from __future__ import annotations
 
 import html
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
+import docx
 import httpx
+import polib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.bundle.decoding import DecodingOptions
+from service.documents.formats.localization import PoFormat
+from service.documents.formats.markdown import MarkdownFormat
+from service.documents.formats.ooxml import DOCX
+from service.documents.formats.subtitles import SrtFormat
 from service.errors import ServiceError
 from service.http.app import create_app
 from service.inference.engine import Engine
 from service.text import markup, pipeline
 from service.text.placeholders import Protection
-from tests.service.helpers import FakeModel, fast_settings, running
+from tests.service import document_helpers
+from tests.service.helpers import FakeModel, GarblingModel, fast_settings, running
 
 pytestmark = pytest.mark.anyio
 PROTECTION = Protection()
+PO, MARKDOWN, SRT = PoFormat(), MarkdownFormat(), SrtFormat()
 
 
 def found(text: str, protection: Protection = PROTECTION) -> list[str]:
@@ -71,23 +80,26 @@ def translate(
 
 
 PLACEHOLDERS = st.sampled_from(
-    ["%s", "%1$s", "%(name)s", "{0}", "{name}", "{{user}}", "${var}", "<1/>", "`a b`",
-     "{n, plural, one {# x} other {# y}}", " https://x.org/p ", " a@b.com "]
+    ["%s", "%1$s", "%(name)s", "{0}", "{name}", "{{user}}", "${var}", "<0>", "</0>", "<1/>",
+     "`a b`", "{n, plural, one {# x} other {# y}}", " https://x.org/p ", " a@b.com "]
 )  # fmt: skip
 WORDS = st.sampled_from(["dogs", "run", "in", "the", "snow", ".", ",", "!"])
+# Placeholders and words in any order, glued or apart. (A URL or e-mail address has spaces
+# around it: glued to a word it is none, and what follows it glued would be read as part of it.)
+SENTENCES = st.lists(
+    st.tuples(st.one_of(PLACEHOLDERS, WORDS), st.sampled_from([" ", "", "  "]))
+).map(lambda parts: "".join(part + gap for part, gap in parts))
+# GarblingModel: every character the model reads comes back changed, digits and brackets too;
+# each aligned to itself. Tokens are characters: a long sentence is within its limit.
+GARBLING = GarblingModel(max_input_tokens=5000)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.one_of(PLACEHOLDERS, WORDS), st.sampled_from([" ", "", "  "]))))
-def test_any_placeholders_anywhere_come_back_byte_for_byte_as_many_times(
-    parts: list[tuple[str, str]],
-) -> None:
-    """The fake upper-cases what the model reads and aligns each character to itself: every
-    placeholder comes back as sent, in its order, and nothing else of it reached the model.
-    (A URL or e-mail address has spaces around it: glued to a word it is none, and what
-    follows it glued would be read as part of it.)"""
-    text = "".join(part + gap for part, gap in parts)
-    (out,) = translate(FakeModel(), [text])
+@given(SENTENCES)
+def test_any_placeholders_anywhere_come_back_byte_for_byte_as_many_times(text: str) -> None:
+    """Every placeholder comes back as sent, in its order, and nothing else of it reached the
+    model (which would have garbled it)."""
+    (out,) = translate(GARBLING, [text])
     assert_kept(text, out)
     assert _words(out) == _words(text).upper()
 
@@ -97,8 +109,8 @@ def test_any_placeholders_anywhere_come_back_byte_for_byte_as_many_times(
 def test_placeholders_in_html_text_come_back_too(parts: list[tuple[str, str]]) -> None:
     """In an HTML paragraph with an inline element, as in plain text (numbered tags aside:
     in HTML they are text the parser escapes, and elements are the tags)."""
-    text = "".join(part + gap for part, gap in parts if part != "<1/>")
-    (out,) = translate(FakeModel(), [f"<p>{text} <b>dogs</b></p>"], "html")
+    text = "".join(part + gap for part, gap in parts if part not in ("<0>", "</0>", "<1/>"))
+    (out,) = translate(GARBLING, [f"<p>{text} <b>dogs</b></p>"], "html")
     assert out.startswith("<p>") and out.endswith("<b>DOGS</b></p>")
     assert_kept(text, html.unescape(out))
 
@@ -126,6 +138,68 @@ def _words(text: str) -> str:
         done = span.end
     kept.append(text[done:])
     return "".join("".join(kept).split())
+
+
+# --- Through documents: each format's own reading and writing around the same pipeline ----------
+
+
+def assert_translated(text: str, out: str) -> None:
+    """`out` holds `text`'s placeholders as assert_kept says, and its words as the model gave
+    them."""
+    assert_kept(text, out)
+    assert _words(out) == _words(text).upper(), out
+
+
+@settings(max_examples=25, deadline=None)
+@given(SENTENCES)
+def test_placeholders_in_a_docx_paragraph_come_back_too(text: str) -> None:
+    """In the text of a docx paragraph's run, with a bold run after it."""
+    document = docx.Document()
+    document.add_paragraph(text).add_run(" dogs").bold = True
+    sent = io.BytesIO()
+    document.save(sent)
+    out = document_helpers.translate(DOCX, sent.getvalue(), GARBLING)
+    (paragraph,) = docx.Document(io.BytesIO(out)).paragraphs
+    assert_translated(text + " dogs", paragraph.text)
+    # The bold words (a sentence's last punctuation is outside a run that ends it, as it is
+    # outside an HTML element: "<c0>run.</c0> dogs" is "<c0>RUN</c0>. DOGS").
+    bold = "".join(run.text for run in paragraph.runs if run.bold)
+    assert bold.strip(" .,!") == "DOGS", bold
+
+
+@settings(max_examples=25, deadline=None)
+@given(SENTENCES)
+def test_placeholders_in_a_markdown_paragraph_come_back_too(text: str) -> None:
+    sent = f"# Dogs\n\n{text} *dogs*\n"
+    out = document_helpers.translate(MARKDOWN, sent.encode(), GARBLING).decode()
+    heading, paragraph = out.split("\n\n")
+    assert heading == "# DOGS" and paragraph.endswith("*DOGS*\n")
+    assert_translated(text, paragraph.removesuffix("*DOGS*\n"))
+
+
+PO_HEADER = 'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+
+
+@settings(max_examples=25, deadline=None)
+@given(SENTENCES.filter(str.strip))
+def test_placeholders_in_a_po_entry_come_back_too(text: str) -> None:
+    """In a msgid's translation (an entry with nothing but placeholders and punctuation is
+    left untranslated: its msgstr stays empty)."""
+    sent = f'{PO_HEADER}msgid "{text}"\nmsgstr ""\n'
+    out = document_helpers.translate(PO, sent.encode(), GARBLING).decode()
+    (entry,) = polib.pofile(out)
+    if entry.msgstr or any(c.isalpha() for c in _words(text)):
+        assert_translated(text, entry.msgstr)
+
+
+@settings(max_examples=25, deadline=None)
+@given(SENTENCES.filter(str.strip))
+def test_placeholders_in_a_subtitle_come_back_too(text: str) -> None:
+    sent = f"1\n00:00:01,000 --> 00:00:02,000\n{text}\n\n"
+    out = document_helpers.translate(SRT, sent.encode(), GARBLING).decode()
+    number, timing, cue = out.split("\n", 2)
+    assert (number, timing) == ("1", "00:00:01,000 --> 00:00:02,000")
+    assert_translated(text, cue)
 
 
 def test_numbered_tags_wrap_the_words_and_alternatives_keep_them_too() -> None:
@@ -164,6 +238,9 @@ def test_the_shipped_model_keeps_the_issues_placeholders(engine: Engine) -> None
     assert out[2].count("{{name}}") == 1 and "Hunde" in out[2]
     assert out[3].startswith("Ein <0>Mann</0> ")
     assert out[4].count("`make test`") == 1
+    # A placeholder at a sentence's start stays there, after the sentence before's period.
+    two = "A dog runs through the grass. {x}A cat sleeps."
+    assert translate(engine, [two]) == ["Ein Hund rennt durch das Gras. {x}Eine Katze schläft."]
 
 
 async def test_the_api_switch_and_a_requests_own_patterns() -> None:

@@ -7,8 +7,9 @@ and `mrk`) wrap the target words of their source words; the others (`x`, `bx`, `
 source position aligns to, written back as copies of the source element (attributes, native
 code and all). Placeholders in the text of every format are empty codes too, so the model
 never reads them and they come back byte for byte: printf's (`%s`, `%d`, `%1$s`, `%-5.2f`,
-`%@`, `%%`), Python's (`%(name)s`, `{0}`, `{name}`, `{name!r:>10}`) and ICU's
-(`{count, plural, one {# file} other {# files}}`, kept whole, its inner messages untranslated).
+`%@`, `%%`), Python's (`%(name)s`, `{0}`, `{name}`, `{name!r:>10}`), templates' (`${name}`)
+and ICU's (`{count, plural, one {# file} other {# files}}`, kept whole, its inner messages
+untranslated).
 A line break is an empty code as well.
 
 Marks. XLIFF 1.2: the new `<target>` has state="needs-review-translation" and
@@ -58,9 +59,9 @@ _PRINTF = re.compile(
     r"%(?:%|\(\w+\)[-#0+ ]*\d*(?:\.\d+)?[a-zA-Z]"
     r"|(?:\d+\$)?[-#0+']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@])"
 )
-# A brace placeholder starts {name, {0, {name!r, {name:fmt, {name, plural ...: its end is found
-# by counting braces. "{{" is Python's escaped brace, text.
-_BRACE = re.compile(r"(?<!\{)\{(?=[\w.]+\s*[}!:,])")
+# A brace placeholder starts {name, {0, {name!r, {name:fmt, {name, plural ..., or ${name (a
+# template's): its end is found by counting braces. "{{" is Python's escaped brace, text.
+_BRACE = re.compile(r"(?<!\{)\$?\{(?=[\w.]+\s*[}!:,])")
 _NEWLINE = "\n"
 
 
@@ -149,7 +150,9 @@ def _placeholders(text: str) -> list[tuple[int, int]]:
     spans += [(m.start(), m.end()) for m in re.finditer(_NEWLINE, text)]
     closes = _closing_braces(text)
     spans += [
-        (m.start(), closes[m.start()] + 1) for m in _BRACE.finditer(text) if m.start() in closes
+        (m.start(), closes[m.end() - 1] + 1)  # from its $, if any, to its brace's end
+        for m in _BRACE.finditer(text)
+        if m.end() - 1 in closes
     ]
     spans.sort()
     kept: list[tuple[int, int]] = []

@@ -11,17 +11,20 @@ what a code stands for is the source's own bytes. markdown-it-py renders HTML on
 issue's "a parser that can render back to Markdown" is mdformat, which reformats the whole
 file: lists renumbered, emphasis markers and line wrapping normalised), hence the splice.
 
-In a paragraph: emphasis, strong emphasis and strikethrough are codes written with the
-source's delimiters (`*`, `__`, `~~`); an inline link `[text](target "title")` or full
-reference link `[text][label]` is a code around its text, its target part kept as written; a
-shortcut or collapsed reference link (`[label]`, `[label][]`), whose text is its label, an
-image, an autolink, inline code, inline HTML and a hard line break are empty codes kept as
-written. Escapes and entities are characters while translated; in a changed paragraph the
-characters Markdown reads as syntax (\\ ` * _ [ ] < |, a leading # > - + or 1., an & that
-would start an entity) are escaped again. A paragraph's soft line breaks become spaces: its
-translation is one line (after its block quote and list markers, which its first line keeps).
-Not translated: image alt text, a table cell holding an escaped pipe (\\|), a paragraph whose
-lines the parser read with tabs expanded (found nowhere as written).
+In a paragraph: emphasis, strong emphasis and strikethrough are codes written with the source's
+delimiters (`*`, `__`, `~~`); an inline link `[text](target "title")` or full reference link
+`[text][label]` is a code around its text, its target part kept as written; a shortcut or
+collapsed reference link (`[label]`, `[label][]`), whose text is its label, an image, an
+autolink, inline code, inline HTML and a hard line break are empty codes kept as written, and
+so are the placeholders, URLs and e-mail addresses of its text (what the markup stage keeps
+from the model anyway: service/text/placeholders.py), which are thus never escaped when written
+(`<0>` stays `<0>`, `{user_name}` keeps its `_`). Escapes and entities are characters while
+translated; in a changed paragraph the characters Markdown reads as syntax (\\ ` * _ [ ] < |, a
+leading # > - + or 1., an & that would start an entity) are escaped again. A paragraph's soft
+line breaks become spaces: its translation is one line (after its block quote and list markers,
+which its first line keeps). Not translated: image alt text, a table cell holding an escaped
+pipe (\\|), a paragraph whose lines the parser read with tabs expanded (found nowhere as
+written).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from markdown_it.token import Token
 
 from service.documents.base import Code, Extracted, Limits, Unit, inline, plain, read_inline
 from service.documents.formats.plain import Decoded, decode, text_head
-from service.text.markup import translatable
+from service.text.markup import kept_spans, translatable
+from service.text.placeholders import Protection
 
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)?")
 # YAML (---) or TOML (+++) front matter: the file's first lines, to the same fence.
@@ -55,6 +59,7 @@ _LEADING_SYNTAX = re.compile(r"^([#>+-]|\d+[.)])(?=\s|$)")
 # text file: decode refuses it).
 _SPACED_START, _SPACED_END = "\x00[", "\x00]"
 _POSITION = "position"  # an inline token's meta key: its (start, end) in its block's content
+_PROTECTION = Protection()  # the built-in placeholders, as a document's translation keeps them
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,30 @@ class _Reader:
                 children.append(" ")
             elif position is not None:  # code, HTML, an image
                 self.code(_Kept(raw(position[0], position[1])), children)
-        return root.children
+        return self.protected(root.children)
+
+    def protected(self, children: list[Code | str]) -> list[Code | str]:
+        """`children` with each placeholder, URL and e-mail address of their text (its tokens
+        joined) an empty code kept as read."""
+        joined: list[Code | str] = []
+        for child in children:
+            if isinstance(child, str) and joined and isinstance(joined[-1], str):
+                joined[-1] += child
+            else:
+                joined.append(child)
+        out: list[Code | str] = []
+        for child in joined:
+            if isinstance(child, Code):
+                child.children = self.protected(child.children)
+                out.append(child)
+                continue
+            at = 0
+            for start, end in kept_spans(child, _PROTECTION):
+                out.append(child[at:start])
+                self.code(_Kept(child[start:end]), out)
+                at = end
+            out.append(child[at:])
+        return [child for child in out if child != ""]
 
     def code(self, entry: _Wrap | _Kept, into: list[Code | str]) -> Code:
         self.table.append(entry)

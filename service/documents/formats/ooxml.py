@@ -16,18 +16,32 @@ code, kept as it was and put back where the alignment places it; at the paragrap
 it stays outside the unit, where it is. Writing a paragraph back, each stretch of the translation
 becomes a run with its code's properties (text outside codes: the base), in a copy of the
 hyperlink it sat in.
+
+Line breaks and tabs part words: a docx `w:br`, `w:cr`, `w:tab` or `w:ptab`, a pptx `a:br`, and a
+line break or tab character in a text (how a spreadsheet cell holds its lines) are such empty
+codes, with a space before them in the unit so that the model reads "runs<br/>through" as two
+words, not "runsthrough"; the writer takes the spaces next to them out again.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from lxml import etree
 
-from service.documents.base import Code, Extracted, Limits, Unit, inline, read_inline
+from service.documents.base import (
+    Code,
+    Extracted,
+    Limits,
+    Unit,
+    inline,
+    read_inline,
+    space_apart,
+)
 from service.documents.safe import (
     OLE_MAGIC,
     Archive,
@@ -45,6 +59,8 @@ _TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 _OFFICE = "application/vnd.openxmlformats-officedocument."
 _WORKSHEET = _OFFICE + "spreadsheetml.worksheet+xml"
 CONTENT_TYPES = "[Content_Types].xml"
+# Characters of a text that part its words as a line break or tab element does.
+_BREAKS = re.compile(r"\r\n|[\n\r\t\v]")
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,8 @@ class _Dialect:
     ignored_properties: frozenset[str] = frozenset()
     ignored_attributes: frozenset[str] = frozenset()
     text_in_paragraph: bool = False  # xlsx's `<si><t>` without a run
+    # Elements (in a run, or in the paragraph: pptx's `a:br`) that part words: breaks, tabs.
+    separators: frozenset[str] = frozenset()
 
     def q(self, name: str) -> str:
         return f"{{{self.ns}}}{name}"
@@ -72,6 +90,7 @@ _WORD = _Dialect(
     (),
     "hyperlink",
     ignored_properties=frozenset({f"{{{W}}}lang", f"{{{W}}}noProof", f"{{{W}}}rPrChange"}),
+    separators=frozenset(f"{{{W}}}{name}" for name in ("br", "cr", "tab", "ptab")),
 )
 _DRAWING = _Dialect(
     A,
@@ -80,6 +99,7 @@ _DRAWING = _Dialect(
     ("endParaRPr",),
     None,
     ignored_attributes=frozenset({"lang", "altLang", "dirty", "err", "noProof", "smtClean"}),
+    separators=frozenset({f"{{{A}}}br"}),
 )
 _CELLS = _Dialect(S, ("si", "is"), (), ("rPh", "phoneticPr"), None, text_in_paragraph=True)
 
@@ -117,7 +137,13 @@ _Thing: TypeAlias = etree._Element | _Loose
 @dataclass
 class _Kept:
     things: list[_Thing]
+    separates: bool = False  # a line break or tab: no space next to it when written
     placed: bool = False
+
+    def nodes(self) -> Iterator[etree._Element]:
+        """Its elements and all they hold, as written (a loose item without its run)."""
+        for thing in self.things:
+            yield from (thing.item if isinstance(thing, _Loose) else thing).iter()
 
 
 _Entry: TypeAlias = _Run | _Link | _Kept
@@ -134,6 +160,7 @@ class _Text:
 class _Object:
     things: list[_Thing]
     link: etree._Element | None
+    separates: bool = False  # a line break or tab: the words on either side are apart
 
 
 _Piece: TypeAlias = _Text | _Object
@@ -176,13 +203,20 @@ class _Paragraph:
                     last = (None, None)
                 into = link.children
             if isinstance(piece, _Object):
-                if into and isinstance(into[-1], Code) and self._kept(into[-1]):
+                if piece.separates:
+                    space_apart(into)
+                if (
+                    not piece.separates
+                    and into
+                    and isinstance(into[-1], Code)
+                    and self._kept(into[-1])
+                ):
                     entry = self.table[into[-1].index]
                     assert isinstance(entry, _Kept)
                     entry.things.extend(piece.things)
                 else:
                     into.append(Code(len(self.table)))
-                    self.table.append(_Kept(list(piece.things)))
+                    self.table.append(_Kept(list(piece.things), piece.separates))
                 last = (None, None)
                 continue
             key = _key(piece.properties, self.dialect)
@@ -215,6 +249,7 @@ class _Paragraph:
                 self._place(entry, element)
         for kept in self.last:
             element.append(self._thing(kept))
+        self._tighten(element)
         if self.dialect.text_in_paragraph:
             _plain_cell_text(element, self.dialect)
 
@@ -249,6 +284,44 @@ class _Paragraph:
 
     def _thing(self, thing: _Thing) -> etree._Element:
         return thing.element(self.dialect) if isinstance(thing, _Loose) else thing
+
+    def _tighten(self, element: etree._Element) -> None:
+        """No space next to a line break or tab (the unit had one there for the model)."""
+        # Elements, not ids: the set keeps lxml's proxies alive, so each node keeps its own.
+        stops = {
+            node
+            for entry in self.table
+            if isinstance(entry, _Kept) and entry.separates
+            for node in entry.nodes()
+        }
+        if not stops:
+            return
+        t = self.dialect.q("t")
+        before: etree._Element | None = None  # the text just before, nothing between
+        after = False  # a stop just before, nothing between
+        for node in _written(element, self.dialect):
+            if node in stops:
+                if before is not None:
+                    before.text = (before.text or "").rstrip(" ")
+                before, after = None, True
+            elif node.tag == t:
+                if after:
+                    node.text = (node.text or "").lstrip(" ")
+                before, after = node, False
+            else:
+                before, after = None, False
+
+
+def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Element]:
+    """A written paragraph's runs' items and its other children, in order (a hyperlink's
+    too)."""
+    for child in element:
+        if child.tag == dialect.q("r"):
+            yield from (item for item in child if item.tag != dialect.q("rPr"))
+        elif dialect.hyperlink is not None and child.tag == dialect.q(dialect.hyperlink):
+            yield from _written(child, dialect)
+        else:
+            yield child
 
 
 def _plain_cell_text(element: etree._Element, dialect: _Dialect) -> None:
@@ -346,9 +419,9 @@ class _Reader:
     def _pieces(self, child: etree._Element, link: etree._Element | None) -> list[_Piece]:
         d = self.dialect
         if d.text_in_paragraph and child.tag == d.q("t"):
-            return [_Text(child.text or "", None, link)]
+            return self._text(child.text or "", None, link)
         if child.tag != d.q("r"):
-            return [_Object([child], link)]
+            return [_Object([child], link, child.tag in d.separators)]
         properties = child.find(d.q("rPr"))
         items: list[tuple[etree._Element, bool]] = []  # each item, and whether it is text
         for item in child:
@@ -362,13 +435,36 @@ class _Reader:
                 continue  # Word's note of where a page broke last: wrong once translated
             items.append((item, item.tag == d.q("t") and not self.field_depth))
         if not any(is_text for _, is_text in items):
-            return [_Object([child], link)]  # the run as it is, with its own attributes
-        return [
-            _Text(item.text or "", properties, link)
-            if is_text
-            else _Object([_Loose(item, properties)], link)
-            for item, is_text in items
-        ]
+            # The run as it is, with its own attributes.
+            return [_Object([child], link, any(i.tag in d.separators for i, _ in items))]
+        pieces: list[_Piece] = []
+        for item, is_text in items:
+            if is_text:
+                pieces.extend(self._text(item.text or "", properties, link))
+            else:
+                separates = item.tag in d.separators
+                pieces.append(_Object([_Loose(item, properties)], link, separates))
+        return pieces
+
+    def _text(
+        self, text: str, properties: etree._Element | None, link: etree._Element | None
+    ) -> list[_Piece]:
+        """A text's pieces: its words, and each line break or tab character in it an object
+        of its own (markup would read it as a space)."""
+        pieces: list[_Piece] = []
+        done = 0
+        for match in _BREAKS.finditer(text):
+            if match.start() > done:
+                pieces.append(_Text(text[done : match.start()], properties, link))
+            item = etree.Element(self.dialect.q("t"))
+            item.text = match.group()
+            if self.dialect is not _DRAWING:
+                item.set(_XML_SPACE, "preserve")
+            pieces.append(_Object([_Loose(item, properties)], link, separates=True))
+            done = match.end()
+        if done < len(text) or not pieces:
+            pieces.append(_Text(text[done:], properties, link))
+        return pieces
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ itself, moved, so what it holds (a footnote's paragraphs, a text box's) is trans
 paragraphs of its own. A paragraph whose words all lie in spans (LibreOffice writes direct
 formatting so) is read with its longest span as the paragraph's base: the span's text is the
 paragraph's, and in the translation every stretch outside the other codes goes back into a
-copy of that span; else each span would be translated alone.
+copy of that span; else each span would be translated alone. A line break or tab parts the
+words on either side: its code has a space before it in the unit (the model reads
+"runs<line-break/>through" as two words), and the spaces next to it are taken out when written.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from service.documents.base import (
     inline,
     plain,
     read_inline,
+    space_apart,
 )
 from service.documents.safe import Archive, DocumentError, serialize_xml
 from service.text.markup import translatable
@@ -49,6 +52,7 @@ _STYLE = "urn:oasis:names:tc:opendocument:xmlns:style:1.0"
 _DC = "http://purl.org/dc/elements/1.1/"
 _PARAGRAPHS = (f"{{{_TEXT}}}p", f"{{{_TEXT}}}h")
 _WRAPS = frozenset({f"{{{_TEXT}}}span", f"{{{_TEXT}}}a"})
+_BREAKS = frozenset({f"{{{_TEXT}}}line-break", f"{{{_TEXT}}}tab"})  # they part words
 _ANNOTATION = f"{{{_OFFICE}}}annotation"
 _CELL = f"{{{_TABLE}}}table-cell"
 _COVERED_CELL = f"{{{_TABLE}}}covered-table-cell"
@@ -112,6 +116,8 @@ def _content(paragraph: _Paragraph, element: Any, into: list[Code | str], top: b
             into.append(code)
             _content(paragraph, child, code.children, top=False)
         else:
+            if child.tag in _BREAKS:
+                space_apart(into)
             paragraph.table.append(child)
             into.append(Code(len(paragraph.table) - 1))
         _text(child.tail, into)
@@ -128,6 +134,15 @@ def _write_paragraph(paragraph: _Paragraph, translation: str) -> None:
     for child in list(element):
         element.remove(child)
     _fill(paragraph, element, read_inline(translation), top=True)
+    for entry in paragraph.table:  # no space next to a line break or tab
+        if isinstance(entry, _Wrap) or entry.tag not in _BREAKS:
+            continue
+        before, parent = entry.getprevious(), entry.getparent()
+        if before is not None:
+            before.tail = (before.tail or "").rstrip(" ") or None
+        elif parent is not None:
+            parent.text = (parent.text or "").rstrip(" ") or None
+        entry.tail = (entry.tail or "").lstrip(" ") or None
 
 
 def _fill(paragraph: _Paragraph, parent: Any, children: Sequence[Code | str], top: bool) -> None:
