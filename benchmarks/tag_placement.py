@@ -72,6 +72,7 @@ __all__ = [
     "html_input",
     "main",
     "overlaps",
+    "parse_run",
     "pick_span",
     "read_tagged",
     "reference_spans",
@@ -380,6 +381,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.tag_placement", description=__doc__.split("\n")[0]
     )
+    p.add_argument("--flags", default="", help="more `python -m service.translate` flags")
+    return parse_run(p, argv)
+
+
+def parse_run(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`p`'s arguments, with those of a placement run added: the bundle, the sentences and
+    their spans, the beam, eflomal's extra text and the JSON report (document_placement's
+    too)."""
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument(
         "--split",
@@ -390,7 +399,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="the first N sentences only")
     p.add_argument("--seed", type=int, default=0, help="for the tagged spans")
     p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--flags", default="", help="more `python -m service.translate` flags")
     p.add_argument(
         "--extra-limit", type=int, default=None,
         help="the first N training pairs as eflomal's extra text (default all, 29,000)",

@@ -76,7 +76,10 @@ def test_docx_reader_sees_split_bold_links_and_inherited_formatting() -> None:
     plain = '<w:r><w:t xml:space="preserve">{}</w:t></w:r>'
     split, link, off = read_docx(
         _docx(
-            bold.format("Ein") + plain.format(" roter ") + bold.format("Ball") + plain.format(" rollt"),
+            bold.format("Ein")
+            + plain.format(" roter ")
+            + bold.format("Ball")
+            + plain.format(" rollt"),
             plain.format("Siehe ")
             + '<w:hyperlink r:id="rId99"><w:r><w:rPr><w:i/></w:rPr><w:t>die Seite</w:t></w:r>'
             "</w:hyperlink>",
@@ -154,16 +157,19 @@ def test_score_counts_exact_overlap_lost_split_and_same_text() -> None:
     ]
     plain = ["ein roter Ball", "ein roter  Ball", "ein Hund", "eine Katze", "eins drei zwei"]
     references = [(1, 2), (1, 3), (1, 2), None, (0, 2)]
-    result = score(paragraphs, read, plain, references)
+    html = [(1, 2), (1, 2), (1, 2), (0, 1), (0, 3)]
+    result = score(paragraphs, read, plain, references, html)
     scores = result["scores"]
     assert (scores["scored"], scores["exact"], scores["overlap"]) == (4, 1, 3)
     assert scores["no_prediction"] == 1
     assert (result["runs_lost"], result["runs_split"]) == (1, 1)
     assert result["same_text"] == 4  # whitespace collapsed; the last one's words differ
+    assert result["as_html"] == 2  # not the lost run, nor the words that are not the plain ones
     assert [m["paragraph"] for m in result["misses"]] == [1, 2, 4]
-    assert result["misses"][0]["output"] == "ein [ roter ] Ball"
-    assert result["misses"][0]["reference"] == "ein [ roter Ball ]"
+    assert result["misses"][0]["output"] == "ein [roter] Ball"
+    assert result["misses"][0]["reference"] == "ein [roter Ball]"
     assert result["misses"][1]["output"] == "ein Hund (run lost)"
+    assert result["misses"][2]["output"] == "[eins] zwei [drei]"
     assert result["misses"][2]["overlap"] and not result["misses"][2]["same_text"]
     with pytest.raises(ValueError, match="5 paragraphs sent, 4 read back"):
-        score(paragraphs, read[:4], plain, references)
+        score(paragraphs, read[:4], plain, references, html)
