@@ -80,6 +80,7 @@ from lxml import etree
 from markdown_it import MarkdownIt
 from pptx.util import Inches
 
+from benchmarks.document_bench import finished
 from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, multi30k_dir, read_words
 from benchmarks.servers import service
 from benchmarks.tag_placement import (
@@ -174,6 +175,18 @@ class Marks:
         return "".join(out) + ("]" if was else "")
 
 
+def _saved(document: Any) -> bytes:
+    """A python-docx or python-pptx document's file."""
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def _kinds(bold: bool | None, italic: bool | None, link: bool) -> set[str]:
+    """A run's KINDS from its library's properties (None: inherited, not set here)."""
+    return {kind for kind, on in zip(KINDS, (bold, italic, link), strict=True) if on}
+
+
 # --- docx (python-docx) ------------------------------------------------------------------------
 
 
@@ -199,9 +212,7 @@ def make_docx(paragraphs: Sequence[Formatted]) -> bytes:
                 run = paragraph.add_run(text)
                 if formatted:
                     setattr(run, item.kind, True)
-    out = io.BytesIO()
-    document.save(out)
-    return out.getvalue()
+    return _saved(document)
 
 
 def read_docx(data: bytes) -> list[Marks]:
@@ -211,9 +222,7 @@ def read_docx(data: bytes) -> list[Marks]:
         for item in paragraph.iter_inner_content():
             runs, link = (item.runs, True) if isinstance(item, Hyperlink) else ([item], False)
             for run in runs:
-                kinds = {"bold"} if run.bold else set()
-                kinds |= {"italic"} if run.italic else set()
-                marks.add(run.text, kinds | ({"link"} if link else set()))
+                marks.add(run.text, _kinds(run.bold, run.italic, link))
         paragraphs.append(marks)
     return paragraphs
 
@@ -236,9 +245,7 @@ def make_pptx(paragraphs: Sequence[Formatted]) -> bytes:
                     run.hyperlink.address = LINK.format(first + j)
                 elif formatted:
                     setattr(run.font, item.kind, True)
-    out = io.BytesIO()
-    presentation.save(out)
-    return out.getvalue()
+    return _saved(presentation)
 
 
 def read_pptx(data: bytes) -> list[Marks]:
@@ -250,10 +257,8 @@ def read_pptx(data: bytes) -> list[Marks]:
             for paragraph in shape.text_frame.paragraphs:
                 marks = Marks()
                 for run in paragraph.runs:
-                    kinds = {"bold"} if run.font.bold else set()
-                    kinds |= {"italic"} if run.font.italic else set()
-                    kinds |= {"link"} if run.hyperlink.address else set()
-                    marks.add(run.text, kinds)
+                    link = run.hyperlink.address is not None
+                    marks.add(run.text, _kinds(run.font.bold, run.font.italic, link))
                 paragraphs.append(marks)
     return paragraphs
 
@@ -502,11 +507,7 @@ def translate_document(client: httpx.Client, name: str, data: bytes, beam_size: 
     )
     sent.raise_for_status()
     id = sent.json()["id"]
-    while (status := client.get(f"/documents/{id}", timeout=60).json())["status"] not in (
-        "done",
-        "error",
-    ):
-        time.sleep(0.1)
+    status = finished(client, id)
     if status["status"] != "done":
         raise RuntimeError(f"{name}: {status}")
     result = client.get(f"/documents/{id}/result", timeout=120)
