@@ -26,7 +26,9 @@ The translated files are read back with the formats' libraries (python-docx, pyt
 lxml, markdown-it-py's HTML), never with service/documents' readers: each paragraph's text, and
 for each of its characters whether it is bold, italic or in a link. The run's target span is the
 words of the paragraph's kind the formatting covers, counted as tag_placement counts a tag's
-(covered_words): none is a run lost, words in several stretches a run split. The reference span
+(covered_words): none is a run lost; a run split is one whose formatting lies in several
+stretches of characters that hold more than spaces (words apart, or a word and a lone full stop:
+stricter than tag_placement's "tag split"). The reference span
 is tag_placement's: eflomal aligns each source sentence with its plain translation (or, where an
 output paragraph's text is not that translation, with the output's text: reference_spans), and
 the smallest target span covering the words aligned to the run's words. Scored as
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import random
@@ -163,6 +166,12 @@ class Marks:
 
     def tagged(self, kind: str) -> Tagged:
         return covered_words(self.text, self.inside[kind])
+
+    def stretches(self, kind: str) -> int:
+        """The separate stretches of `kind` that hold more than spaces (a link on a word and
+        another on the full stop: 2, where the words it covers are one span)."""
+        groups = itertools.groupby(zip(self.text, self.inside[kind], strict=True), lambda c: c[1])
+        return sum(1 for inside, part in groups if inside and "".join(c for c, _ in part).strip())
 
     def bracketed(self, kind: str) -> str:
         """The text with each stretch of `kind` in [ ] (for a person to read)."""
@@ -462,11 +471,12 @@ def score(
     if len(read) != len(paragraphs):
         raise ValueError(f"{len(paragraphs)} paragraphs sent, {len(read)} read back")
     tagged = [marks.tagged(item.kind) for marks, item in zip(read, paragraphs, strict=True)]
+    split = [marks.stretches(item.kind) > 1 for marks, item in zip(read, paragraphs, strict=True)]
     same = [same_text(marks.text, p) for marks, p in zip(read, plain, strict=True)]
     as_html = [s and t.span == span for s, t, span in zip(same, tagged, html, strict=True)]
     misses = []
     for k, (item, t, reference) in enumerate(zip(paragraphs, tagged, references, strict=True)):
-        if (reference is not None and t.span != reference) or t.runs > 1:
+        if (reference is not None and t.span != reference) or split[k]:
             misses.append({
                 "paragraph": k,
                 "kind": item.kind,
@@ -481,7 +491,7 @@ def score(
         "same_text": sum(same),
         "same_text_pct": 100.0 * sum(same) / len(same) if same else None,
         "runs_lost": sum(1 for t in tagged if t.span is None),
-        "runs_split": sum(1 for t in tagged if t.runs > 1),
+        "runs_split": sum(split),
         "as_html": sum(as_html),
         "as_html_pct": 100.0 * sum(as_html) / len(as_html) if as_html else None,
         "misses": misses,

@@ -87,6 +87,7 @@ def test_docx_reader_sees_split_bold_links_and_inherited_formatting() -> None:
         )
     )
     assert split.tagged("bold") == ("Ein roter Ball rollt", (0, 3), 2)
+    assert split.stretches("bold") == 2 and link.stretches("link") == 1
     assert link.tagged("link").span == link.tagged("italic").span == (1, 3)
     assert link.tagged("bold").span is None
     assert off.tagged("bold").span is None  # w:b w:val="0" is not bold
@@ -147,6 +148,8 @@ def test_score_counts_exact_overlap_lost_split_and_same_text() -> None:
         Formatted(["a", "dog"], (1, 2), "link"),
         Formatted(["a", "cat"], (0, 1), "bold"),
         Formatted(["one", "two", "three"], (0, 3), "bold"),
+        Formatted(["a", "thing."], (1, 2), "bold"),
+        Formatted(["a", "thing."], (0, 1), "bold"),
     ]
     read = [
         _marks("ein roter Ball", "bold", "    xxxxx"),  # exact
@@ -154,22 +157,28 @@ def test_score_counts_exact_overlap_lost_split_and_same_text() -> None:
         _marks("ein Hund", "bold", "    xxxx"),  # a link gone, bold instead: lost
         _marks("eine Katze", "bold", "     xxxxx"),  # no reference: not scored
         _marks("eins zwei drei", "bold", "xxxx      xxxx"),  # split
+        _marks("ein Ding.", "bold", "    xxxx "),  # exact; no split: the full stop is plain
+        _marks("ein Ding.", "bold", "xxx     x"),  # exact, but the full stop bold apart: split
     ]
-    plain = ["ein roter Ball", "ein roter  Ball", "ein Hund", "eine Katze", "eins drei zwei"]
-    references = [(1, 2), (1, 3), (1, 2), None, (0, 2)]
-    html = [(1, 2), (1, 2), (1, 2), (0, 1), (0, 3)]
+    plain = [
+        "ein roter Ball", "ein roter  Ball", "ein Hund", "eine Katze", "eins drei zwei",
+        "ein Ding.", "ein Ding.",
+    ]  # fmt: skip
+    references = [(1, 2), (1, 3), (1, 2), None, (0, 2), (1, 2), (0, 1)]
+    html = [(1, 2), (1, 2), (1, 2), (0, 1), (0, 3), (1, 2), (0, 1)]
     result = score(paragraphs, read, plain, references, html)
     scores = result["scores"]
-    assert (scores["scored"], scores["exact"], scores["overlap"]) == (4, 1, 3)
+    assert (scores["scored"], scores["exact"], scores["overlap"]) == (6, 3, 5)
+    assert result["misses"][3]["output"] == "[ein] Ding[.]"
     assert scores["no_prediction"] == 1
-    assert (result["runs_lost"], result["runs_split"]) == (1, 1)
-    assert result["same_text"] == 4  # whitespace collapsed; the last one's words differ
-    assert result["as_html"] == 2  # not the lost run, nor the words that are not the plain ones
-    assert [m["paragraph"] for m in result["misses"]] == [1, 2, 4]
+    assert (result["runs_lost"], result["runs_split"]) == (1, 2)
+    assert result["same_text"] == 6  # whitespace collapsed; the fifth one's words differ
+    assert result["as_html"] == 4  # not the lost run, nor the words that are not the plain ones
+    assert [m["paragraph"] for m in result["misses"]] == [1, 2, 4, 6]
     assert result["misses"][0]["output"] == "ein [roter] Ball"
     assert result["misses"][0]["reference"] == "ein [roter Ball]"
     assert result["misses"][1]["output"] == "ein Hund (run lost)"
     assert result["misses"][2]["output"] == "[eins] zwei [drei]"
     assert result["misses"][2]["overlap"] and not result["misses"][2]["same_text"]
-    with pytest.raises(ValueError, match="5 paragraphs sent, 4 read back"):
-        score(paragraphs, read[:4], plain, references, html)
+    with pytest.raises(ValueError, match="7 paragraphs sent, 6 read back"):
+        score(paragraphs, read[:6], plain, references, html)
