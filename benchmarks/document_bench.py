@@ -91,15 +91,20 @@ def translate_document(client: httpx.Client, data: bytes) -> tuple[float, int]:
         "/documents", files={"file": ("bench.docx", data)}, data=EN_DE, timeout=120
     )
     response.raise_for_status()
-    id = response.json()["id"]
+    status = finished(client, response.json()["id"])
+    seconds = time.perf_counter() - start
+    assert status["status"] == "done", status
+    return seconds, int(status["progress"]["total"])
+
+
+def finished(client: httpx.Client, id: str, every_s: float = 0.05) -> dict[str, Any]:
+    """Document `id`'s status once it is done or failed (asked every `every_s`)."""
     while (status := client.get(f"/documents/{id}", timeout=60).json())["status"] not in (
         "done",
         "error",
     ):
-        time.sleep(0.05)
-    seconds = time.perf_counter() - start
-    assert status["status"] == "done", status
-    return seconds, int(status["progress"]["total"])
+        time.sleep(every_s)
+    return dict(status)
 
 
 def measure(

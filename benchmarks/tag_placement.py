@@ -67,11 +67,16 @@ from model.alignment import Alignment, align, covering_span
 __all__ = [
     "Span",
     "Tagged",
+    "covered_words",
     "covering_span",
     "html_input",
     "main",
+    "overlaps",
+    "parse_run",
     "pick_span",
     "read_tagged",
+    "reference_spans",
+    "same_text",
     "span_scores",
 ]
 
@@ -141,13 +146,19 @@ def read_tagged(document: str, tag: str = TAG) -> Tagged:
     reader = _TagReader(tag)
     reader.feed(document)
     reader.close()
-    text = "".join(reader.parts)
+    return covered_words("".join(reader.parts), reader.inside)
+
+
+def covered_words(text: str, inside: Sequence[bool]) -> Tagged:
+    """The whitespace words of `text` that the characters marked `inside` cover, counted as
+    read_tagged counts them (for any formatting read character by character: a document's
+    bold run, a link)."""
     covered = []
     for index, word in enumerate(re.finditer(r"\S+", text)):
         positions: Sequence[int] = range(word.start(), word.end())
         if _WORD_CHARACTER.search(word.group()):
             positions = [k for k in positions if _WORD_CHARACTER.match(text[k])]
-        if any(reader.inside[k] for k in positions):
+        if any(inside[k] for k in positions):
             covered.append(index)
     if not covered:
         return Tagged(text, None, 0)
@@ -175,7 +186,7 @@ def span_scores(
     def rates(indices: Sequence[int]) -> dict[str, Any]:
         scored = [k for k in indices if reference_spans[k] is not None]
         exact = sum(1 for k in scored if predicted_spans[k] == reference_spans[k])
-        overlap = sum(1 for k in scored if _overlap(predicted_spans[k], reference_spans[k]))
+        overlap = sum(1 for k in scored if overlaps(predicted_spans[k], reference_spans[k]))
         return {
             "sentences": len(indices),
             "scored": len(scored),
@@ -193,7 +204,8 @@ def span_scores(
     }
 
 
-def _overlap(a: Span | None, b: Span | None) -> bool:
+def overlaps(a: Span | None, b: Span | None) -> bool:
+    """Whether two spans share a word (a missing one shares none)."""
     return a is not None and b is not None and max(a[0], b[0]) < min(a[1], b[1])
 
 
@@ -226,8 +238,41 @@ def translate(
     return outputs
 
 
-def _collapse(text: str) -> str:
-    return " ".join(text.split())
+def same_text(output: str, plain: str) -> bool:
+    """Whether an output's text is the plain translation, whitespace collapsed."""
+    return output.split() == plain.split()
+
+
+def reference_spans(
+    sources: Sequence[Sequence[str]],
+    spans: Sequence[Span],
+    plain: Sequence[str],
+    outputs: Sequence[Sequence[str]],
+    extra: tuple[Sequence[Sequence[str]], Sequence[Sequence[str]]],
+) -> list[list[Span | None]]:
+    """For each system's output texts (one per source sentence), the reference span of each
+    source span, from one eflomal run. A tag is judged in the words it sits in: the plain
+    translation's, unless the output's text differs (same_text); those pairs are aligned too."""
+    differing = [
+        (k, text)
+        for texts in outputs
+        for k, text in enumerate(texts)
+        if not same_text(text, plain[k])
+    ]
+    alignments = align(
+        [*sources, *(sources[k] for k, _ in differing)],
+        [*(p.split() for p in plain), *(text.split() for _, text in differing)],
+        extra=extra,
+    )
+    own = iter(alignments[len(sources) :])
+    references = []
+    for texts in outputs:
+        judged: list[Alignment] = [
+            alignments[k] if same_text(text, plain[k]) else next(own)
+            for k, text in enumerate(texts)
+        ]
+        references.append([covering_span(a, span) for a, span in zip(judged, spans, strict=True)])
+    return references
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,23 +298,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                       flags=flags, html_format=False)  # fmt: skip
     seconds["translate_plain"] = time.perf_counter() - start
 
-    # The tag is judged in the words it sits in: the plain translation's, unless the HTML
-    # output's text differs; those pairs are aligned too, in the same run.
-    identical = [_collapse(t.text) == _collapse(p) for t, p in zip(tagged, plain, strict=True)]
-    differing = [k for k, same in enumerate(identical) if not same]
-    extra_sources = read_words(data / EXTRA_SOURCE, args.extra_limit)
-    extra_targets = read_words(data / EXTRA_TARGET, args.extra_limit)
+    identical = [same_text(t.text, p) for t, p in zip(tagged, plain, strict=True)]
+    extra = (read_words(data / EXTRA_SOURCE, args.extra_limit),
+             read_words(data / EXTRA_TARGET, args.extra_limit))  # fmt: skip
     start = time.perf_counter()
-    alignments = align(
-        [*sources, *(sources[k] for k in differing)],
-        [*(p.split() for p in plain), *(tagged[k].text.split() for k in differing)],
-        extra=(extra_sources, extra_targets),
-    )
+    (references,) = reference_spans(sources, spans, plain, [[t.text for t in tagged]], extra)
     seconds["align"] = time.perf_counter() - start
-    judged: list[Alignment] = alignments[: len(sources)]
-    for k, alignment in zip(differing, alignments[len(sources) :], strict=True):
-        judged[k] = alignment
-    references = [covering_span(a, span) for a, span in zip(judged, spans, strict=True)]
 
     scores = span_scores(spans, [t.span for t in tagged], references)
     return {
@@ -278,7 +312,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "flags": args.flags,
         "sentences": len(sources),
-        "extra_pairs": len(extra_sources),
+        "extra_pairs": len(extra[0]),
         "scores": scores,
         "stripped_identical": sum(identical),
         "stripped_identical_pct": _pct(sum(identical), len(sources)),
@@ -347,6 +381,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.tag_placement", description=__doc__.split("\n")[0]
     )
+    p.add_argument("--flags", default="", help="more `python -m service.translate` flags")
+    return parse_run(p, argv)
+
+
+def parse_run(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`p`'s arguments, with those of a placement run added: the bundle, the sentences and
+    their spans, the beam, eflomal's extra text and the JSON report (document_placement's
+    too)."""
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument(
         "--split",
@@ -357,7 +399,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="the first N sentences only")
     p.add_argument("--seed", type=int, default=0, help="for the tagged spans")
     p.add_argument("--beam-size", type=int, default=4)
-    p.add_argument("--flags", default="", help="more `python -m service.translate` flags")
     p.add_argument(
         "--extra-limit", type=int, default=None,
         help="the first N training pairs as eflomal's extra text (default all, 29,000)",

@@ -270,6 +270,46 @@ def test_docx_fields_links_tabs_text_boxes_are_codes_and_come_back() -> None:
     assert paragraph.find(f".//{{{W}}}tab") is not None
 
 
+def test_plain_text_is_the_base_even_where_formatting_has_most_characters() -> None:
+    """A run formatted over most of its paragraph is a code like any other (placed by
+    alignment) while the paragraph has plain words: as the base, its formatting went to every
+    target word no other run aligned to (a pptx link on the full stop, a bold run split around
+    an unaligned word). A paragraph formatted throughout keeps its majority as the base."""
+    document = docx.Document()
+    for runs in (
+        [("A biker jumps", True), (" an obstacle.", False)],  # a tie
+        [("A ", False), ("long-haired, male musician", True), (" plays.", False)],
+        [("All ", True), ("bold", True), (" here", True)],
+        [("Bold", True), (" ", False), ("words", True)],  # a plain space is not a base
+    ):
+        paragraph = document.add_paragraph()
+        for text, bold in runs:
+            paragraph.add_run(text).bold = bold or None
+    sent = io.BytesIO()
+    document.save(sent)
+    units = [u.text for u in ooxml.DOCX.read(sent.getvalue(), Limits()).units]
+    assert units == [
+        "<p><c0>A biker jumps</c0> an obstacle.</p>",
+        "<p>A <c0>long-haired, male musician</c0> plays.</p>",
+        "<p>All bold here</p>",
+        "<p>Bold<c0> </c0>words</p>",
+    ]
+    presentation = pptx.Presentation()
+    frame = presentation.slides.add_slide(presentation.slide_layouts[6]).shapes.add_textbox(
+        0, 0, 100, 100
+    )
+    paragraph = frame.text_frame.paragraphs[0]
+    for text, link in (("A ", False), ("long-haired, male musician", True), (" plays.", False)):
+        run = paragraph.add_run()
+        run.text = text
+        if link:
+            run.hyperlink.address = "https://example.com/"
+    sent = io.BytesIO()
+    presentation.save(sent)
+    (unit,) = ooxml.PPTX.read(sent.getvalue(), Limits()).units
+    assert unit.text == "<p>A <c0>long-haired, male musician</c0> plays.</p>"
+
+
 def _upper(element: etree._Element) -> etree._Element:
     for node in element.iter():
         node.text = node.text.upper() if node.text else node.text

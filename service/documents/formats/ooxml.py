@@ -8,7 +8,8 @@ date, formula and formula result are not strings there, and are never read). Eve
 paragraphs had nothing to translate.
 
 A paragraph (`w:p`, `a:p`, a string item `si`/`is`) is one unit. Its runs of text become the
-unit's text; the run properties most of its characters carry are the paragraph's base, and each
+unit's text; the paragraph's base is its text without shown run properties where it has some,
+else the run properties most of its characters carry (every run formatted directly), and each
 stretch of runs with other properties (bold, italic, colour, font, a pptx link in `a:rPr`)
 becomes a code `<cN>`, as does a docx hyperlink around its runs. What is not text (a field from
 its begin to its end, a tab, a break, a drawing, a footnote reference, a bookmark) is an empty
@@ -181,10 +182,15 @@ class _Paragraph:
     def unit(self) -> Unit:
         texts = [p for p in self.middle if isinstance(p, _Text)]
         weights: dict[bytes, int] = {}  # characters by how they look
+        plain_words = False  # whether text without shown properties holds more than spaces
         for text in texts:
             key = _key(text.properties, self.dialect)
             weights[key] = weights.get(key, 0) + len(text.text)
-        base_key = max(weights, key=lambda k: weights[k])
+            plain_words = plain_words or (key == b"" and not text.text.isspace())
+        # Plain text is the base wherever there is some, as outside HTML's tags: a formatted
+        # majority as the base would put its formatting on whatever target words align to no
+        # other run (a link over the full stop, a bold run split around an unaligned word).
+        base_key = b"" if plain_words else max(weights, key=lambda k: weights[k])
         self.base = next(
             t.properties for t in texts if _key(t.properties, self.dialect) == base_key
         )
