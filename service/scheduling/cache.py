@@ -58,9 +58,10 @@ FLIGHT_PREFIX = "mt:flight:"
 # twice as long each time, up to the longest: a decoding takes tens to hundreds of ms.
 FLIGHT_POLL_S = 0.005
 FLIGHT_POLL_MAX_S = 0.02
-# A claim's longest life, for a request without a deadline: a replica that dies holding it
-# leaves the others waiting this long at most (then they decode the sentence themselves).
-FLIGHT_CLAIM_MAX_S = 60.0
+# A claim's longest life (a document's sentences have no deadline): a replica that dies
+# holding it leaves the others waiting this long at most, then they decode the sentence
+# themselves, as they do one whose decoding takes longer (decoded twice, never lost).
+FLIGHT_CLAIM_MAX_S = 5.0
 
 
 def sentence_key(

@@ -73,6 +73,7 @@ class Stack:
     replicas: list[ServerProcess]
     proxy: Running
     access_log: Path  # nginx's: each request's status and the replica it went to
+    redis: RedisServer
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,7 @@ def stack(
         "--bundle", str(shipped_bundle), "--redis-url", url, "--key-store", "redis",
         # A Redis call past its timeout fails open (serves): not on a loaded test machine.
         "--redis-timeout-s", "5",
+        "--redis-retry-s", "0.5",  # Redis used again half a second after it is back
         "--document-lease-s", str(LEASE_S),
         "--intra-op-threads", "1", "--default-beam-size", "1",
     ]  # fmt: skip
@@ -97,7 +99,7 @@ def stack(
         server_processes(REPLICAS, args) as replicas,
         nginx([r.port for r in replicas], access_log=access_log) as proxy,
     ):
-        yield Stack(replicas, proxy, access_log)
+        yield Stack(replicas, proxy, access_log, redis_server)
 
 
 async def concurrently(url: str, api: Api, key: str) -> list[httpx.Response]:
@@ -142,6 +144,47 @@ def test_a_keys_limit_is_counted_once_across_the_replicas(stack: Stack, name: st
     ]
     assert deepl == [deepl[0]] * REPLICAS
     assert deepl[0]["character_count"] == characters
+
+
+async def load_while_redis_restarts(url: str, key: str, redis: RedisServer) -> list[float]:
+    """8 clients translating through nginx while Redis is killed and started again: each
+    request's status and seconds."""
+    answers: list[tuple[int, float]] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=60) as client:
+
+        async def load(worker: int) -> None:
+            i = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                text = f"A dog runs to child number {worker * 100 + i % 5}."
+                response = await client.post("/translate", json={"text": text, **EN_DE})
+                answers.append((response.status_code, time.monotonic() - started))
+                i += 1
+
+        clients = [asyncio.ensure_future(load(w)) for w in range(8)]
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(redis.stop)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(redis.start)
+        await asyncio.sleep(1.0)  # past redis_retry_s: Redis in use again
+        stop.set()
+        await asyncio.gather(*clients)
+    assert {status for status, _ in answers} == {200}, answers
+    return [seconds for _, seconds in answers]
+
+
+def test_translation_through_nginx_goes_on_while_redis_is_stopped_and_started(
+    stack: Stack,
+) -> None:
+    """Redis killed under load and started again: every translation answered 200 (a key's
+    limits fail open, the cache is skipped), none slow; Redis in use again afterwards (its
+    persistence kept the keys: the job test below uses one)."""
+    url, key = stack.proxy.url, secret("documents")
+    seconds = asyncio.run(load_while_redis_restarts(url, key, stack.redis))
+    assert len(seconds) > 40 and max(seconds) < 10, (len(seconds), max(seconds))
+    for replica in stack.replicas:
+        assert metric(httpx.get(f"{replica.url}/metrics").text, "mt_redis_up") == 1
 
 
 PARAGRAPHS = [
