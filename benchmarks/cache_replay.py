@@ -1,10 +1,12 @@
 """Replay benchmark of the sentence cache: statuses drawn with a Zipf law from a pool of
 paragraphs, as when a popular post is translated by each of its readers, sent by many clients
-to `python -m service` with the cache off, in process, and in Redis.
+to `python -m service` with the cache off, in process, and in Redis; with `--replicas N`, to N
+of them behind nginx (deploy/nginx/transformer-mt.conf, benchmarks/servers.py), sharing one
+Redis in the redis modes.
 
     python -m benchmarks.cache_replay --bundle /work/bundles/multi30k-en-de \\
         [--requests 250] [--clients 32] [--zipf 1.1] [--modes off,memory,redis,redis-remote] \\
-        [--cached-probes 300] [--json OUT]
+        [--replicas 1] [--cached-probes 300] [--json OUT]
 
 The pool: Multi30k's test2016 English side in paragraphs of one to three consecutive sentences
 (486); the load: a sequence of `--requests` of them drawn with P(rank k) proportional to
@@ -15,7 +17,8 @@ k ** -zipf, the same sequence (seeded) for every mode (250 requests: a best hit 
 For each mode: requests/s, p50/p99, the service's own counts of sentence-cache hits, misses
 (sentences decoded) and single-flight joins, and, once the load is over, the p50 of a cached
 request through HTTP (`--cached-probes` requests of paragraphs the load sent, one at a time on
-one kept-alive connection). The load's own figures: its sentences, distinct sentences (the
+one kept-alive connection); with replicas, the counts are summed over their /metrics and the
+load and the probes go through nginx. The load's own figures: its sentences, distinct sentences (the
 fewest a cache can decode) and so the best hit rate a cache can reach. The last line is the
 report as JSON.
 """
@@ -24,18 +27,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx2
 import numpy as np
 
-from benchmarks.servers import RedisServer, metric, percentile_ms, read_texts, service
+from benchmarks.servers import (
+    RedisServer,
+    metric,
+    nginx,
+    percentile_ms,
+    read_texts,
+    service,
+)
 from service.text.segment import split
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -47,6 +58,7 @@ MODES = ("off", "memory", "redis", "redis-remote")
 @dataclass
 class Run:
     mode: str
+    replicas: int = 1
     seconds: float = 0.0
     answered: int = 0
     failed: int = 0
@@ -77,12 +89,37 @@ def zipf_sequence(pool: int, requests: int, s: float, rng: np.random.Generator) 
     return [int(i) for i in rng.choice(pool, size=requests, p=weights / weights.sum())]
 
 
-async def replay(url: str, bodies: Sequence[str], clients: int, probes: Sequence[str]) -> Run:
+@contextlib.contextmanager
+def serving(bundle: Path, flags: list[str], replicas: int) -> Iterator[tuple[str, list[str]]]:
+    """The URL to send the load to, and each process's own (for its /metrics): one `python -m
+    service`, or `replicas` of them behind nginx."""
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(service(bundle, flags)) for _ in range(replicas)]
+        url = servers[0].url
+        if replicas > 1:
+            url = stack.enter_context(nginx([server.port for server in servers])).url
+        yield url, [server.url for server in servers]
+
+
+async def _metrics(http: httpx2.AsyncClient, urls: Sequence[str]) -> list[str]:
+    return [(await http.get(f"{url}/metrics")).text for url in urls]
+
+
+async def replay(
+    url: str,
+    bodies: Sequence[str],
+    clients: int,
+    probes: Sequence[str],
+    replica_urls: Sequence[str] = (),
+) -> Run:
+    """The load sent to `url`; the cache's counts summed over `replica_urls`' /metrics
+    (default: `url`'s)."""
     run = Run(mode="")
     latencies: list[float] = []
+    replica_urls = replica_urls or [url]
     limits = httpx2.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx2.AsyncClient(base_url=url, limits=limits, timeout=120) as http:
-        before = (await http.get("/metrics")).text
+        before = await _metrics(http, replica_urls)
         queue = iter(bodies)
 
         async def client() -> None:
@@ -99,7 +136,7 @@ async def replay(url: str, bodies: Sequence[str], clients: int, probes: Sequence
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
         run.seconds = round(time.perf_counter() - start, 2)
-        after = (await http.get("/metrics")).text
+        after = await _metrics(http, replica_urls)
         cached: list[float] = []
         for text in probes:
             sent = time.perf_counter()
@@ -113,8 +150,8 @@ async def replay(url: str, bodies: Sequence[str], clients: int, probes: Sequence
     run.p50_ms, run.p99_ms = percentile_ms(latencies, 50), percentile_ms(latencies, 99)
     run.cached_p50_ms = percentile_ms(cached, 50)
     for result in ("hit", "miss", "joined"):
-        count = metric(after, "mt_sentence_cache_total", result=result) - metric(
-            before, "mt_sentence_cache_total", result=result
+        count = sum(metric(text, "mt_sentence_cache_total", result=result) for text in after) - sum(
+            metric(text, "mt_sentence_cache_total", result=result) for text in before
         )
         setattr(run, {"hit": "hits", "miss": "misses", "joined": "joined"}[result], count)
     looked_up = run.hits + run.misses + run.joined
@@ -131,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--cached-probes", type=int, default=300)
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="services behind nginx (1: one, no nginx)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-args", default="", help="more flags for python -m service")
     parser.add_argument("--json", type=Path)
@@ -165,12 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if mode == "redis-remote":
                 flags += ["--cache-bytes", "0"]
             try:
-                with service(args.bundle, flags) as server:
-                    run = asyncio.run(replay(server.url, bodies, args.clients, probes))
+                with serving(args.bundle, flags, args.replicas) as (url, replicas):
+                    run = asyncio.run(replay(url, bodies, args.clients, probes, replicas))
             finally:
                 if redis is not None:
                     redis.stop()
-        run.mode = mode
+        run.mode, run.replicas = mode, args.replicas
         runs.append(run)
         print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
     _table(runs)
@@ -183,13 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _table(runs: Sequence[Run]) -> None:
-    print("| cache | requests/s | p50 ms | p99 ms | hit rate | sentences decoded | joined "
-          "| cached request p50 ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    off = next((r.requests_per_s for r in runs if r.mode == "off"), 0.0)
+    print("| cache | replicas | requests/s | vs off | p50 ms | p99 ms | hit rate "
+          "| sentences decoded | joined | cached request p50 ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         decoded = "all" if r.mode == "off" else f"{r.misses:.0f}"
-        print(f"| {r.mode} | {r.requests_per_s} | {r.p50_ms} | {r.p99_ms} | {r.hit_rate} | "
-              f"{decoded} | {r.joined:.0f} | {r.cached_p50_ms} |")  # fmt: skip
+        ratio = f"{r.requests_per_s / off:.2f}x" if off else "-"
+        print(f"| {r.mode} | {r.replicas} | {r.requests_per_s} | {ratio} | {r.p50_ms} | "
+              f"{r.p99_ms} | {r.hit_rate} | {decoded} | {r.joined:.0f} | "
+              f"{r.cached_p50_ms} |")  # fmt: skip
 
 
 if __name__ == "__main__":

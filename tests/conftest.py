@@ -60,13 +60,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """The session's Redis, running (a fault test may have stopped it) and empty."""
+def emptied(redis_server: RedisServer) -> str:
+    """The session's Redis, running (a fault test may have stopped it) and empty: its URL."""
     if redis_server.process is None:
         redis_server.start()
     redis_server.flush()
     return redis_server.url
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis, running and empty (emptied)."""
+    return emptied(redis_server)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ or in Redis with `redis_url` (where the quotas of every replica add up). Request
 are a moving window (each request's time is kept: exact); characters per day and per month are
 the library's sliding-window counter (two counters per limit: a moving window approximated by
 weighting the previous fixed window), since a moving window keeps one entry per unit counted. A
-request is charged before any work, and a request over a limit is not charged characters.
+request is charged before any work, and a request over a limit is not charged characters; each
+count checks its limit in the same step (concurrent requests, on any replica, never pass it).
 """
 
 from __future__ import annotations
@@ -110,8 +111,14 @@ class Quotas:
             test = partial(self._characters.test, item, key.name, cost=characters)
             if limit is not None and not await self._call(test):
                 await self._refuse(self._characters, item, key, name)
-        for _, item, _ in items:
-            await self._call(partial(self._characters.hit, item, key.name, cost=characters))
+        # The count checks again in the same step (one script in Redis): of requests that all
+        # passed the test at once, those that no longer fit are refused here. One refused at its
+        # month after its day was counted keeps that count (a race at the month's limit: the key
+        # is charged for it, never served beyond a limit).
+        for name, item, _ in items:
+            hit = partial(self._characters.hit, item, key.name, cost=characters)
+            if not await self._call(hit):
+                await self._refuse(self._characters, item, key, name)
 
     async def _refuse(
         self,

@@ -6,8 +6,11 @@ these, so a key never answers for another model or another option. The runtime
 (service/scheduling/runtime.py) asks `Sentences.decode` for the hypotheses of a request's
 sentences: each is answered from the store (a hit), by the decoding of the same sentence already
 queued or running for any request, or earlier in the same request (joined: single flight), or
-submitted to the batcher (a miss), which stores what it gives. A paragraph half seen reuses the
-sentences it shares with earlier ones; markup and every API get it by going through the runtime.
+submitted to the batcher (a miss), which stores what it gives. With Redis, single flight spans
+the replicas (`SharedFlights`): a replica claims each sentence it is about to decode, and
+another asked for it meanwhile waits for its entry rather than decoding it too. A paragraph half
+seen reuses the sentences it shares with earlier ones; markup and every API get it by going
+through the runtime.
 
 Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
 `redis_url` a `TieredStore`: that in front of a `RedisStore` (shared by every replica, entries
@@ -26,7 +29,8 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, cast
+from functools import partial
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -49,6 +53,15 @@ SAME_HYPOTHESES = frozenset({"return_scores"})
 # measured with tracemalloc on the shipped model's entries, rounded up.
 ENTRY_OVERHEAD = 400
 REDIS_PREFIX = "mt:sentence:"
+FLIGHT_PREFIX = "mt:flight:"
+# A replica waiting for a sentence another decodes looks for its entry after this long, then
+# twice as long each time, up to the longest: a decoding takes tens to hundreds of ms.
+FLIGHT_POLL_S = 0.005
+FLIGHT_POLL_MAX_S = 0.02
+# A claim's longest life (a document's sentences have no deadline): a replica that dies
+# holding it leaves the others waiting this long at most, then they decode the sentence
+# themselves, as they do one whose decoding takes longer (decoded twice, never lost).
+FLIGHT_CLAIM_MAX_S = 5.0
 
 
 def sentence_key(
@@ -202,6 +215,75 @@ class TieredStore:
         await self._far.put(entries)
 
 
+class SharedFlights:
+    """Single flight across the replicas sharing Redis: a claim per sentence (`SET NX`, for the
+    deciding request's remaining time) names the replica that decodes it; another asked for it
+    meanwhile looks for its entry until it is stored, or until the claim is gone without one
+    (that request failed or ran out of time, its replica died), and then decodes it itself.
+    While Redis fails, every replica decodes what it is asked for."""
+
+    def __init__(self, link: RedisLink, near: MemoryStore) -> None:
+        self._link = link
+        self._near = near  # keeps what another replica decoded, as TieredStore does
+
+    async def claim(self, keys: Sequence[bytes], ttl_s: float) -> list[bool]:
+        """For each key, whether this process now decodes it (True too when Redis fails)."""
+        ttl_ms = max(1, int(min(ttl_s, FLIGHT_CLAIM_MAX_S) * 1000))
+
+        async def claim() -> list[bool | None]:
+            async with self._link.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.set(FLIGHT_PREFIX + key.hex(), b"", nx=True, px=ttl_ms)
+                return cast(list[bool | None], await pipe.execute())
+
+        try:
+            return [bool(claimed) for claimed in await self._link.run("cache_claim", claim)]
+        except StoreUnavailable:
+            return [True] * len(keys)
+
+    async def release(self, keys: Sequence[bytes]) -> None:
+        async def release() -> None:
+            await self._link.client.delete(*(FLIGHT_PREFIX + key.hex() for key in keys))
+
+        with contextlib.suppress(StoreUnavailable):  # they expire with their request's time
+            await self._link.run("cache_release", release)
+
+    async def wait(self, keys: Sequence[bytes], deadline: float) -> list[list[Hypothesis] | None]:
+        """Each key's hypotheses once another replica stored them; None where its claim went
+        without an entry, Redis failed or `deadline` (time.monotonic()) came first."""
+        found: list[list[Hypothesis] | None] = [None] * len(keys)
+        pending = list(range(len(keys)))
+        pause = FLIGHT_POLL_S
+        while pending and time.monotonic() + pause < deadline:
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, FLIGHT_POLL_MAX_S)
+
+            async def look(names: list[str]) -> list[Any]:
+                # One transaction: an entry stored and its claim given up between the two
+                # reads would look like a claim gone without its entry.
+                async with self._link.client.pipeline(transaction=True) as pipe:
+                    pipe.mget([REDIS_PREFIX + name for name in names])
+                    for name in names:
+                        pipe.exists(FLIGHT_PREFIX + name)
+                    return await pipe.execute()
+
+            try:
+                names = [keys[j].hex() for j in pending]
+                values, *claims = await self._link.run("cache_wait", partial(look, names))
+            except StoreUnavailable:
+                break
+            waiting, kept = [], []
+            for j, value, claimed in zip(pending, values, claims, strict=True):
+                if value is not None:
+                    found[j] = hypotheses = decode(value)
+                    kept.append((keys[j], hypotheses))
+                elif claimed:
+                    waiting.append(j)
+            await self._near.put(kept)
+            pending = waiting
+        return found
+
+
 # Submits the sentences at these positions of the request to the batcher: their hypotheses.
 Submit = Callable[[list[int]], Awaitable[list[list[Hypothesis]]]]
 
@@ -209,8 +291,9 @@ Submit = Callable[[list[int]], Awaitable[list[list[Hypothesis]]]]
 class Sentences:
     """The cache in front of the batchers, and single flight (module docstring)."""
 
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: Store, metrics: Metrics, shared: SharedFlights | None = None) -> None:
         self.store = store
+        self._shared = shared
         self._metrics = metrics.sentence_cache
         # Sentences being decoded, by key: their hypotheses once decoded, None if the request
         # that submitted them failed or went away (a joiner then submits its own).
@@ -237,9 +320,17 @@ class Sentences:
                 joined[i] = flight
             else:
                 owned.append(i)
+        elsewhere: list[int] = []  # decoded by another replica meanwhile
+        if owned and self._shared is not None:
+            mine = await self._shared.claim([keys[i] for i in owned], deadline - time.monotonic())
+            elsewhere = [i for i, claimed in zip(owned, mine, strict=True) if not claimed]
+            owned = [i for i, claimed in zip(owned, mine, strict=True) if claimed]
         self._metrics.labels(result="hit").inc(len(results))
-        self._metrics.labels(result="joined").inc(len(joined) + len(keys) - len(unique))
+        joins = len(joined) + len(elsewhere) + len(keys) - len(unique)
+        self._metrics.labels(result="joined").inc(joins)
         self._metrics.labels(result="miss").inc(len(owned))
+        if elsewhere:
+            joined.update(self._await_elsewhere(keys, elsewhere, deadline))
         if owned:
             results.update(await self._fly(keys, owned, submit))
         again = []  # joined sentences whose flight failed: submitted on their own
@@ -262,6 +353,7 @@ class Sentences:
         for i, flight in flights.items():
             self._flights[keys[i]] = flight
         decoded: list[list[Hypothesis]] | None = None
+        claimed = [keys[i] for i in owned]
         try:
             decoded = await submit(owned)
         finally:
@@ -269,6 +361,8 @@ class Sentences:
                 flight.set_result(None if decoded is None else decoded[j])
             if decoded is None:
                 self._land(keys, flights)
+                if self._shared is not None:  # the replicas waiting decode them
+                    self._background(self._shared.release(claimed), keys, {})
         finished = [
             (keys[i], hypotheses)
             for i, hypotheses in zip(owned, decoded, strict=True)
@@ -276,10 +370,54 @@ class Sentences:
         ]
         # The flights stay (answered) until their sentences are stored: a request that comes
         # meanwhile joins them rather than missing the store.
-        task = asyncio.create_task(self.store.put(finished))
+        self._background(self._stored(finished, claimed), keys, flights)
+        return dict(zip(owned, decoded, strict=True))
+
+    def _await_elsewhere(
+        self, keys: Sequence[bytes], positions: list[int], deadline: float
+    ) -> dict[int, asyncio.Future[list[Hypothesis] | None]]:
+        """Flights for the sentences another replica decodes (SharedFlights.wait), which the
+        requests of this process join; one answered None is decoded by its joiners."""
+        assert self._shared is not None
+        shared = self._shared
+        loop = asyncio.get_running_loop()
+        flights = {i: loop.create_future() for i in positions}
+        for i, flight in flights.items():
+            self._flights[keys[i]] = flight
+
+        async def wait() -> None:
+            found: list[list[Hypothesis] | None] = [None] * len(positions)
+            try:
+                found = await shared.wait([keys[i] for i in positions], deadline)
+            finally:
+                for flight, hypotheses in zip(flights.values(), found, strict=True):
+                    flight.set_result(hypotheses)
+                self._land(keys, flights)
+
+        self._background(wait(), keys, {})
+        return flights
+
+    async def _stored(
+        self, entries: list[tuple[bytes, list[Hypothesis]]], claimed: list[bytes]
+    ) -> None:
+        """Store what was decoded, then give up this process's claims on it: the replicas
+        waiting read the entries, and decode those not stored."""
+        try:
+            await self.store.put(entries)
+        finally:
+            if self._shared is not None:
+                await self._shared.release(claimed)
+
+    def _background(
+        self,
+        work: Awaitable[None],
+        keys: Sequence[bytes],
+        flights: dict[int, asyncio.Future[list[Hypothesis] | None]],
+    ) -> None:
+        """`work` in a task of its own (kept until done), then these flights over."""
+        task = asyncio.ensure_future(work)
         self._writes.add(task)
         task.add_done_callback(lambda _: self._land(keys, flights))
-        return dict(zip(owned, decoded, strict=True))
 
     def _land(
         self, keys: Sequence[bytes], flights: dict[int, asyncio.Future[list[Hypothesis] | None]]

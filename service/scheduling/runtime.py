@@ -46,6 +46,7 @@ from service.scheduling.cache import (
     MemoryStore,
     RedisStore,
     Sentences,
+    SharedFlights,
     Store,
     TieredStore,
     sentence_key,
@@ -197,10 +198,12 @@ class Runtime:
             )
         memory = MemoryStore(settings.cache_bytes, metrics)
         store: Store = memory
+        shared = None
         if self.redis is not None:
             store = TieredStore(memory, RedisStore(self.redis, settings.cache_ttl_s))
-        # The sentence cache and single flight; None: off (settings.cache).
-        self.sentences = Sentences(store, metrics) if settings.cache else None
+            shared = SharedFlights(self.redis, memory)
+        # The sentence cache and single flight (across replicas with Redis); None: off.
+        self.sentences = Sentences(store, metrics, shared) if settings.cache else None
         # Who may call and how much (service/keys/): static and stored keys, their limits.
         self.access = Access(settings, self.redis, metrics)
         # Every served language, targets too: a text already in its target is seen as such.

@@ -310,12 +310,26 @@ class ServerProcess:
 def server_process(
     args: Sequence[str], env: dict[str, str] | None = None
 ) -> Iterator[ServerProcess]:
-    server = ServerProcess(args, env)
-    try:
-        server.wait_ready()
+    with server_processes(1, args, env) as (server,):
         yield server
+
+
+@contextlib.contextmanager
+def server_processes(
+    count: int, args: Sequence[str], env: dict[str, str] | None = None
+) -> Iterator[list[ServerProcess]]:
+    """`count` replicas of one server, started at once (their models load side by side),
+    every one ready when yielded."""
+    servers: list[ServerProcess] = []
+    try:
+        for _ in range(count):
+            servers.append(ServerProcess(args, env))
+        for server in servers:
+            server.wait_ready()
+        yield servers
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 def wait_for(predicate: Any, timeout: float = 10.0) -> None:

@@ -263,6 +263,53 @@ async def test_replicas_share_the_cache_in_redis(redis_url: str) -> None:
         assert (await cache_counts(second))["hit"] == hits + 1
 
 
+async def test_a_sentence_another_replica_decodes_is_waited_for_not_decoded_again(
+    redis_url: str,
+) -> None:
+    """Single flight across replicas: the second is asked for a sentence while the first decodes
+    it; it waits for the first's entry in Redis rather than decoding it too."""
+    settings = fast_settings(redis_url=redis_url, redis_timeout_s=5.0)
+    one, two = FakeModel(), FakeModel()
+    async with (
+        running(create_app(settings, models=[one])) as first,
+        running(create_app(settings, models=[two])) as second,
+    ):
+        joins = (await cache_counts(second)).get("joined", 0)
+        owner = await held_in_the_engine(first, one, "Wanted by two replicas.")
+        two.calls.clear()
+        waiter = asyncio.ensure_future(translate(second, "Wanted by two replicas."))
+        await asyncio.sleep(0.1)
+        assert not waiter.done()  # waiting for the first's decoding
+        one.gate.set()
+        assert await waiter == await owner
+        assert decoded(one) == ["Wanted by two replicas."] and two.calls == []
+        assert (await cache_counts(second))["joined"] == joins + 1
+
+
+async def test_a_replica_decodes_a_sentence_itself_when_the_one_decoding_it_gives_up(
+    redis_url: str,
+) -> None:
+    settings = fast_settings(redis_url=redis_url, redis_timeout_s=5.0)
+    one, two = FakeModel(), FakeModel()
+    async with (
+        running(create_app(settings, models=[one])) as first,
+        running(create_app(settings, models=[two])) as second,
+    ):
+        blocker = await held_in_the_engine(first, one, "Occupies the engine.")
+        owner = asyncio.ensure_future(translate(first, "Wanted, then dropped."))
+        await async_wait_for(lambda: len(client_flights(first)) == 2)  # claimed, queued
+        two.calls.clear()
+        waiter = asyncio.ensure_future(translate(second, "Wanted, then dropped."))
+        await asyncio.sleep(0.1)
+        assert not waiter.done() and two.calls == []
+        owner.cancel()  # its client went away: its claim is given up
+        body = await asyncio.wait_for(waiter, 5)
+        assert body["translations"][0]["text"] == "WANTED, THEN DROPPED."
+        assert decoded(two) == ["Wanted, then dropped."]
+        one.gate.set()
+        await blocker
+
+
 def first_writes(client: httpx.AsyncClient) -> set[Any]:
     transport = client._transport
     assert isinstance(transport, httpx.ASGITransport)
