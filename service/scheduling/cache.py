@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -225,21 +226,27 @@ class SharedFlights:
     def __init__(self, link: RedisLink, near: MemoryStore) -> None:
         self._link = link
         self._near = near  # keeps what another replica decoded, as TieredStore does
+        self._token = secrets.token_bytes(8)  # this process's claims
 
     async def claim(self, keys: Sequence[bytes], ttl_s: float) -> list[bool]:
-        """For each key, whether this process now decodes it (True too when Redis fails)."""
+        """For each key, whether this process now decodes it (True too when Redis fails). A
+        claim of this process's own is taken again: a sentence it is decoding is a flight in
+        process (`Sentences`) and never asks, so such a claim is one it could not give up
+        (Redis was down when its decoding ended)."""
         ttl_ms = max(1, int(min(ttl_s, FLIGHT_CLAIM_MAX_S) * 1000))
 
-        async def claim() -> list[bool | None]:
+        async def claim() -> list[Any]:
             async with self._link.client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    pipe.set(FLIGHT_PREFIX + key.hex(), b"", nx=True, px=ttl_ms)
-                return cast(list[bool | None], await pipe.execute())
+                    pipe.set(FLIGHT_PREFIX + key.hex(), self._token, nx=True, px=ttl_ms, get=True)
+                return await pipe.execute()
 
         try:
-            return [bool(claimed) for claimed in await self._link.run("cache_claim", claim)]
+            held = await self._link.run("cache_claim", claim)
         except StoreUnavailable:
             return [True] * len(keys)
+        # SET ... NX GET answers the claim there was: none (now ours), or its holder's token.
+        return [owner is None or owner == self._token for owner in held]
 
     async def release(self, keys: Sequence[bytes]) -> None:
         async def release() -> None:

@@ -25,10 +25,12 @@ from service.metrics import Metrics
 from service.scheduling.cache import (
     SAME_HYPOTHESES,
     MemoryStore,
+    SharedFlights,
     decode,
     encode,
     sentence_key,
 )
+from service.store.connection import RedisLink
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -308,6 +310,25 @@ async def test_a_replica_decodes_a_sentence_itself_when_the_one_decoding_it_give
         assert decoded(two) == ["Wanted, then dropped."]
         one.gate.set()
         await blocker
+
+
+async def test_a_claim_of_this_process_it_could_not_give_up_is_taken_again(
+    redis_url: str,
+) -> None:
+    """A claim this process left (Redis was down when its decoding ended) is its own to take
+    again at once; another process's is waited for."""
+    links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
+    try:
+        mine, other = (SharedFlights(link, MemoryStore(1 << 20, Metrics())) for link in links)
+        keys = [b"\x01" * 16, b"\x02" * 16]
+        assert await mine.claim(keys, 5.0) == [True, True]
+        assert await mine.claim(keys[:1], 5.0) == [True]  # its own, left: taken again
+        assert await other.claim(keys, 5.0) == [False, False]  # another's: waited for
+        await mine.release(keys[:1])
+        assert await other.claim(keys, 5.0) == [True, False]
+    finally:
+        for link in links:
+            await link.close()
 
 
 def first_writes(client: httpx.AsyncClient) -> set[Any]:
