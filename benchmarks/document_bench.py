@@ -6,7 +6,8 @@ Reports (a service of its own for each --document-batch-size):
 - `translate_p50_ms` alone (before and after) and while the document runs, and their ratio
   (goal: <= 1.5);
 - the document's sentences per second alone, against the same paragraphs' text sent as one
-  plain POST /translate (goal: >= 0.9x).
+  plain POST /translate (goal: >= 0.9x), and against them as one HTML request (the bold runs
+  as `<b>`: what the formatting itself costs, the aligner on the sentences that hold a run).
 
     python -m benchmarks.document_bench --bundle bundles/multi30k-en-de [--paragraphs 300]
         [--document-batch-size 8 32] [--scheduler batch] [--repeat 3] [--json out.json]
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from html import escape
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,12 +42,12 @@ T = TypeVar("T")
 
 def make_docx(
     sentences: list[str], paragraphs: int, seed: int = 0, bold_every: int = 2
-) -> tuple[bytes, list[str]]:
-    """The document and its paragraphs' text: 1-3 words of every `bold_every`-th paragraph
-    bold (0: none)."""
+) -> tuple[bytes, list[str], list[str]]:
+    """The document, its paragraphs' text, and the same paragraphs as HTML (the bold run a
+    `<b>`): 1-3 words of every `bold_every`-th paragraph bold (0: none)."""
     rng = random.Random(seed)
     document = docx.Document()
-    texts = []
+    texts, markup = [], []
     for i in range(paragraphs):
         text = " ".join(sentences[(3 * i + k) % len(sentences)] for k in range(3))
         words = text.split(" ")
@@ -53,15 +55,19 @@ def make_docx(
         if bold_every and i % bold_every == bold_every - 1:
             start = rng.randrange(len(words) - 3)
             end = start + rng.randint(1, 3)
-            paragraph.add_run(" ".join(words[:start]) + " ")
-            paragraph.add_run(" ".join(words[start:end])).bold = True
-            paragraph.add_run(" " + " ".join(words[end:]))
+            before, bold = " ".join(words[:start]) + " ", " ".join(words[start:end])
+            after = " " + " ".join(words[end:])
+            paragraph.add_run(before)
+            paragraph.add_run(bold).bold = True
+            paragraph.add_run(after)
+            markup.append(f"<p>{escape(before)}<b>{escape(bold)}</b>{escape(after)}</p>")
         else:
             paragraph.add_run(text)
+            markup.append(f"<p>{escape(text)}</p>")
         texts.append(text)
     out = io.BytesIO()
     document.save(out)
-    return out.getvalue(), texts
+    return out.getvalue(), texts, markup
 
 
 def probe(client: httpx.Client, stop: threading.Event, times: list[float]) -> None:
@@ -108,7 +114,12 @@ def finished(client: httpx.Client, id: str, every_s: float = 0.05) -> dict[str, 
 
 
 def measure(
-    bundle: Path, data: bytes, texts: list[str], batch_size: int, args: argparse.Namespace
+    bundle: Path,
+    data: bytes,
+    texts: list[str],
+    markup: list[str],
+    batch_size: int,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as jobs:
         flags = [
@@ -123,17 +134,24 @@ def measure(
                 client.post("/translate", json={"text": PROBE, **EN_DE}).raise_for_status()
             alone: list[float] = []
             probing(client, alone, lambda: time.sleep(args.probe_s))
-            # Alone, alternately, `repeat` times each: medians (the machine's pace moves).
-            plains, documents = [], []
+            # Alone, alternately, `repeat` times each: medians (the machine's pace moves). The
+            # document against its paragraphs' text as one request, and against the same
+            # paragraphs as one HTML request (the formatting's own work, bold run and all).
+            plains, htmls, documents = [], [], []
             for _ in range(args.repeat):
                 start = time.perf_counter()
                 plain = client.post("/translate", json={"text": texts, **EN_DE}, timeout=600)
                 plain.raise_for_status()
                 plains.append(time.perf_counter() - start)
                 sentences = sum(len(t["segments"]) for t in plain.json()["translations"])
+                start = time.perf_counter()
+                body = {"text": markup, "format": "html", **EN_DE}
+                client.post("/translate", json=body, timeout=600).raise_for_status()
+                htmls.append(time.perf_counter() - start)
                 document_s, counted = translate_document(client, data)
                 documents.append(document_s)
             plain_s, document_s = statistics.median(plains), statistics.median(documents)
+            html_s = statistics.median(htmls)
             loaded: list[float] = []
             loaded_document_s, _ = probing(client, loaded, lambda: translate_document(client, data))
             # Alone again right after: on a shared machine the load moves between phases.
@@ -151,6 +169,8 @@ def measure(
         "plain_sentences_per_s": round(sentences / plain_s, 1),
         "document_sentences_per_s": round(sentences / document_s, 1),
         "throughput_ratio": round(plain_s / document_s, 2),
+        "throughput_ratio_to_html": round(html_s / document_s, 2),
+        "html_s_runs": [round(x, 2) for x in htmls],
         "plain_s_runs": [round(x, 2) for x in plains],
         "document_s_runs": [round(x, 2) for x in documents],
         "document_s_under_probes": round(loaded_document_s, 1),
@@ -172,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     sentences = read_texts(TEST_2016 if TEST_2016.exists() else None)
-    data, texts = make_docx(sentences, args.paragraphs, bold_every=args.bold_every)
-    results = [measure(args.bundle, data, texts, size, args) for size in args.document_batch_size]
+    data, texts, markup = make_docx(sentences, args.paragraphs, bold_every=args.bold_every)
+    results = [
+        measure(args.bundle, data, texts, markup, size, args) for size in args.document_batch_size
+    ]
     report = {
         "paragraphs": args.paragraphs,
         "bold_every": args.bold_every,

@@ -227,12 +227,14 @@ class SharedFlights:
         self._link = link
         self._near = near  # keeps what another replica decoded, as TieredStore does
         self._token = secrets.token_bytes(8)  # this process's claims
+        # Claims this process could not give up (Redis failed), until they expire: its own to
+        # take again at once (time.monotonic() when each expires).
+        self._unreleased: dict[bytes, float] = {}
 
     async def claim(self, keys: Sequence[bytes], ttl_s: float) -> list[bool]:
-        """For each key, whether this process now decodes it (True too when Redis fails). A
-        claim of this process's own is taken again: a sentence it is decoding is a flight in
-        process (`Sentences`) and never asks, so such a claim is one it could not give up
-        (Redis was down when its decoding ended)."""
+        """For each key, whether this process now decodes it (True too when Redis fails, and
+        for a claim of its own that it could not give up: a job retried after Redis came back
+        is not kept waiting for itself)."""
         ttl_ms = max(1, int(min(ttl_s, FLIGHT_CLAIM_MAX_S) * 1000))
 
         async def claim() -> list[Any]:
@@ -245,15 +247,23 @@ class SharedFlights:
             held = await self._link.run("cache_claim", claim)
         except StoreUnavailable:
             return [True] * len(keys)
+        now = time.monotonic()
+        self._unreleased = {k: end for k, end in self._unreleased.items() if end > now}
         # SET ... NX GET answers the claim there was: none (now ours), or its holder's token.
-        return [owner is None or owner == self._token for owner in held]
+        return [
+            owner is None or (owner == self._token and self._unreleased.pop(key, 0) > now)
+            for key, owner in zip(keys, held, strict=True)
+        ]
 
     async def release(self, keys: Sequence[bytes]) -> None:
         async def release() -> None:
             await self._link.client.delete(*(FLIGHT_PREFIX + key.hex() for key in keys))
 
-        with contextlib.suppress(StoreUnavailable):  # they expire with their request's time
+        try:
             await self._link.run("cache_release", release)
+        except StoreUnavailable:  # they expire with their request's time
+            end = time.monotonic() + FLIGHT_CLAIM_MAX_S
+            self._unreleased.update((key, end) for key in keys)
 
     async def wait(self, keys: Sequence[bytes], deadline: float) -> list[list[Hypothesis] | None]:
         """Each key's hypotheses once another replica stored them; None where its claim went

@@ -30,7 +30,7 @@ from service.scheduling.cache import (
     encode,
     sentence_key,
 )
-from service.store.connection import RedisLink
+from service.store.connection import RedisLink, StoreUnavailable
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -313,19 +313,32 @@ async def test_a_replica_decodes_a_sentence_itself_when_the_one_decoding_it_give
 
 
 async def test_a_claim_of_this_process_it_could_not_give_up_is_taken_again(
-    redis_url: str,
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A claim this process left (Redis was down when its decoding ended) is its own to take
-    again at once; another process's is waited for."""
+    """A claim this process could not give up (Redis failed when its decoding ended) is its
+    own to take again at once; one it holds for a request still decoding, or another
+    process's, is waited for (never decoded twice)."""
     links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
     try:
         mine, other = (SharedFlights(link, MemoryStore(1 << 20, Metrics())) for link in links)
         keys = [b"\x01" * 16, b"\x02" * 16]
         assert await mine.claim(keys, 5.0) == [True, True]
-        assert await mine.claim(keys[:1], 5.0) == [True]  # its own, left: taken again
-        assert await other.claim(keys, 5.0) == [False, False]  # another's: waited for
-        await mine.release(keys[:1])
-        assert await other.claim(keys, 5.0) == [True, False]
+        assert await mine.claim(keys, 5.0) == [False, False]  # still its requests'
+        assert await other.claim(keys, 5.0) == [False, False]
+        run = links[0].run
+
+        async def failing(operation: str, call: Any) -> Any:
+            if operation == "cache_release":
+                raise StoreUnavailable("Redis is down")
+            return await run(operation, call)
+
+        monkeypatch.setattr(links[0], "run", failing)
+        await mine.release(keys[:1])  # not given up: the claim stays in Redis
+        assert await other.claim(keys, 5.0) == [False, False]
+        assert await mine.claim(keys, 5.0) == [True, False]  # its own left: taken again
+        monkeypatch.setattr(links[0], "run", run)
+        await mine.release(keys)
+        assert await other.claim(keys, 5.0) == [True, True]
     finally:
         for link in links:
             await link.close()
