@@ -14,11 +14,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from xml.sax import saxutils
 
 from lxml import etree
 
-from service.documents.base import ROOT, Unit
+from service.documents.base import ROOT, Unit, inline, read_inline
 from service.errors import ErrorType, ServiceError
 from service.glossaries import Entry
 from service.scheduling.runtime import Runtime
@@ -73,13 +72,11 @@ def paragraph_label(indices: Sequence[int]) -> Callable[[int], str]:
 def bare(unit: Unit) -> Unit:
     """An inline unit without codes (`<p>text</p>`: a paragraph of one run) as the plain text
     it holds; any other unit as it is."""
-    if unit.format != "xml" or unit.text == f"<{ROOT}/>":
-        return unit
-    head, tail = f"<{ROOT}>", f"</{ROOT}>"
-    inner = unit.text[len(head) : -len(tail)]
-    if not (unit.text.startswith(head) and unit.text.endswith(tail)) or "<" in inner:
-        return unit
-    return Unit(saxutils.unescape(inner), "text")
+    if unit.format == "xml" and unit.text.startswith(f"<{ROOT}>") and unit.text.count("<") == 2:
+        (text,) = read_inline(unit.text)
+        if isinstance(text, str):
+            return Unit(text, "text")
+    return unit
 
 
 def chunks(units: Sequence[Unit]) -> list[list[int]]:
@@ -161,7 +158,7 @@ async def translate_units(
         for i, result in zip(indices, results, strict=True):
             translation = result.texts[0]
             if sent[i] is not units[i]:  # back into the unit it was
-                translation = f"<{ROOT}>{saxutils.escape(translation)}</{ROOT}>"
+                translation = inline([translation]).text
             translations[i] = translation
         progress.done = min(progress.total, progress.done + sum(len(r.segments) for r in results))
         on_progress()
