@@ -414,10 +414,10 @@ class Batcher:
             interactive = (stepper is not None and stepper.sentences) or any(
                 not item.background for item in self._queue
             )
-            # Under interactive work that never ends, a paused batch still gets a turn now and
-            # then: a document moves, however slowly.
             waiting = background.sentences or any(item.background for item in self._queue)
             now = time.monotonic()
+            # Under interactive work that never ends, a paused batch still gets a turn now and
+            # then: a document moves, however slowly.
             starved = now - self._paused >= BACKGROUND_PAUSE_S
             grace = self._interactive_at + BACKGROUND_GRACE_S - now
             if waiting and not interactive and grace > 0 and not starved:
