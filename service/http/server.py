@@ -13,6 +13,7 @@ uvicorn's own graceful shutdown, bounded by `--drain-timeout-s` too.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 import resource
@@ -48,6 +49,15 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # What the start loaded (models, tokenizers, the app: some 130,000 objects with the
+        # shipped model) lives as long as the process: out of the garbage collector's way.
+        # Else every full collection walks it (80 ms, about every 600 cached requests: 15 % of
+        # the event loop's time, and an 80 ms stall for every request in flight).
+        gc.collect()
+        gc.freeze()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self.should_exit:
