@@ -111,8 +111,8 @@ class SentenceAlignment:
         whether the source token is lexical (has a letter or digit): each token widened to the
         whitespace word around it, less the punctuation at the word's edges (a token of
         punctuation alone stays itself)."""
-        source_words = _words(self.source, self.source_tokens)
-        target_words = _words(self.target, self.target_tokens)
+        source_words = _words(self.source, self.source_tokens, {s for s, _ in self.pairs})
+        target_words = _words(self.target, self.target_tokens, {t for _, t in self.pairs})
         return [
             (source_words[s], target_words[t], strong, _lexical(self.source, self.source_tokens[s]))
             for (s, t), strong in zip(self.pairs, self.strong, strict=True)
@@ -122,8 +122,8 @@ class SentenceAlignment:
         """The links as (source piece, target piece) character spans: each token widened to
         the run of letters and digits it starts in (a token of punctuation stays itself), what
         `TextAlignment` reads of a word that an element's edge cuts."""
-        source_pieces = _words(self.source, self.source_tokens, _RUN)
-        target_pieces = _words(self.target, self.target_tokens, _RUN)
+        source_pieces = _words(self.source, self.source_tokens, {s for s, _ in self.pairs}, _RUN)
+        target_pieces = _words(self.target, self.target_tokens, {t for _, t in self.pairs}, _RUN)
         return [(source_pieces[s], target_pieces[t]) for s, t in self.pairs]
 
 
@@ -264,21 +264,23 @@ def _lexical(text: str, span: Span) -> bool:
     return _LEXICAL.search(text, *span) is not None
 
 
-def _words(text: str, tokens: list[Span], words: re.Pattern[str] = _WORD) -> list[Span]:
-    """Each token's word (a match of `words`: a whitespace word, or for `pieces` a run of
-    letters and digits), from its first letter or digit to its last (less the punctuation at
-    its edges); a token of that edge punctuation stays itself, and a word with no letter or
-    digit stays whole."""
+def _words(
+    text: str, tokens: list[Span], linked: set[int], words: re.Pattern[str] = _WORD
+) -> dict[int, Span]:
+    """The word of each token of `linked` (a match of `words`: a whitespace word, or for
+    `pieces` a run of letters and digits), from its first letter or digit to its last (less the
+    punctuation at its edges); a token of that edge punctuation stays itself, and a word with no
+    letter or digit stays whole. Only the linked tokens: a sentence placed whole links four."""
     matches = list(words.finditer(text))
     starts = [match.start() for match in matches]
-    cores = [_CORE.search(text, *match.span()) or match for match in matches]
-    spans = []
-    for start, end in tokens:
+    spans = {}
+    for k in linked:
+        start, end = tokens[k]
         i = bisect_right(starts, start) - 1
         if start < end and i >= 0 and start < matches[i].end():
-            a, b = cores[i].span()
+            a, b = (_CORE.search(text, *matches[i].span()) or matches[i]).span()
             if a <= start < b:
-                spans.append((a, b))
+                spans[k] = (a, b)
                 continue
-        spans.append((start, end))
+        spans[k] = (start, end)
     return spans
