@@ -35,6 +35,7 @@ from tests.service.document_helpers import (
     ODF_NAMESPACES,
     SOFFICE,
     flat_odf,
+    identity,
     libreoffice,
     needs_libreoffice,
     plain_translations,
@@ -651,3 +652,52 @@ def test_libreoffice_made_files_get_each_paragraphs_plain_translation(
     same(strings, [row[0] for row in cells(out["xlsx"])])
     rich = openpyxl.load_workbook(io.BytesIO(out["xlsx"]), rich_text=True).active["A2"].value
     on_words([block.text for block in rich if block.font.b], str(rich))
+
+
+def test_xlsx_print_headers_and_footers_are_translated_and_their_codes_kept() -> None:
+    """A sheet's print header and footer (`headerFooter`): each of their left, centre and right
+    parts with words is a unit, its codes (page number, pages, date, sheet name, font, bold)
+    kept and placed by alignment, `&&` an ampersand both ways; a part of codes alone is kept as
+    it was, and the cells' strings are translated as before."""
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.append(["A dog runs."])
+    sheet.oddHeader.left.text = "Tom && Jerry"
+    sheet.oddHeader.center.text = "Draft of &[Date]"
+    sheet.oddHeader.right.text = "&[Page]"
+    sheet.oddFooter.center.text = "Page &[Page] of &[Pages]"
+    sheet.oddFooter.right.font = "Arial,Bold"
+    sheet.oddFooter.right.text = "Sheet &[Tab]"
+    sheet.evenFooter.left.text = "Two men talk."
+    out = io.BytesIO()
+    book.save(out)
+    sent = out.getvalue()
+    units = unit_texts(ooxml.XLSX, sent)
+    assert units[1:] == [
+        "<p>Tom &amp; Jerry</p>",
+        "<p>Draft of <c0/></p>",
+        "<p>Page <c0/> of <c1/></p>",
+        "<p><c0/>Sheet <c1/></p>",
+        "<p>Two men talk.</p>",
+    ]
+    result = translate(ooxml.XLSX, sent)
+    translated = openpyxl.load_workbook(io.BytesIO(result)).active
+    assert translated["A1"].value == "A DOG RUNS."
+    header, footer = translated.oddHeader, translated.oddFooter
+    assert (header.left.text, header.center.text, header.right.text) == (
+        "TOM && JERRY",
+        "DRAFT OF &D",  # openpyxl reads the codes as they are written: &D, &P, &N, &A
+        "&P",
+    )
+    assert footer.center.text == "PAGE &P OF &N"
+    assert (footer.right.font, footer.right.text) == ("Arial,Bold", "SHEET &A")
+    assert translated.evenFooter.left.text == "TWO MEN TALK."
+    # Written back from its own units, the headers and footers are what they were.
+    assert printed(identity(ooxml.XLSX, sent)) == printed(sent)
+
+
+def printed(data: bytes) -> list[str | None]:
+    """The texts of the first sheet's print headers and footers."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        root = etree.fromstring(archive.read("xl/worksheets/sheet1.xml"))
+    return [e.text for e in root.iter(f"{{{ooxml.S}}}headerFooter") for e in e]

@@ -2,8 +2,11 @@
 
 Which parts. The package's [Content_Types].xml names each part's type: docx's main document,
 headers, footers, footnotes and endnotes (text boxes are paragraphs inside them); pptx's slides
-and speaker notes; xlsx's shared strings and the inline strings of worksheets (a cell's number,
-date, formula and formula result are not strings there, and are never read). Every other part
+and speaker notes; xlsx's shared strings, the inline strings of worksheets (a cell's number,
+date, formula and formula result are not strings there, and are never read) and their print
+headers and footers (`_Section`: each of a header's left, centre and right parts whose text has
+words is a unit, its codes for the page number, date, file name, font and the like kept and
+placed by alignment). Every other part
 (styles, relationships, media, settings, charts) is copied as it was, and so is a part whose
 paragraphs had nothing to translate.
 
@@ -473,6 +476,91 @@ class _Reader:
         return pieces
 
 
+# A print header's or footer's text ("&LDraft&CPage &P of &N&R&D"): its tokens are the codes,
+# `&&` (an ampersand) and runs of text. &L, &C and &R start its left, centre and right parts.
+_PRINTED = ("oddHeader", "oddFooter", "evenHeader", "evenFooter", "firstHeader", "firstFooter")
+_PRINT_TOKEN = re.compile(
+    r'&&|&"[^"]*"?|&\d{1,3}|&K(?:[0-9A-Fa-f]{6}|\d\d[+-]\d{3})|&.?|[^&]+', re.S
+)
+_PRINT_PARTS = frozenset({"&L", "&C", "&R"})
+
+
+class _Printed:
+    """A sheet's print header or footer (an element of `headerFooter`): its tokens, in parts
+    split at &L, &C and &R (each marker a part of its own)."""
+
+    def __init__(self, element: etree._Element) -> None:
+        self.element = element
+        self.parts: list[list[str]] = []
+        for token in _PRINT_TOKEN.findall(element.text or ""):
+            if token in _PRINT_PARTS or not self.parts or self.parts[-1][0] in _PRINT_PARTS:
+                self.parts.append([token])
+            else:
+                self.parts[-1].append(token)
+
+    def sections(self) -> list[_Section]:
+        return [
+            _Section(self, i)
+            for i, part in enumerate(self.parts)
+            if part[0] not in _PRINT_PARTS and any(_words(t) for t in part)
+        ]
+
+
+def _words(token: str) -> bool:
+    return not token.startswith("&") and any(c.isalnum() for c in token)
+
+
+@dataclass
+class _Section:
+    """One part of a print header or footer whose text has words: one unit, each code (`&P`,
+    `&"Arial,Bold"`, `&B`, ...) an empty element placed by alignment."""
+
+    printed: _Printed
+    index: int
+
+    def unit(self) -> Unit:
+        children: list[Code | str] = []
+        codes = 0
+        for token in self.printed.parts[self.index]:
+            if token == "&&":
+                children.append("&")
+            elif token.startswith("&"):
+                children.append(Code(codes))
+                codes += 1
+            else:
+                children.append(token)
+        return inline(children)
+
+    def write(self, translation: str) -> None:
+        codes = [t for t in self.printed.parts[self.index] if t.startswith("&") and t != "&&"]
+        tokens: list[str] = []
+        placed: set[int] = set()
+
+        def add(children: Sequence[Code | str]) -> None:
+            for child in children:
+                if isinstance(child, str):
+                    tokens.append(child.replace("&", "&&"))
+                else:
+                    if child.index < len(codes) and child.index not in placed:
+                        tokens.append(codes[child.index])
+                        placed.add(child.index)
+                    add(child.children)
+
+        add(read_inline(translation))
+        tokens += [code for i, code in enumerate(codes) if i not in placed]
+        self.printed.parts[self.index] = tokens
+        self.printed.element.text = "".join(t for part in self.printed.parts for t in part)
+
+
+def _printed(root: etree._Element) -> list[_Section]:
+    """The units of a worksheet's print headers and footers."""
+    return [
+        section
+        for element in root.iter(*(f"{{{S}}}{name}" for name in _PRINTED))
+        for section in _Printed(element).sections()
+    ]
+
+
 @dataclass(frozen=True)
 class _Part:
     name: str
@@ -484,7 +572,7 @@ class _Extracted:
         self,
         archive: Archive,
         roots: dict[str, etree._Element],
-        paragraphs: list[tuple[str, _Paragraph]],
+        paragraphs: list[tuple[str, _Paragraph | _Section]],
     ) -> None:
         self._archive = archive
         self._roots = roots
@@ -532,17 +620,19 @@ class OfficeFormat:
         if self.main not in types.values():
             raise DocumentError(f"the file is not a {self.name} document (no {self.main} part)")
         roots: dict[str, etree._Element] = {}
-        found: list[tuple[str, _Paragraph]] = []
+        found: list[tuple[str, _Paragraph | _Section]] = []
         for name in archive.names:
             kind = types.get(name, "")
             dialect = self.parts.get(kind)
             if dialect is None:
                 continue
             data = archive.read(name)
-            if kind == _WORKSHEET and b"inlineStr" not in data:
+            if kind == _WORKSHEET and b"inlineStr" not in data and b"headerFooter" not in data:
                 continue  # a sheet's numbers, dates, formulas and shared strings' indices
             root = parse_xml(data, f"the {self.name} file's part {name!r}")
-            paragraphs = list(_Reader(dialect).paragraphs(root))
+            paragraphs: list[_Paragraph | _Section] = list(_Reader(dialect).paragraphs(root))
+            if kind == _WORKSHEET:
+                paragraphs += _printed(root)
             if paragraphs:
                 roots[name] = root
                 found.extend((name, p) for p in paragraphs)
