@@ -578,7 +578,14 @@ def test_files_libreoffice_made_open_in_it_translated(
     ]
     rich = openpyxl.load_workbook(io.BytesIO(out["lo.xlsx"]), rich_text=True).active["A2"].value
     assert [block.text for block in rich if block.font.b] == ["BIG"]
-    unchanged_parts(made["xlsx"], out["lo.xlsx"], {"xl/sharedStrings.xml"})
+    # LibreOffice gives a sheet its default print header and footer: the sheet's name, "Page &P".
+    assert printed(out["lo.xlsx"])[:2] == [
+        '&C&"Times New Roman,Regular"&12&A',
+        '&C&"Times New Roman,Regular"&12PAGE &P',
+    ]
+    unchanged_parts(
+        made["xlsx"], out["lo.xlsx"], {"xl/sharedStrings.xml", "xl/worksheets/sheet1.xml"}
+    )
 
     for name, data in out.items():
         (tmp_path / name).write_bytes(data)
@@ -701,3 +708,39 @@ def printed(data: bytes) -> list[str | None]:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         root = etree.fromstring(archive.read("xl/worksheets/sheet1.xml"))
     return [e.text for e in root.iter(f"{{{ooxml.S}}}headerFooter") for e in e]
+
+
+TRACKED = f"""<w:document xmlns:w="{W}"><w:body><w:p>
+<w:r><w:t xml:space="preserve">A </w:t></w:r>
+<w:ins w:id="7" w:author="Ann" w:date="2026-01-02T03:04:05Z">
+<w:r><w:t xml:space="preserve">big </w:t></w:r></w:ins>
+<w:r><w:t xml:space="preserve">dog </w:t></w:r>
+<w:del w:id="8" w:author="Ann" w:date="2026-01-02T03:04:05Z">
+<w:r><w:delText xml:space="preserve">slowly </w:delText></w:r></w:del>
+<w:r><w:t>runs.</w:t></w:r></w:p></w:body></w:document>"""
+
+
+def test_docx_tracked_insertions_are_translated_and_stay_insertions() -> None:
+    """Runs inside a tracked insertion (`w:ins`) are the paragraph's words (an inline code, as a
+    hyperlink is), translated and written back inside an insertion with its author, date and
+    id; a tracked deletion keeps its deleted text as it was."""
+    sent = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(make_docx())) as source, zipfile.ZipFile(sent, "w") as z:
+        for info in source.infolist():
+            body = TRACKED.encode() if info.filename == "word/document.xml" else source.read(info)
+            z.writestr(info, body)
+    # (The other units: make_docx's header and footer.)
+    assert unit_texts(ooxml.DOCX, sent.getvalue())[0] == "<p>A <c0>big </c0>dog <c1/>runs.</p>"
+    out = zipfile.ZipFile(io.BytesIO(translate(ooxml.DOCX, sent.getvalue())))
+    paragraph = etree.fromstring(out.read("word/document.xml")).find(f".//{{{W}}}p")
+    assert paragraph is not None
+    inserted = paragraph.find(f"{{{W}}}ins")
+    assert inserted is not None
+    assert dict(inserted.attrib) == {
+        f"{{{W}}}id": "7",
+        f"{{{W}}}author": "Ann",
+        f"{{{W}}}date": "2026-01-02T03:04:05Z",
+    }
+    assert "".join(inserted.itertext()).strip() == "BIG"
+    assert "".join(paragraph.itertext()).split() == ["A", "BIG", "DOG", "slowly", "RUNS."]
+    assert paragraph.find(f"{{{W}}}del/{{{W}}}r/{{{W}}}delText") is not None

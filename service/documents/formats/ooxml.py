@@ -14,12 +14,14 @@ A paragraph (`w:p`, `a:p`, a string item `si`/`is`) is one unit. Its runs of tex
 unit's text; the paragraph's base is its text without shown run properties where it has some,
 else the run properties most of its characters carry (every run formatted directly), and each
 stretch of runs with other properties (bold, italic, colour, font, a pptx link in `a:rPr`)
-becomes a code `<cN>`, as does a docx hyperlink around its runs. What is not text (a field from
+becomes a code `<cN>`, as does a docx hyperlink or tracked insertion (`w:ins`, `w:moveTo`: its
+runs are translated and stay an insertion by the same author) around its runs; a tracked
+deletion keeps its deleted text as it was. What is not text (a field from
 its begin to its end, a tab, a break, a drawing, a footnote reference, a bookmark) is an empty
 code, kept as it was and put back where the alignment places it; at the paragraph's start or end
 it stays outside the unit, where it is. Writing a paragraph back, each stretch of the translation
 becomes a run with its code's properties (text outside codes: the base), in a copy of the
-hyperlink it sat in.
+hyperlink or insertion it sat in.
 
 Line breaks and tabs part words: a docx `w:br`, `w:cr`, `w:tab` or `w:ptab`, a pptx `a:br`, and a
 line break or tab character in a text (how a spreadsheet cell holds its lines) are such empty
@@ -30,6 +32,7 @@ words, not "runsthrough"; the writer takes the spaces next to them out again.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +78,7 @@ class _Dialect:
     paragraphs: tuple[str, ...]  # local names of the elements that are one unit each
     kept_first: tuple[str, ...]  # paragraph children that stay at its start (properties)
     kept_last: tuple[str, ...]  # ... and at its end (pptx's end-of-paragraph properties)
-    hyperlink: str | None  # a child wrapping runs that becomes a code of its own
+    wrappers: tuple[str, ...]  # children wrapping runs that become a code of their own
     # Run properties that do not make two runs look different (spelling marks, languages).
     ignored_properties: frozenset[str] = frozenset()
     ignored_attributes: frozenset[str] = frozenset()
@@ -86,13 +89,17 @@ class _Dialect:
     def q(self, name: str) -> str:
         return f"{{{self.ns}}}{name}"
 
+    @functools.cached_property
+    def wrapper_tags(self) -> frozenset[str]:
+        return frozenset(self.q(name) for name in self.wrappers)
+
 
 _WORD = _Dialect(
     W,
     ("p",),
     ("pPr",),
     (),
-    "hyperlink",
+    ("hyperlink", "ins", "moveTo"),
     ignored_properties=frozenset({f"{{{W}}}lang", f"{{{W}}}noProof", f"{{{W}}}rPrChange"}),
     separators=frozenset(f"{{{W}}}{name}" for name in ("br", "cr", "tab", "ptab")),
 )
@@ -101,11 +108,11 @@ _DRAWING = _Dialect(
     ("p",),
     ("pPr",),
     ("endParaRPr",),
-    None,
+    (),
     ignored_attributes=frozenset({"lang", "altLang", "dirty", "err", "noProof", "smtClean"}),
     separators=frozenset({f"{{{A}}}br"}),
 )
-_CELLS = _Dialect(S, ("si", "is"), (), ("rPh", "phoneticPr"), None, text_in_paragraph=True)
+_CELLS = _Dialect(S, ("si", "is"), (), ("rPh", "phoneticPr"), (), text_in_paragraph=True)
 
 
 @dataclass
@@ -115,7 +122,7 @@ class _Run:
 
 @dataclass
 class _Link:
-    element: etree._Element  # the source's hyperlink; copied without its children
+    element: etree._Element  # the source's hyperlink or insertion; copied without its children
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ class _Paragraph:
             t.properties for t in texts if _key(t.properties, self.dialect) == base_key
         )
         children: list[Code | str] = []
-        links: dict[int, Code] = {}  # id of a hyperlink element -> its code
+        links: dict[int, Code] = {}  # id of a wrapper element -> its code
         last: tuple[Code | None, object] = (None, None)  # the open run code and its key
         for piece in self.middle:
             into = children
@@ -322,12 +329,12 @@ class _Paragraph:
 
 
 def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Element]:
-    """A written paragraph's runs' items and its other children, in order (a hyperlink's
+    """A written paragraph's runs' items and its other children, in order (a wrapper's
     too)."""
     for child in element:
         if child.tag == dialect.q("r"):
             yield from (item for item in child if item.tag != dialect.q("rPr"))
-        elif dialect.hyperlink is not None and child.tag == dialect.q(dialect.hyperlink):
+        elif child.tag in dialect.wrapper_tags:
             yield from _written(child, dialect)
         else:
             yield child
@@ -402,7 +409,7 @@ class _Reader:
                 first.append(child)
             elif child.tag in {d.q(n) for n in d.kept_last}:
                 last.append(child)
-            elif d.hyperlink is not None and child.tag == d.q(d.hyperlink):
+            elif child.tag in d.wrapper_tags:
                 pieces.extend(self._linked(child))
             else:
                 pieces.extend(self._pieces(child, None))
