@@ -663,29 +663,36 @@ def test_libreoffice_made_files_get_each_paragraphs_plain_translation(
 
 def test_xlsx_print_headers_and_footers_are_translated_and_their_codes_kept() -> None:
     """A sheet's print header and footer (`headerFooter`): each of their left, centre and right
-    parts with words is a unit, its codes (page number, pages, date, sheet name, font, bold)
-    kept and placed by alignment, `&&` an ampersand both ways; a part of codes alone is kept as
-    it was, and the cells' strings are translated as before."""
+    parts with words is a unit; the codes before its first word and after its last (a font, a
+    size, the page number at the end) stay where they are, those among its words (a page number
+    with an offset, a line break) are placed by alignment, `&&` is an ampersand both ways; a
+    part of codes alone is kept as it was, and the cells' strings are translated as before."""
     book = openpyxl.Workbook()
     sheet = book.active
     sheet.append(["A dog runs."])
     sheet.oddHeader.left.text = "Tom && Jerry"
     sheet.oddHeader.center.text = "Draft of &[Date]"
     sheet.oddHeader.right.text = "&[Page]"
-    sheet.oddFooter.center.text = "Page &[Page] of &[Pages]"
+    sheet.oddFooter.center.text = "Page &P+1 of &[Pages]"
     sheet.oddFooter.right.font = "Arial,Bold"
+    sheet.oddFooter.right.size = 14
     sheet.oddFooter.right.text = "Sheet &[Tab]"
-    sheet.evenFooter.left.text = "Two men talk."
+    sheet.evenFooter.left.text = "Two men talk.\nA dog runs."
+    made = io.BytesIO()
+    book.save(made)
+    # A line break as Excel writes it in a header (openpyxl escapes it as _x000a_).
     out = io.BytesIO()
-    book.save(out)
+    with zipfile.ZipFile(made) as source, zipfile.ZipFile(out, "w") as z:
+        for info in source.infolist():
+            z.writestr(info, source.read(info).replace(b"_x000a_", b"\n"))
     sent = out.getvalue()
     units = unit_texts(ooxml.XLSX, sent)
     assert units[1:] == [
         "<p>Tom &amp; Jerry</p>",
-        "<p>Draft of <c0/></p>",
-        "<p>Page <c0/> of <c1/></p>",
-        "<p><c0/>Sheet <c1/></p>",
-        "<p>Two men talk.</p>",
+        "<p>Draft of</p>",
+        "<p>Page <c0/> of</p>",
+        "<p>Sheet</p>",  # openpyxl wrote '&"Arial,Bold"&14 Sheet &A'
+        "<p>Two men talk. <c0/>A dog runs.</p>",
     ]
     result = translate(ooxml.XLSX, sent)
     translated = openpyxl.load_workbook(io.BytesIO(result)).active
@@ -696,11 +703,39 @@ def test_xlsx_print_headers_and_footers_are_translated_and_their_codes_kept() ->
         "DRAFT OF &D",  # openpyxl reads the codes as they are written: &D, &P, &N, &A
         "&P",
     )
-    assert footer.center.text == "PAGE &P OF &N"
-    assert (footer.right.font, footer.right.text) == ("Arial,Bold", "SHEET &A")
-    assert translated.evenFooter.left.text == "TWO MEN TALK."
+    assert footer.center.text == "PAGE &P+1 OF &N"
+    assert (footer.right.font, footer.right.size, footer.right.text) == (
+        "Arial,Bold",
+        14,
+        "SHEET &A",
+    )
+    assert translated.evenFooter.left.text == "TWO MEN TALK.\nA DOG RUNS."
     # Written back from its own units, the headers and footers are what they were.
     assert printed(identity(ooxml.XLSX, sent)) == printed(sent)
+
+
+def test_xlsx_print_header_of_a_sheet_without_strings_and_a_size_before_digits() -> None:
+    """A sheet whose cells hold no string (numbers; or indices into the shared strings) is not
+    parsed whole: its print headers and footers are read from its bytes and written into them,
+    every other byte kept. A font size written before a translation that starts with a digit
+    is kept apart from it ("&14" then "2024" would read as size 142 and "024")."""
+    book = openpyxl.Workbook()
+    sheet = book.active
+    sheet.append([1.5, 2])
+    sheet.oddHeader.center.text = "&14Report && more"  # written as it is
+    out = io.BytesIO()
+    book.save(out)
+    sent = out.getvalue()
+    sheet_xml = zipfile.ZipFile(io.BytesIO(sent)).read("xl/worksheets/sheet1.xml")
+    assert b"inlineStr" not in sheet_xml
+    assert unit_texts(ooxml.XLSX, sent) == ["<p>Report &amp; more</p>"]
+    extracted = ooxml.XLSX.read(sent, Limits())
+    result = extracted.write(["<p>2024 Bericht &amp; mehr</p>"])
+    written = zipfile.ZipFile(io.BytesIO(result)).read("xl/worksheets/sheet1.xml")
+    assert written == sheet_xml.replace(
+        b"&amp;14Report &amp;&amp; more", b"&amp;14 2024 Bericht &amp;&amp; mehr"
+    )
+    assert [c.value for c in openpyxl.load_workbook(io.BytesIO(result)).active[1]] == [1.5, 2]
 
 
 def printed(data: bytes) -> list[str | None]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -483,18 +483,35 @@ class _Reader:
         return pieces
 
 
-# A print header's or footer's text ("&LDraft&CPage &P of &N&R&D"): its tokens are the codes,
-# `&&` (an ampersand) and runs of text. &L, &C and &R start its left, centre and right parts.
-_PRINTED = ("oddHeader", "oddFooter", "evenHeader", "evenFooter", "firstHeader", "firstFooter")
+# A print header's or footer's text ('&L&"Arial,Bold"Draft&CPage &P of &N&R&D'): its tokens are
+# Excel's codes (MS-OI29500: a font, a size, a colour, &P and &N with an offset, &D, &B, ...),
+# `&&` (an ampersand), line breaks and runs of text; &L, &C and &R start its left, centre and
+# right parts.
 _PRINT_TOKEN = re.compile(
-    r'&&|&"[^"]*"?|&\d{1,3}|&K(?:[0-9A-Fa-f]{6}|\d\d[+-]\d{3})|&.?|[^&]+', re.S
+    r'&&|&"[^"]*"?|&[PN](?:[+-]\d+)?|&\d{1,3}|&K(?:[0-9A-Fa-f]{6}|\d\d[+-]\d{2,3})|&.?'
+    r"|\r\n|[\r\n]|[^&\r\n]+",
+    re.S,
 )
 _PRINT_PARTS = frozenset({"&L", "&C", "&R"})
+_PRINT_BREAKS = frozenset({"\r\n", "\r", "\n"})
+_FONT_SIZE = re.compile(r"&\d{1,2}")  # a size that digits after it would lengthen
+# A print header or footer element in a worksheet's bytes (its content is text).
+_PRINT_ELEMENT = re.compile(
+    rb"<((?:[A-Za-z_][\w.-]*:)?(?:odd|even|first)(?:Header|Footer))(?:\s[^>]*)?>(.*?)</\1\s*>",
+    re.S,
+)
+_NOT_UTF8 = re.compile(rb"<\?xml[^>]*encoding\s*=\s*['\"](?!utf-?8['\"])", re.I)
+
+
+def _code(token: str) -> bool:
+    """Whether a token of a print header is a code (or a line break), not its text."""
+    return token in _PRINT_BREAKS or (token.startswith("&") and token != "&&")
 
 
 class _Printed:
-    """A sheet's print header or footer (an element of `headerFooter`): its tokens, in parts
-    split at &L, &C and &R (each marker a part of its own)."""
+    """A sheet's print header or footer (an element of `headerFooter`, or a holder of its text
+    read from the sheet's bytes: `_PrintedBytes`): its tokens, in parts split at &L, &C and &R
+    (each marker a part of its own)."""
 
     def __init__(self, element: etree._Element) -> None:
         self.element = element
@@ -509,37 +526,55 @@ class _Printed:
         return [
             _Section(self, i)
             for i, part in enumerate(self.parts)
-            if part[0] not in _PRINT_PARTS and any(_words(t) for t in part)
+            if part[0] not in _PRINT_PARTS
+            and any(not _code(t) and any(c.isalnum() for c in t) for t in part)
         ]
-
-
-def _words(token: str) -> bool:
-    return not token.startswith("&") and any(c.isalnum() for c in token)
 
 
 @dataclass
 class _Section:
-    """One part of a print header or footer whose text has words: one unit, each code (`&P`,
-    `&"Arial,Bold"`, `&B`, ...) an empty element placed by alignment."""
+    """One part of a print header or footer whose text has words: one unit. The codes before
+    its first word and after its last (a font, a size, a colour: what Excel writes first) stay
+    where they are, as a paragraph's leading properties do; each code among its words (`&P`,
+    `&B`, a line break) is an empty element placed by alignment."""
 
     printed: _Printed
     index: int
 
+    def _split(self) -> tuple[list[str], list[str], list[str]]:
+        """The part's leading codes (and the spaces after them), its words and the codes among
+        them, its trailing codes (and the spaces before them)."""
+        tokens = self.printed.parts[self.index]
+        start = next(i for i, t in enumerate(tokens) if not _code(t))
+        end = len(tokens) - next(i for i, t in enumerate(reversed(tokens)) if not _code(t))
+        head, inner, tail = tokens[:start], tokens[start:end], tokens[end:]
+        first = inner[0]
+        if first != first.lstrip():
+            head, inner = [*head, first[: len(first) - len(first.lstrip())]], inner[:]
+            inner[0] = first.lstrip()
+        if inner[-1] != inner[-1].rstrip():
+            last = inner[-1]
+            tail = [last[len(last.rstrip()) :], *tail]
+            inner[-1] = last.rstrip()
+        return head, [t for t in inner if t], tail
+
     def unit(self) -> Unit:
+        _, inner, _ = self._split()
         children: list[Code | str] = []
         codes = 0
-        for token in self.printed.parts[self.index]:
-            if token == "&&":
-                children.append("&")
-            elif token.startswith("&"):
-                children.append(Code(codes))
-                codes += 1
-            else:
-                children.append(token)
+        for token in inner:
+            if not _code(token):
+                children.append("&" if token == "&&" else token)
+                continue
+            if token in _PRINT_BREAKS:
+                space_apart(children)  # the words on either side are apart
+            children.append(Code(codes))
+            codes += 1
         return inline(children)
 
     def write(self, translation: str) -> None:
-        codes = [t for t in self.printed.parts[self.index] if t.startswith("&") and t != "&&"]
+        head, inner, tail = self._split()
+        codes = [t for t in inner if _code(t)]
         tokens: list[str] = []
         placed: set[int] = set()
 
@@ -547,25 +582,63 @@ class _Section:
             for child in children:
                 if isinstance(child, str):
                     tokens.append(child.replace("&", "&&"))
-                else:
-                    if child.index < len(codes) and child.index not in placed:
-                        tokens.append(codes[child.index])
-                        placed.add(child.index)
-                    add(child.children)
+                    continue
+                if child.index < len(codes) and child.index not in placed:
+                    tokens.append(codes[child.index])
+                    placed.add(child.index)
+                add(child.children)
 
         add(read_inline(translation))
         tokens += [code for i, code in enumerate(codes) if i not in placed]
-        self.printed.parts[self.index] = tokens
+        written = [*head, *_tightened(tokens), *tail]
+        for i in range(len(written) - 1):  # "&12" then "2024" would read as size 122
+            if _FONT_SIZE.fullmatch(written[i]) and written[i + 1][:1].isdigit():
+                written[i + 1] = " " + written[i + 1]
+        self.printed.parts[self.index] = written
         self.printed.element.text = "".join(t for part in self.printed.parts for t in part)
+
+
+def _tightened(tokens: list[str]) -> list[str]:
+    """No space next to a line break (the unit had one there for the model)."""
+    out = list(tokens)
+    for i, token in enumerate(out):
+        if token in _PRINT_BREAKS:
+            if i and not _code(out[i - 1]):
+                out[i - 1] = out[i - 1].rstrip(" ")
+            if i + 1 < len(out) and not _code(out[i + 1]):
+                out[i + 1] = out[i + 1].lstrip(" ")
+    return [token for token in out if token]
 
 
 def _printed(root: etree._Element) -> list[_Section]:
     """The units of a worksheet's print headers and footers."""
-    return [
-        section
-        for element in root.iter(*(f"{{{S}}}{name}" for name in _PRINTED))
-        for section in _Printed(element).sections()
+    names = [
+        f"{{{S}}}{kind}{side}" for kind in ("odd", "even", "first") for side in ("Header", "Footer")
     ]
+    return [section for element in root.iter(*names) for section in _Printed(element).sections()]
+
+
+class _PrintedBytes:
+    """The print headers and footers of a worksheet without inline strings, read from its
+    bytes and written into them: the sheet's rows (most of the file, numbers and indices into
+    the shared strings) are never parsed into a tree."""
+
+    def __init__(self, data: bytes, what: str) -> None:
+        self.data = data
+        self.found: list[tuple[tuple[int, int], etree._Element]] = []
+        for match in _PRINT_ELEMENT.finditer(data):
+            holder = parse_xml(b"<t>" + match.group(2) + b"</t>", what)
+            self.found.append((match.span(2), holder))
+
+    def sections(self) -> list[_Section]:
+        return [section for _, holder in self.found for section in _Printed(holder).sections()]
+
+    def serialize(self) -> bytes:
+        data = self.data
+        for (start, end), holder in reversed(self.found):
+            text = etree.tostring(holder, encoding="unicode")[len("<t>") : -len("</t>")]
+            data = data[:start] + text.encode() + data[end:]
+        return data
 
 
 @dataclass(frozen=True)
@@ -578,11 +651,13 @@ class _Extracted:
     def __init__(
         self,
         archive: Archive,
-        roots: dict[str, etree._Element],
+        writers: dict[str, Callable[[], bytes]],
         paragraphs: list[tuple[str, _Paragraph | _Section]],
     ) -> None:
+        """`writers`: each part's bytes once its units are written (from its tree, or its
+        bytes patched)."""
         self._archive = archive
-        self._roots = roots
+        self._writers = writers
         self._paragraphs = paragraphs
         self._units = [paragraph.unit() for _, paragraph in paragraphs]
 
@@ -596,7 +671,7 @@ class _Extracted:
         for (_, paragraph), translation in zip(self._paragraphs, translations, strict=True):
             paragraph.write(translation)
         changed = {name for name, _ in self._paragraphs}
-        return self._archive.rewrite({name: serialize_xml(self._roots[name]) for name in changed})
+        return self._archive.rewrite({name: self._writers[name]() for name in changed})
 
 
 @dataclass(frozen=True)
@@ -626,7 +701,7 @@ class OfficeFormat:
         types = _content_types(archive.xml(CONTENT_TYPES), archive.names)
         if self.main not in types.values():
             raise DocumentError(f"the file is not a {self.name} document (no {self.main} part)")
-        roots: dict[str, etree._Element] = {}
+        writers: dict[str, Callable[[], bytes]] = {}
         found: list[tuple[str, _Paragraph | _Section]] = []
         for name in archive.names:
             kind = types.get(name, "")
@@ -634,16 +709,25 @@ class OfficeFormat:
             if dialect is None:
                 continue
             data = archive.read(name)
-            if kind == _WORKSHEET and b"inlineStr" not in data and b"headerFooter" not in data:
-                continue  # a sheet's numbers, dates, formulas and shared strings' indices
-            root = parse_xml(data, f"the {self.name} file's part {name!r}")
-            paragraphs: list[_Paragraph | _Section] = list(_Reader(dialect).paragraphs(root))
-            if kind == _WORKSHEET:
-                paragraphs += _printed(root)
+            what = f"the {self.name} file's part {name!r}"
+            paragraphs: list[_Paragraph | _Section]
+            if kind == _WORKSHEET and b"inlineStr" not in data and not _NOT_UTF8.match(data):
+                # A sheet's numbers, dates, formulas and shared strings' indices: only its
+                # print headers and footers, if it has any.
+                if b"Header" not in data and b"Footer" not in data:
+                    continue
+                sheet = _PrintedBytes(data, what)
+                paragraphs, writer = list(sheet.sections()), sheet.serialize
+            else:
+                root = parse_xml(data, what)
+                paragraphs = list(_Reader(dialect).paragraphs(root))
+                if kind == _WORKSHEET:
+                    paragraphs += _printed(root)
+                writer = functools.partial(serialize_xml, root)
             if paragraphs:
-                roots[name] = root
+                writers[name] = writer
                 found.extend((name, p) for p in paragraphs)
-        return _Extracted(archive, roots, found)
+        return _Extracted(archive, writers, found)
 
 
 def _content_types(root: etree._Element, names: Sequence[str]) -> dict[str, str]:
