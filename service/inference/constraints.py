@@ -54,6 +54,8 @@ import numpy.typing as npt
 from service.bundle.decoding import Constraints, Hypothesis
 
 IntArray = npt.NDArray[np.int64]
+# Hypotheses whose term counts a search keeps (a few steps' rows).
+_COUNTED = 256
 
 
 class _Terms:
@@ -73,12 +75,22 @@ class _Terms:
         self.avoid = constraints.avoid
         self.word_pieces = constraints.word_pieces
         self.total = sum(len(term) * n for term, n in required.items())
+        # Counts by hypothesis: a step asks for each row's twice (Bank.wanted, Bank.choose), and
+        # a term's spellings make each count several scans of the row.
+        self._counted: dict[tuple[int, ...], dict[tuple[int, ...], int]] = {}
 
     def counts(self, tokens: Sequence[int]) -> dict[tuple[int, ...], int]:
         """How often each term occurs in `tokens` in any of its spellings, not overlapping."""
-        return {
-            term: sum(_count(tokens, own) for own in self.spellings[term]) for term in self.required
-        }
+        key = tuple(tokens)
+        found = self._counted.get(key)
+        if found is None:
+            if len(self._counted) >= _COUNTED:
+                self._counted.clear()  # the rows of steps gone by
+            found = self._counted[key] = {
+                term: sum(_count(tokens, own) for own in self.spellings[term])
+                for term in self.required
+            }
+        return found
 
     def state(
         self, tokens: Sequence[int], counts: dict[tuple[int, ...], int]

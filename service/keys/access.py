@@ -107,7 +107,9 @@ class Quotas:
         if characters == 0:
             return
         items = _character_items(key)
-        for name, item, limit in items:
+        # The later limits first, without counting: the first one's count below refuses without
+        # counting too, and the day must not be counted for a request its month refuses.
+        for name, item, limit in items[1:]:
             test = partial(self._characters.test, item, key.name, cost=characters)
             if limit is not None and not await self._call(test):
                 await self._refuse(self._characters, item, key, name)

@@ -110,6 +110,8 @@ def constraints(
     "einem"), which avoided changed a sentence that had the term already."""
     words = sorted({e.target for own in matched for e in own})
     ids = dict(zip(words, model.target_ids(words), strict=True))
+    # Each target term's spellings once, not once per sentence that has it.
+    spellings = {word: model.spellings(found) for word, found in ids.items() if found}
     avoided: dict[Entry, frozenset[int]] = {}
     for entry in {e for own in matched for e in own}:
         wanted = {w.casefold() for w in _WORDS.findall(entry.target)}
@@ -125,9 +127,9 @@ def constraints(
         terms = tuple(tuple(found) for e in entries if (found := ids[e.target]))
         kept = {t for term in terms for t in term}
         avoid = frozenset().union(*(avoided[e] for e in entries)) - kept
-        spellings = tuple(model.spellings(term) for term in terms)
+        written = tuple(spellings[e.target] for e in entries if ids[e.target])
         result.append(
-            Constraints(terms, avoid, model.word_pieces, spellings) if terms else NO_CONSTRAINTS
+            Constraints(terms, avoid, model.word_pieces, written) if terms else NO_CONSTRAINTS
         )
     return result
 
