@@ -349,10 +349,9 @@ def deepl_code(runtime: Runtime, language: str) -> str:
 
 async def deepl_terms(
     runtime: Runtime, fields: Mapping[str, Any], owner: str, source: str | None, target: str
-) -> tuple[str, Terms] | None:
-    """The glossary a translation or a document names (`glossary_id`, or one in
-    `glossary_ids`) and its terms: the caller's, of the pair, which needs its source given
-    (DeepL's rule)."""
+) -> Terms | None:
+    """The terms of the glossary a translation or a document names (`glossary_id`, or one in
+    `glossary_ids`): the caller's, of the pair, which needs its source given (DeepL's rule)."""
     glossary_id = _text(fields, "glossary_id")
     named = ([glossary_id] if glossary_id else []) + _names(fields, "glossary_ids")
     if not named:
@@ -367,7 +366,7 @@ async def deepl_terms(
         if e.type is ErrorType.NOT_FOUND:
             raise glossary_not_found(named[0]) from None
         raise
-    return None if terms is None else (named[0], terms)
+    return terms
 
 
 def glossary_not_found(glossary_id: str) -> ServiceError:
@@ -405,8 +404,7 @@ async def _translate_request(runtime: Runtime, fields: Mapping[str, Any], owner:
     _flag(fields, "outline_detection", True)
     _choice(fields, "tag_handling_version", ("v1", "v2"))
     _text(fields, "context")
-    glossary = await deepl_terms(runtime, fields, owner, source, target)
-    terms = None if glossary is None else glossary[1]
+    terms = await deepl_terms(runtime, fields, owner, source, target)
     if len(texts) > runtime.settings.max_texts:
         raise _bad(f"Too many texts: {len(texts)}; the limit is {runtime.settings.max_texts}.")
     form = Form(

@@ -117,13 +117,11 @@ def deepl_document_router(usage: CharacterUsage) -> APIRouter:
                     "its own format.",
                 )
             source, target = deepl_languages(runtime, fields)
-            glossary = await deepl_terms(runtime, fields, caller.owner, source, target)
+            terms = await deepl_terms(runtime, fields, caller.owner, source, target)
             filename = fields.get("filename")
             fields.clear()  # DeepL's fields, read: the native ones for `upload`
             fields.update(source=source or AUTO, target=target, filename=filename)
-            if glossary is not None:
-                fields["glossary_id"] = glossary[0]
-            return Sender(caller.stored, caller.owner)
+            return Sender(caller.stored, caller.owner, terms)
 
         with runtime.accept():
             document_key = secrets.token_hex(16)

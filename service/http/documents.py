@@ -27,6 +27,7 @@ from service.http.middleware import Caller, PresentedKey, RuntimeDep, require_ap
 from service.http.schemas import ErrorBody
 from service.keys.store import ApiKey
 from service.scheduling.runtime import Runtime
+from service.text.terms import Terms
 
 # Form fields besides the file: a few short values (the form parser's own limit per part).
 _MAX_FIELDS = 16
@@ -64,11 +65,13 @@ class DocumentFields(BaseModel):
 
 @dataclass(frozen=True)
 class Sender:
-    """Who sends a document: the key of the key store it is charged to (None: no limits), and
-    the owner of the glossaries it may name (glossaries.owner_of)."""
+    """Who sends a document: the key of the key store it is charged to (None: no limits), the
+    owner of the glossaries it may name (glossaries.owner_of), and the glossary's terms where a
+    compatible API has read them already (DeepL's, to answer in its own words)."""
 
     key: ApiKey | None
     owner: str
+    terms: Terms | None = None
 
 
 class Progress(BaseModel):
@@ -142,7 +145,9 @@ async def upload(
         runtime.model(body.source, body.target)
         runtime.decoding_options((body.source, body.target), body.decoding())
     options = body.decoding()
-    terms = await runtime.terms(sender.owner, (body.source, body.target), body.glossary_id)
+    terms = sender.terms
+    if terms is None:
+        terms = await runtime.terms(sender.owner, (body.source, body.target), body.glossary_id)
     if terms is not None:
         options[GLOSSARY] = [[e.source, e.target, e.case_sensitive] for e in terms.entries]
     # Read now, off the event loop: a broken, encrypted or too large file is a 4xx here.
