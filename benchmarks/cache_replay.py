@@ -48,7 +48,7 @@ from benchmarks.servers import (
     nginx,
     percentile_ms,
     read_texts,
-    service,
+    services,
 )
 from service.text.segment import split
 
@@ -98,7 +98,7 @@ def serving(bundle: Path, flags: list[str], replicas: int) -> Iterator[tuple[str
     """The URL to send the load to, and each process's own (for its /metrics): one `python -m
     service`, or `replicas` of them behind nginx."""
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(service(bundle, flags)) for _ in range(replicas)]
+        servers = stack.enter_context(services(bundle, flags, replicas))
         url = servers[0].url
         if replicas > 1:
             url = stack.enter_context(nginx([server.port for server in servers])).url

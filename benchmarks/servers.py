@@ -131,17 +131,30 @@ def start_service(bundle: Path, flags: list[str], port: int) -> subprocess.Popen
 def service(bundle: Path, flags: list[str], port: int | None = None) -> Iterator[Running]:
     """`python -m service` on 127.0.0.1 (a free port unless given), ready when yielded; its
     output goes to this process's. A server that does not start ends the run (SystemExit)."""
-    port = port or free_port()
-    process = start_service(bundle, flags, port)
-    url = f"http://{HOST}:{port}"
+    with services(bundle, flags, 1, None if port is None else [port]) as (running,):
+        yield running
+
+
+@contextlib.contextmanager
+def services(
+    bundle: Path, flags: list[str], count: int, ports: Sequence[int] | None = None
+) -> Iterator[list[Running]]:
+    """`count` of `service` (on `ports`, else free ones), started side by side (their models
+    load at once, not one after the other), all ready when yielded."""
+    ports = list(ports or [free_port() for _ in range(count)])
+    processes: list[subprocess.Popen[Any]] = []
     try:
-        try:
-            wait_until_ready(url, process)
-        except (RuntimeError, TimeoutError) as e:
-            raise SystemExit(str(e)) from None
-        yield Running(port, process)
+        for port in ports:
+            processes.append(start_service(bundle, flags, port))
+        for port, process in zip(ports, processes, strict=True):
+            try:
+                wait_until_ready(f"http://{HOST}:{port}", process)
+            except (RuntimeError, TimeoutError) as e:
+                raise SystemExit(str(e)) from None
+        yield [Running(port, process) for port, process in zip(ports, processes, strict=True)]
     finally:
-        _stop(process)
+        for process in processes:
+            _stop(process)
 
 
 def nginx_binary() -> str | None:
