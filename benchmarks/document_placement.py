@@ -99,6 +99,7 @@ from benchmarks.tag_placement import (
     same_text,
     span_scores,
 )
+from service.documents.base import append_text
 
 __all__ = [
     "FORMATS",
@@ -314,7 +315,7 @@ def make_odt(paragraphs: Sequence[Formatted]) -> bytes:
         paragraph = etree.SubElement(text, _q("text:p"))
         for part, formatted in item.parts():
             if not formatted:
-                _append_text(paragraph, part)
+                append_text(paragraph, part)
                 continue
             if item.kind == "link":
                 element = etree.SubElement(paragraph, _q("text:a"))
@@ -338,13 +339,6 @@ def make_odt(paragraphs: Sequence[Formatted]) -> bytes:
                            ("META-INF/manifest.xml", manifest)):  # fmt: skip
             package.writestr(name, etree.tostring(root, xml_declaration=True, encoding="UTF-8"))
     return out.getvalue()
-
-
-def _append_text(parent: etree._Element, text: str) -> None:
-    if len(parent):
-        parent[-1].tail = (parent[-1].tail or "") + text
-    else:
-        parent.text = (parent.text or "") + text
 
 
 def read_odt(data: bytes) -> list[Marks]:

@@ -386,7 +386,7 @@ class _Flattener:
         if self.protection is None:
             spans = [special.span() for special in _SPECIAL.finditer(raw)]
         else:
-            spans = [(s.start, s.end) for s in self.protection.find(raw, _SPECIAL)]
+            spans = kept_spans(raw, self.protection)
         for start, end in spans:
             self._plain(raw[done:start])
             into.append(self._place(_Item(None, raw[start:end], self.length)))

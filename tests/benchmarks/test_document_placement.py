@@ -27,7 +27,7 @@ from benchmarks.document_placement import (
 )
 from benchmarks.reference_alignment import read_words
 from service.documents.formats import by_name
-from tests.service.document_helpers import translate
+from tests.service.document_helpers import odf_document, translate
 
 PARAGRAPHS = [
     Formatted(["A", "man", "pulling", "some", "luggage."], (3, 5), "bold"),
@@ -94,16 +94,9 @@ def test_docx_reader_sees_split_bold_links_and_inherited_formatting() -> None:
 
 
 def test_odt_reader_follows_styles_nesting_and_spaces() -> None:
-    odf = {
-        "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0",
-        "style": "urn:oasis:names:tc:opendocument:xmlns:style:1.0",
-        "text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0",
-        "fo": "urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0",
-        "xlink": "http://www.w3.org/1999/xlink",
-    }
-    declared = " ".join(f'xmlns:{p}="{u}"' for p, u in odf.items())
-    content = (
-        f"<office:document-content {declared}><office:automatic-styles>"
+    content = odf_document(
+        "document-content",
+        "<office:automatic-styles>"
         '<style:style style:name="B" style:family="text">'
         '<style:text-properties fo:font-weight="bold"/></style:style>'
         '<style:style style:name="U" style:family="text">'
@@ -112,7 +105,7 @@ def test_odt_reader_follows_styles_nesting_and_spaces() -> None:
         '<text:p>Ein<text:s text:c="2"/><text:a xlink:href="x"><text:span text:style-name="B">'
         "roter</text:span> Ball</text:a> rollt</text:p>"
         '<text:h>Kein <text:span text:style-name="U">Fett</text:span></text:h>'
-        "</office:text></office:body></office:document-content>"
+        "</office:text></office:body>",
     )
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as package:

@@ -7,8 +7,10 @@ Imported by module path, as tests.service.helpers is."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,17 @@ def libreoffice(profile: Path, directory: Path, *args: str) -> None:
     convert many files in one call (`--convert-to txt a.docx b.docx`)."""
     command = [str(SOFFICE), "--headless", f"-env:UserInstallation=file://{profile}", *args]
     subprocess.run(command, cwd=directory, check=True, capture_output=True, timeout=120)
+
+
+def replace_entry(
+    data: bytes, name: str, content: bytes, extra: dict[str, bytes] | None = None
+) -> bytes:
+    """The archive with one entry's bytes replaced (and entries added)."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
+        for info in source.infolist():
+            target.writestr(info, content if info.filename == name else source.read(info))
+        for extra_name, extra_data in (extra or {}).items():
+            target.writestr(extra_name, extra_data)
+    return out.getvalue()

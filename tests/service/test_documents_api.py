@@ -8,7 +8,6 @@ import asyncio
 import io
 import json
 import threading
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from service.documents.safe import OLE_MAGIC
 from service.http.app import create_app
+from tests.service.document_helpers import replace_entry
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
 pytestmark = pytest.mark.anyio
@@ -34,20 +34,6 @@ def make_docx(*paragraphs: str, bold: str = "") -> bytes:
             paragraph.add_run(bold).bold = True
     out = io.BytesIO()
     document.save(out)
-    return out.getvalue()
-
-
-def replace_entry(
-    data: bytes, name: str, content: bytes, extra: dict[str, bytes] | None = None
-) -> bytes:
-    """The archive with one entry's bytes replaced (and entries added)."""
-    source = zipfile.ZipFile(io.BytesIO(data))
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as target:
-        for info in source.infolist():
-            target.writestr(info, content if info.filename == name else source.read(info))
-        for extra_name, extra_data in (extra or {}).items():
-            target.writestr(extra_name, extra_data)
     return out.getvalue()
 
 

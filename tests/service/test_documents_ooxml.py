@@ -39,6 +39,7 @@ from tests.service.document_helpers import (
     libreoffice,
     needs_libreoffice,
     plain_translations,
+    replace_entry,
     translate,
     unit_texts,
 )
@@ -246,12 +247,8 @@ def test_docx_fields_links_tabs_text_boxes_are_codes_and_come_back() -> None:
     moves nothing): the hyperlink, its bold run, the field with its result, the tab, the
     drawing with its text box (translated as a paragraph of its own), the footnote reference
     and the bookmarks are all there, in order."""
-    sent = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(make_docx())) as source, zipfile.ZipFile(sent, "w") as z:
-        for info in source.infolist():
-            body = BODY.encode() if info.filename == "word/document.xml" else source.read(info)
-            z.writestr(info, body)
-    read = ooxml.DOCX.read(sent.getvalue(), Limits())
+    sent = replace_entry(make_docx(), "word/document.xml", BODY.encode())
+    read = ooxml.DOCX.read(sent, Limits())
     units = [u.text for u in read.units]
     # The tab parts "page" from "now": a space before it, for the model.
     assert "<p>See <c0><c1>the page</c1></c0> <c2/> now <c3/> please.</p>" in units
@@ -681,11 +678,9 @@ def test_xlsx_print_headers_and_footers_are_translated_and_their_codes_kept() ->
     made = io.BytesIO()
     book.save(made)
     # A line break as Excel writes it in a header (openpyxl escapes it as _x000a_).
-    out = io.BytesIO()
-    with zipfile.ZipFile(made) as source, zipfile.ZipFile(out, "w") as z:
-        for info in source.infolist():
-            z.writestr(info, source.read(info).replace(b"_x000a_", b"\n"))
-    sent = out.getvalue()
+    name = "xl/worksheets/sheet1.xml"
+    sheet_xml = zipfile.ZipFile(made).read(name)
+    sent = replace_entry(made.getvalue(), name, sheet_xml.replace(b"_x000a_", b"\n"))
     units = unit_texts(ooxml.XLSX, sent)
     assert units[1:] == [
         "<p>Tom &amp; Jerry</p>",
@@ -759,14 +754,10 @@ def test_docx_tracked_insertions_are_translated_and_stay_insertions() -> None:
     """Runs inside a tracked insertion (`w:ins`) are the paragraph's words (an inline code, as a
     hyperlink is), translated and written back inside an insertion with its author, date and
     id; a tracked deletion keeps its deleted text as it was."""
-    sent = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(make_docx())) as source, zipfile.ZipFile(sent, "w") as z:
-        for info in source.infolist():
-            body = TRACKED.encode() if info.filename == "word/document.xml" else source.read(info)
-            z.writestr(info, body)
+    sent = replace_entry(make_docx(), "word/document.xml", TRACKED.encode())
     # (The other units: make_docx's header and footer.)
-    assert unit_texts(ooxml.DOCX, sent.getvalue())[0] == "<p>A <c0>big </c0>dog <c1/>runs.</p>"
-    out = zipfile.ZipFile(io.BytesIO(translate(ooxml.DOCX, sent.getvalue())))
+    assert unit_texts(ooxml.DOCX, sent)[0] == "<p>A <c0>big </c0>dog <c1/>runs.</p>"
+    out = zipfile.ZipFile(io.BytesIO(translate(ooxml.DOCX, sent)))
     paragraph = etree.fromstring(out.read("word/document.xml")).find(f".//{{{W}}}p")
     assert paragraph is not None
     inserted = paragraph.find(f"{{{W}}}ins")

@@ -192,10 +192,10 @@ def test_matching_by_words_case_longest_first_and_token_boundaries() -> None:
     ]  # fmt: skip
 
 
-def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: Path) -> None:
+def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_engine: Engine) -> None:
     """In the sentence, not beside the model's own word for it; a tag around the source term
     is around the target term (placed by the alignment as any tag)."""
-    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    engine = shipped_engine
     glossary = Terms([Entry("bike", "Rad"), Entry("woman", "Dame"), Entry("street", "Gasse")])
 
     def rendering(term: str) -> str:  # greedy, as the runtime translates a term alone
@@ -223,7 +223,7 @@ def test_the_shipped_model_writes_the_glossarys_terms_in_place(shipped_bundle: P
 
 
 def test_terms_the_model_already_writes_leave_its_translation_as_it_was(
-    shipped_bundle: Path,
+    shipped_engine: Engine,
 ) -> None:
     """Where the plain beam search's translation already holds each term, the constrained
     search returns it: beams shared evenly among term progress lost it in the first steps
@@ -233,7 +233,7 @@ def test_terms_the_model_already_writes_leave_its_translation_as_it_was(
     writes "antikes" as "ant" + "ik" + "es", the glossary's pieces are "ant" + "ikes" (not
     counted as the term, it was written a second time: "... herum, das ein antikes Rennauto
     steht. antikes ist.")."""
-    engine = Engine.load(shipped_bundle, device="cpu", intra_op_threads=1)
+    engine = shipped_engine
     entries = [("man", "Mann"), ("field", "Feld"), ("dog", "Hund"), ("roof", "Dach"),
                ("jacket", "Jacke"), ("chair", "Stuhl"), ("antique", "antikes")]  # fmt: skip
     texts = [
