@@ -214,14 +214,16 @@ class Batcher:
     async def submit(
         self,
         sources: Sequence[list[int]],
-        options: DecodingOptions,
+        options: DecodingOptions | Sequence[DecodingOptions],
         *,
         deadline: float,
         prefix: Sequence[int] = (),
         constraints: Sequence[Constraints] | None = None,
         background: bool = False,
     ) -> list[list[Hypothesis]]:
-        """Hypotheses for each source, in order; `prefix`: the ids their translations are
+        """Hypotheses for each source, in order, decoded with `options` (or `options[i]`: the
+        sources of one request may differ, as markup asks some only for alignments; the batches
+        group them by options); `prefix`: the ids their translations are
         forced to start with (a multilingual model's target: requests with different ones
         share batches); `constraints[i]`: source i's terms (they share batches too);
         `background`: bulk work, decoded behind interactive requests (module docstring). All
@@ -252,11 +254,12 @@ class Batcher:
         now = time.monotonic()
         request = object()
         terms = constraints or [NO_CONSTRAINTS] * len(sources)
+        each = [options] * len(sources) if isinstance(options, DecodingOptions) else options
         pending = [
             _Pending(
                 list(ids),
                 list(prefix),
-                options,
+                own_options,
                 loop.create_future(),
                 now,
                 deadline,
@@ -264,7 +267,7 @@ class Batcher:
                 own,
                 background,
             )
-            for ids, own in zip(sources, terms, strict=True)
+            for ids, own, own_options in zip(sources, terms, each, strict=True)
         ]
         self._queue.extend(pending)
         self._queue_changed()

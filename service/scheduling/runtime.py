@@ -437,36 +437,16 @@ class Runtime:
         prefix = model.decoder_prefix(pair[1])
         constraints = await self._constraints(model, pair, prepared, to_run, deadline)
 
-        def submitted(own: DecodingOptions, group: list[int]) -> Awaitable[list[list[Hypothesis]]]:
+        def submit(positions: list[int]) -> Awaitable[list[list[Hypothesis]]]:
+            # Each sentence with its own options (markup asks some only for the alignment).
             return batcher.submit(
-                [sources[to_run[j]] for j in group],
-                own,
+                [sources[to_run[j]] for j in positions],
+                [each[to_run[j]] for j in positions],
                 deadline=deadline,
                 prefix=prefix,
-                constraints=None if constraints is None else [constraints[j] for j in group],
+                constraints=None if constraints is None else [constraints[j] for j in positions],
                 background=background,
             )
-
-        async def submit(positions: list[int]) -> list[list[Hypothesis]]:
-            # One submission per options (markup asks some sentences only for the alignment).
-            groups: dict[DecodingOptions, list[int]] = {}
-            for j in positions:
-                groups.setdefault(each[to_run[j]], []).append(j)
-            if len(groups) == 1:
-                ((own, group),) = groups.items()
-                return await submitted(own, group)
-            calls = [asyncio.ensure_future(submitted(*item)) for item in groups.items()]
-            try:
-                answers = await asyncio.gather(*calls)
-            finally:
-                for call in calls:  # after a failure, the other sentences are not wanted
-                    call.cancel()
-            found = {
-                j: nbest
-                for group, got in zip(groups.values(), answers, strict=True)
-                for j, nbest in zip(group, got, strict=True)
-            }
-            return [found[j] for j in positions]
 
         if cache and self.sentences is not None:
             keys = [

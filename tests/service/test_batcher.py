@@ -68,6 +68,31 @@ async def test_concurrent_submits_share_one_batch_and_keep_their_order(
     assert sample(metrics, "mt_generated_tokens_total", model=fake.name) == 13
 
 
+async def test_one_request_with_options_of_its_own_per_sentence_is_queued_whole(
+    fake: FakeModel,
+) -> None:
+    """A request's sentences may each have their options (markup asks some only for their
+    alignment): one submission, queued whole or refused whole, batched by options, answered
+    in order."""
+    metrics = Metrics()
+    batcher = Batcher(fake.generate, model=fake.name, limits=limits(max_queue=3), metrics=metrics)
+    batcher.start()
+    aligned = DecodingOptions(alignments=True)
+    try:
+        with pytest.raises(ServiceError) as refused:  # four of a queue of three: none queued
+            await batcher.submit([ids("a")] * 4, [GREEDY, aligned] * 2, deadline=FAR)
+        assert refused.value.type is ErrorType.INVALID_REQUEST and batcher.depth == 0
+        sources = [ids("one"), ids("two"), ids("three")]
+        nbest = await batcher.submit(sources, [GREEDY, aligned, GREEDY], deadline=FAR)
+    finally:
+        await batcher.stop(1.0)
+    assert [h[0].ids for h in nbest] == [s[:-1] for s in sources]
+    assert sorted((len(batch), options) for batch, options in fake.calls) == [
+        (1, aligned),
+        (2, GREEDY),
+    ]
+
+
 async def test_batch_size_and_token_budget_are_respected(fake: FakeModel) -> None:
     metrics = Metrics()
     batcher = Batcher(
