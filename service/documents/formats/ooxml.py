@@ -611,11 +611,12 @@ def _tightened(tokens: list[str]) -> list[str]:
 
 
 def _printed(root: etree._Element) -> list[_Section]:
-    """The units of a worksheet's print headers and footers."""
-    names = [
-        f"{{{S}}}{kind}{side}" for kind in ("odd", "even", "first") for side in ("Header", "Footer")
-    ]
-    return [section for element in root.iter(*names) for section in _Printed(element).sections()]
+    """The units of a worksheet's print headers and footers (the children of its
+    `headerFooter`, a child of the sheet: not a walk through its rows)."""
+    printed = root.find(f"{{{S}}}headerFooter")
+    if printed is None:
+        return []
+    return [s for e in printed if isinstance(e.tag, str) for s in _Printed(e).sections()]
 
 
 class _PrintedBytes:
