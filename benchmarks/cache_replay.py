@@ -6,7 +6,7 @@ Redis in the redis modes.
 
     python -m benchmarks.cache_replay --bundle /work/bundles/multi30k-en-de \\
         [--requests 250] [--clients 32] [--zipf 1.1] [--modes off,memory,redis,redis-remote] \\
-        [--replicas 1] [--cached-probes 300] [--repeat 1] [--json OUT]
+        [--replicas 1] [--cached-probes 300] [--warm-up 96] [--repeat 1] [--json OUT]
 
 The pool: Multi30k's test2016 English side in paragraphs of one to three consecutive sentences
 (486); the load: a sequence of `--requests` of them drawn with P(rank k) proportional to
@@ -14,7 +14,13 @@ k ** -zipf, the same sequence (seeded) for every mode (250 requests: a best hit 
 60 %). `redis` starts Debian's redis-server on a free loopback port (benchmarks/servers.py);
 `redis-remote` too, with no in-process store in front of it (every hit read from Redis).
 
-For each mode: requests/s, p50/p99, the service's own counts of sentence-cache hits, misses
+Each mode's fresh servers first get `--warm-up` paragraphs of Multi30k's val (no sentence in
+common with the pool) from the same clients, not counted: the connections the load then uses
+(client to nginx, nginx to the replicas, the replicas to Redis) are open, the engine has run, and
+the load's hit rate is what it would be without them. For each mode: requests/s, p50/p99, the
+CPU each process spent a request of the load (the replicas' event loops and their other threads,
+nginx, Redis, the load generator; the scheduler's own accounting, /proc/PID/task/TID/schedstat),
+the service's own counts of sentence-cache hits, misses
 (sentences decoded) and single-flight joins, and, once the load is over, the p50 of a cached
 request through HTTP (`--cached-probes` requests of paragraphs the load sent, one at a time on
 one kept-alive connection); with replicas, the counts are summed over their /metrics and the
@@ -36,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -44,6 +50,7 @@ import numpy as np
 
 from benchmarks.servers import (
     RedisServer,
+    cpu_ns,
     metric,
     nginx,
     percentile_ms,
@@ -74,6 +81,14 @@ class Run:
     hit_rate: float = 0.0  # hits and joins over every sentence looked up
     cached_p50_ms: float = 0.0
     round: int = 0  # of --repeat: "vs off" compares runs of one round
+    # CPU ms a request of the load, by process (CPU_PARTS)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+
+
+# Where the CPU of the load goes: the replicas' event loops (their main threads), their other
+# threads (the engine's and ONNX Runtime's, tokenization), nginx (its workers), Redis, and the
+# load generator itself (on the same cores).
+CPU_PARTS = ("loops", "engines", "nginx", "redis", "load")
 
 
 def paragraphs(sentences: Sequence[str], rng: np.random.Generator) -> list[str]:
@@ -94,15 +109,32 @@ def zipf_sequence(pool: int, requests: int, s: float, rng: np.random.Generator) 
 
 
 @contextlib.contextmanager
-def serving(bundle: Path, flags: list[str], replicas: int) -> Iterator[tuple[str, list[str]]]:
-    """The URL to send the load to, and each process's own (for its /metrics): one `python -m
-    service`, or `replicas` of them behind nginx."""
+def serving(
+    bundle: Path, flags: list[str], replicas: int
+) -> Iterator[tuple[str, list[str], dict[str, list[int]]]]:
+    """The URL to send the load to, each process's own (for its /metrics), and the pids of the
+    replicas and nginx (for their CPU): one `python -m service`, or `replicas` of them behind
+    nginx."""
     with contextlib.ExitStack() as stack:
         servers = stack.enter_context(services(bundle, flags, replicas))
         url = servers[0].url
+        pids = {"replicas": [server.process.pid for server in servers], "nginx": [], "redis": []}
         if replicas > 1:
-            url = stack.enter_context(nginx([server.port for server in servers])).url
-        yield url, [server.url for server in servers]
+            proxy = stack.enter_context(nginx([server.port for server in servers]))
+            url, pids["nginx"] = proxy.url, [proxy.process.pid]
+        yield url, [server.url for server in servers], pids
+
+
+def _cpu(pids: dict[str, list[int]]) -> dict[str, int]:
+    """CPU ns so far of each of CPU_PARTS."""
+    replicas = [cpu_ns(pid) for pid in pids["replicas"]]
+    return {
+        "loops": sum(main for main, _ in replicas),
+        "engines": sum(other for _, other in replicas),
+        "nginx": sum(sum(cpu_ns(pid)) for pid in pids["nginx"]),
+        "redis": sum(sum(cpu_ns(pid)) for pid in pids["redis"]),
+        "load": time.process_time_ns(),  # this process's threads, not its children
+    }
 
 
 async def _metrics(http: aiohttp.ClientSession, urls: Sequence[str]) -> list[str]:
@@ -127,9 +159,12 @@ async def replay(
     clients: int,
     probes: Sequence[str],
     replica_urls: Sequence[str] = (),
+    warm_up: Sequence[str] = (),
+    pids: dict[str, list[int]] | None = None,
 ) -> Run:
-    """The load sent to `url`; the cache's counts summed over `replica_urls`' /metrics
-    (default: `url`'s)."""
+    """The load sent to `url`, after `warm_up` (sent the same way, not counted); the cache's
+    counts summed over `replica_urls`' /metrics (default: `url`'s); with `pids` (as `serving`
+    gives them, and "redis"), the CPU of each of CPU_PARTS during the load."""
     run = Run(mode="")
     latencies: list[float] = []
     replica_urls = replica_urls or [url]
@@ -138,20 +173,26 @@ async def replay(
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        before = await _metrics(http, replica_urls)
-        queue = iter(bodies)
 
-        async def client() -> None:
+        async def client(queue: Iterator[str], counted: bool) -> None:
             for text in queue:
                 sent = time.perf_counter()
-                if await _translate(http, url, text) == 200:
-                    latencies.append(time.perf_counter() - sent)
-                else:
+                if await _translate(http, url, text) != 200:
                     run.failed += 1
+                elif counted:
+                    latencies.append(time.perf_counter() - sent)
 
+        warm_queue = iter(warm_up)
+        await asyncio.gather(*(client(warm_queue, False) for _ in range(clients)))
+        before = await _metrics(http, replica_urls)
+        queue = iter(bodies)
+        cpu = None if pids is None else _cpu(pids)
         start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
+        await asyncio.gather(*(client(queue, True) for _ in range(clients)))
         elapsed = time.perf_counter() - start
+        if pids is not None and cpu is not None:
+            spent = _cpu(pids)
+            run.cpu_ms = {k: round((spent[k] - cpu[k]) / 1e6 / len(bodies), 2) for k in spent}
         run.seconds = round(elapsed, 2)
         after = await _metrics(http, replica_urls)
         cached: list[float] = []
@@ -184,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--cached-probes", type=int, default=300)
     parser.add_argument(
+        "--warm-up",
+        type=int,
+        default=96,
+        help="paragraphs of Multi30k's val sent first to each mode's fresh servers, not counted",
+    )
+    parser.add_argument(
         "--replicas", type=int, default=1, help="services behind nginx (1: one, no nginx)"
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -211,10 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(load), file=sys.stderr)
     seen = list(dict.fromkeys(bodies))
     probes = [seen[i % len(seen)] for i in range(args.cached_probes)]
+    # Other sentences than the pool's (val and test2016 share none): they open the
+    # connections (client, nginx, Redis) and warm the engine, and leave the load's hit rate as
+    # it was.
+    warm_up = paragraphs(read_texts(args.texts.with_name("val.en.gz")), rng)[: args.warm_up]
     runs: list[Run] = []
     for number in range(args.repeat):
         for mode in modes:
-            run = _run(mode, args, bodies, probes)
+            run = _run(mode, args, bodies, probes, warm_up)
             run.round = number
             runs.append(run)
             print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
@@ -227,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if any(r.failed for r in runs) else 0
 
 
-def _run(mode: str, args: argparse.Namespace, bodies: list[str], probes: list[str]) -> Run:
+def _run(
+    mode: str, args: argparse.Namespace, bodies: list[str], probes: list[str], warm_up: list[str]
+) -> Run:
     """One run of the load in `mode`, on servers (and a Redis) of its own."""
     flags = args.server_args.split() + (["--no-cache"] if mode == "off" else ["--cache"])
     with tempfile.TemporaryDirectory(prefix="mt-redis-") as tmp:
@@ -239,8 +292,12 @@ def _run(mode: str, args: argparse.Namespace, bodies: list[str], probes: list[st
         if mode == "redis-remote":
             flags += ["--cache-bytes", "0"]
         try:
-            with serving(args.bundle, flags, args.replicas) as (url, replicas):
-                run = asyncio.run(replay(url, bodies, args.clients, probes, replicas))
+            with serving(args.bundle, flags, args.replicas) as (url, replicas, pids):
+                if redis is not None and redis.process is not None:
+                    pids["redis"].append(redis.process.pid)
+                run = asyncio.run(
+                    replay(url, bodies, args.clients, probes, replicas, warm_up, pids)
+                )
         finally:
             if redis is not None:
                 redis.stop()
@@ -253,14 +310,16 @@ def _table(runs: Sequence[Run]) -> None:
     medians."""
     off = {r.round: r.requests_per_s for r in runs if r.mode == "off"}
     print("| cache | round | replicas | requests/s | vs off | p50 ms | p99 ms | hit rate "
-          "| sentences decoded | joined | cached request p50 ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| sentences decoded | joined | cached request p50 ms | CPU ms a request: "
+          + " / ".join(CPU_PARTS) + " |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         decoded = "all" if r.mode == "off" else f"{r.misses:.0f}"
         ratio = f"{r.requests_per_s / off[r.round]:.2f}x" if off.get(r.round) else "-"
+        cpu = " / ".join(f"{r.cpu_ms.get(part, 0):.2f}" for part in CPU_PARTS)
         print(f"| {r.mode} | {r.round + 1} | {r.replicas} | {r.requests_per_s} | {ratio} | "
               f"{r.p50_ms} | {r.p99_ms} | {r.hit_rate} | {decoded} | {r.joined:.0f} | "
-              f"{r.cached_p50_ms} |")  # fmt: skip
+              f"{r.cached_p50_ms} | {cpu} |")  # fmt: skip
     if len(off) > 1:
         for mode in dict.fromkeys(r.mode for r in runs):
             own = [r for r in runs if r.mode == mode]
@@ -268,7 +327,9 @@ def _table(runs: Sequence[Run]) -> None:
             print(f"{mode}: median of {len(own)} rounds: "
                   f"{statistics.median(r.requests_per_s for r in own):.1f} requests/s, "
                   f"{statistics.median(ratios):.2f}x off, cached request p50 "
-                  f"{statistics.median(r.cached_p50_ms for r in own)} ms")  # fmt: skip
+                  f"{statistics.median(r.cached_p50_ms for r in own)} ms, CPU ms a request "
+                  + " / ".join(f"{statistics.median(r.cpu_ms.get(p, 0) for r in own):.2f}"
+                               for p in CPU_PARTS))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -69,6 +69,26 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def cpu_ns(pid: int) -> tuple[int, int]:
+    """CPU time so far (ns, from the scheduler's own accounting: /proc/.../schedstat) of
+    process `pid` and its children: its main thread's (a service's event loop), and all its
+    other threads' and its children's (the engine's threads; nginx's workers)."""
+    main = other = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            if int(task) == pid:
+                main += ns
+            else:
+                other += ns
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                other += sum(sum(cpu_ns(int(child))) for child in f.read().split())
+    except FileNotFoundError:  # ended meanwhile
+        pass
+    return main, other
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

@@ -7,21 +7,22 @@ these, so a key never answers for another model or another option. The runtime
 sentences: each is answered from the store (a hit), by the decoding of the same sentence already
 queued or running for any request, or earlier in the same request (joined: single flight), or
 submitted to the batcher (a miss), which stores what it gives. With Redis, single flight spans
-the replicas (`SharedFlights`): a replica claims each sentence it is about to decode, and
+the replicas (`SharedSentences`): a replica claims each sentence it is about to decode, and
 another asked for it meanwhile waits for its entry rather than decoding it too. A paragraph half
 seen reuses the sentences it shares with earlier ones; markup and every API get it by going
 through the runtime.
 
 Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
-`redis_url` a `TieredStore`: that in front of a `RedisStore` (shared by every replica, entries
-expire after `cache_ttl_s`). A Redis that fails is skipped (service/store/connection.py): the
-sentences are decoded, or answered by the process's own store.
+`redis_url` `SharedSentences` behind it (shared by every replica, entries expire after
+`cache_ttl_s`). A sentence costs Redis at most two round trips: one that finds its entry or
+claims it, and, if it was decoded here, one that stores it and gives up the claim. A Redis that
+fails is skipped (service/store/connection.py): the sentences are decoded, or answered by the
+process's own store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -31,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -120,12 +121,6 @@ def _size(hypotheses: Sequence[Hypothesis]) -> int:
     )
 
 
-class Store(Protocol):
-    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]: ...
-
-    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None: ...
-
-
 class MemoryStore:
     """In this process, bounded in bytes; the least recently used entries go first."""
 
@@ -160,110 +155,99 @@ class MemoryStore:
         self._gauge.set(self.bytes)
 
 
-class RedisStore:
-    """In Redis, shared by every replica; each entry expires `ttl_s` after it was written. While
-    Redis fails, it finds nothing and stores nothing."""
+# One round trip for the sentences a replica does not hold: for each, its entry if Redis has one,
+# else a claim on it (SET NX GET: none there, now ours; or its holder's token). KEYS: entry and
+# flight names, in pairs; ARGV: this process's token, the claim's life in ms.
+_FIND_OR_CLAIM = """
+local found = {}
+for i = 1, #KEYS, 2 do
+    local entry = redis.call('GET', KEYS[i])
+    if entry then
+        found[#found + 1] = {0, entry}
+    else
+        local owner = redis.call('SET', KEYS[i + 1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+        if owner then
+            found[#found + 1] = {2, owner}
+        else
+            found[#found + 1] = {1}
+        end
+    end
+end
+return found
+"""
 
-    def __init__(self, link: RedisLink, ttl_s: int) -> None:
+
+class SharedSentences:
+    """The entries in Redis that every replica shares (each expires `ttl_s` after it was
+    written), and single flight across them: a claim per sentence (`SET NX`, for the deciding
+    request's remaining time) names the replica that decodes it; another asked for it meanwhile
+    looks for its entry until it is stored, or until the claim is gone without one (that request
+    failed or ran out of time, its replica died), and then decodes it itself. Entries read from
+    Redis are kept in this process's store (`near`): an entry never changes (its key says all
+    its answer depends on), so a hot sentence costs no round trip. While Redis fails, nothing is
+    found or stored there and every replica decodes what it is asked for."""
+
+    def __init__(self, link: RedisLink, near: MemoryStore, ttl_s: int) -> None:
         self._link = link
-        self._ttl_s = ttl_s
-
-    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
-        names = [REDIS_PREFIX.encode() + key.hex().encode() for key in keys]
-        try:
-            values = await self._link.run("cache_get", lambda: self._link.client.mget(names))
-        except StoreUnavailable:  # counted and logged by the link: skipped, not failed
-            return [None] * len(keys)
-        # Bytes: the client decodes no responses.
-        return [None if value is None else decode(cast(bytes, value)) for value in values]
-
-    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
-        async def write() -> None:
-            async with self._link.client.pipeline(transaction=False) as pipe:
-                for key, hypotheses in entries:
-                    pipe.set(REDIS_PREFIX + key.hex(), encode(hypotheses), ex=self._ttl_s)
-                await pipe.execute()
-
-        # A failure is counted and logged by the link; the next request decodes them again.
-        with contextlib.suppress(StoreUnavailable):
-            await self._link.run("cache_put", write)
-
-
-class TieredStore:
-    """The in-process store in front of Redis's: an entry never changes (its key says all its
-    answer depends on), so a replica may keep the ones it reads or writes, and a hot sentence
-    costs no round trip to Redis."""
-
-    def __init__(self, near: MemoryStore, far: RedisStore) -> None:
         self._near = near
-        self._far = far
-
-    async def get(self, keys: Sequence[bytes]) -> list[list[Hypothesis] | None]:
-        found = await self._near.get(keys)
-        missing = [i for i, hypotheses in enumerate(found) if hypotheses is None]
-        if missing:
-            far = await self._far.get([keys[i] for i in missing])
-            fetched = []
-            for i, hypotheses in zip(missing, far, strict=True):
-                if hypotheses is not None:
-                    found[i] = hypotheses
-                    fetched.append((keys[i], hypotheses))
-            await self._near.put(fetched)
-        return found
-
-    async def put(self, entries: Sequence[tuple[bytes, list[Hypothesis]]]) -> None:
-        await self._near.put(entries)
-        await self._far.put(entries)
-
-
-class SharedFlights:
-    """Single flight across the replicas sharing Redis: a claim per sentence (`SET NX`, for the
-    deciding request's remaining time) names the replica that decodes it; another asked for it
-    meanwhile looks for its entry until it is stored, or until the claim is gone without one
-    (that request failed or ran out of time, its replica died), and then decodes it itself.
-    While Redis fails, every replica decodes what it is asked for."""
-
-    def __init__(self, link: RedisLink, near: MemoryStore) -> None:
-        self._link = link
-        self._near = near  # keeps what another replica decoded, as TieredStore does
+        self._ttl_s = ttl_s
+        self._find_or_claim = link.client.register_script(_FIND_OR_CLAIM)
         self._token = secrets.token_bytes(8)  # this process's claims
         # Claims this process could not give up (Redis failed), until they expire: its own to
         # take again at once (time.monotonic() when each expires).
         self._unreleased: dict[bytes, float] = {}
 
-    async def claim(self, keys: Sequence[bytes], ttl_s: float) -> list[bool]:
-        """For each key, whether this process now decodes it (True too when Redis fails, and
-        for a claim of its own that it could not give up: a job retried after Redis came back
-        is not kept waiting for itself)."""
+    async def find_or_claim(
+        self, keys: Sequence[bytes], ttl_s: float
+    ) -> list[list[Hypothesis] | bool]:
+        """For each key, its hypotheses if Redis has them, else whether this process now
+        decodes it (True too when Redis fails, and for a claim of its own that it could not
+        give up: a job retried after Redis came back is not kept waiting for itself)."""
         ttl_ms = max(1, int(min(ttl_s, FLIGHT_CLAIM_MAX_S) * 1000))
-
-        async def claim() -> list[Any]:
-            async with self._link.client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.set(FLIGHT_PREFIX + key.hex(), self._token, nx=True, px=ttl_ms, get=True)
-                return await pipe.execute()
-
+        names = [name for key in keys for name in _names(key)]
         try:
-            held = await self._link.run("cache_claim", claim)
-        except StoreUnavailable:
+            answers = await self._link.run(
+                "cache_find", lambda: self._find_or_claim(keys=names, args=[self._token, ttl_ms])
+            )
+        except StoreUnavailable:  # counted and logged by the link: skipped, not failed
             return [True] * len(keys)
         now = time.monotonic()
         self._unreleased = {k: end for k, end in self._unreleased.items() if end > now}
-        # SET ... NX GET answers the claim there was: none (now ours), or its holder's token.
-        return [
-            owner is None or (owner == self._token and self._unreleased.pop(key, 0) > now)
-            for key, owner in zip(keys, held, strict=True)
-        ]
+        found: list[list[Hypothesis] | bool] = []
+        kept = []
+        for key, (kind, *value) in zip(keys, answers, strict=True):
+            if kind == 0:  # Bytes: the client decodes no responses.
+                hypotheses = decode(cast(bytes, value[0]))
+                found.append(hypotheses)
+                kept.append((key, hypotheses))
+            else:
+                found.append(kind == 1 or self._unreleased.pop(key, 0) > now)
+        await self._near.put(kept)
+        return found
 
-    async def release(self, keys: Sequence[bytes]) -> None:
-        async def release() -> None:
-            await self._link.client.delete(*(FLIGHT_PREFIX + key.hex() for key in keys))
+    async def store(
+        self, entries: Sequence[tuple[bytes, list[Hypothesis]]], claimed: Sequence[bytes]
+    ) -> None:
+        """Write the entries and give up this process's claims, in one round trip: the replicas
+        waiting read the entries, and decode the claimed sentences not stored."""
+
+        async def write() -> None:
+            async with self._link.client.pipeline(transaction=False) as pipe:
+                for key, hypotheses in entries:
+                    pipe.set(_names(key)[0], encode(hypotheses), ex=self._ttl_s)
+                if claimed:
+                    pipe.delete(*(_names(key)[1] for key in claimed))
+                await pipe.execute()
 
         try:
-            await self._link.run("cache_release", release)
-        except StoreUnavailable:  # they expire with their request's time
+            await self._link.run("cache_store", write)
+        except StoreUnavailable:  # the next request decodes them again; the claims expire
             end = time.monotonic() + FLIGHT_CLAIM_MAX_S
-            self._unreleased.update((key, end) for key in keys)
+            self._unreleased.update((key, end) for key in claimed)
+
+    async def release(self, keys: Sequence[bytes]) -> None:
+        """Give up this process's claims without entries (their decoding failed)."""
+        await self.store([], keys)
 
     async def wait(self, keys: Sequence[bytes], deadline: float) -> list[list[Hypothesis] | None]:
         """Each key's hypotheses once another replica stored them; None where its claim went
@@ -275,17 +259,17 @@ class SharedFlights:
             await asyncio.sleep(pause)
             pause = min(2 * pause, FLIGHT_POLL_MAX_S)
 
-            async def look(names: list[str]) -> list[Any]:
+            async def look(names: list[tuple[str, str]]) -> list[Any]:
                 # One transaction: an entry stored and its claim given up between the two
                 # reads would look like a claim gone without its entry.
                 async with self._link.client.pipeline(transaction=True) as pipe:
-                    pipe.mget([REDIS_PREFIX + name for name in names])
-                    for name in names:
-                        pipe.exists(FLIGHT_PREFIX + name)
+                    pipe.mget([entry for entry, _ in names])
+                    for _, flight in names:
+                        pipe.exists(flight)
                     return await pipe.execute()
 
             try:
-                names = [keys[j].hex() for j in pending]
+                names = [_names(keys[j]) for j in pending]
                 values, *claims = await self._link.run("cache_wait", partial(look, names))
             except StoreUnavailable:
                 break
@@ -301,6 +285,12 @@ class SharedFlights:
         return found
 
 
+def _names(key: bytes) -> tuple[str, str]:
+    """A sentence's entry and claim in Redis."""
+    name = key.hex()
+    return REDIS_PREFIX + name, FLIGHT_PREFIX + name
+
+
 # Submits the sentences at these positions of the request to the batcher: their hypotheses.
 Submit = Callable[[list[int]], Awaitable[list[list[Hypothesis]]]]
 
@@ -308,8 +298,10 @@ Submit = Callable[[list[int]], Awaitable[list[list[Hypothesis]]]]
 class Sentences:
     """The cache in front of the batchers, and single flight (module docstring)."""
 
-    def __init__(self, store: Store, metrics: Metrics, shared: SharedFlights | None = None) -> None:
-        self.store = store
+    def __init__(
+        self, store: MemoryStore, metrics: Metrics, shared: SharedSentences | None = None
+    ) -> None:
+        self.store = store  # this process's; with Redis, in front of `shared`
         self._shared = shared
         self._metrics = metrics.sentence_cache
         # Sentences being decoded, by key: their hypotheses once decoded, None if the request
@@ -339,9 +331,18 @@ class Sentences:
                 owned.append(i)
         elsewhere: list[int] = []  # decoded by another replica meanwhile
         if owned and self._shared is not None:
-            mine = await self._shared.claim([keys[i] for i in owned], deadline - time.monotonic())
-            elsewhere = [i for i, claimed in zip(owned, mine, strict=True) if not claimed]
-            owned = [i for i, claimed in zip(owned, mine, strict=True) if claimed]
+            answers = await self._shared.find_or_claim(
+                [keys[i] for i in owned], deadline - time.monotonic()
+            )
+            mine = []
+            for i, answer in zip(owned, answers, strict=True):
+                if isinstance(answer, list):
+                    results[i] = answer
+                elif answer:
+                    mine.append(i)
+                else:
+                    elsewhere.append(i)
+            owned = mine
         self._metrics.labels(result="hit").inc(len(results))
         joins = len(joined) + len(elsewhere) + len(keys) - len(unique)
         self._metrics.labels(result="joined").inc(joins)
@@ -419,11 +420,9 @@ class Sentences:
     ) -> None:
         """Store what was decoded, then give up this process's claims on it: the replicas
         waiting read the entries, and decode those not stored."""
-        try:
-            await self.store.put(entries)
-        finally:
-            if self._shared is not None:
-                await self._shared.release(claimed)
+        await self.store.put(entries)
+        if self._shared is not None:
+            await self._shared.store(entries, claimed)
 
     def _background(
         self,

@@ -44,11 +44,8 @@ from service.metrics import Metrics, RequestRate
 from service.scheduling.batcher import Batcher, BatchLimits, Generate, Stepper, set_within
 from service.scheduling.cache import (
     MemoryStore,
-    RedisStore,
     Sentences,
-    SharedFlights,
-    Store,
-    TieredStore,
+    SharedSentences,
     sentence_key,
 )
 from service.settings import Settings
@@ -197,13 +194,11 @@ class Runtime:
                 metrics=metrics,
             )
         memory = MemoryStore(settings.cache_bytes, metrics)
-        store: Store = memory
         shared = None
         if self.redis is not None:
-            store = TieredStore(memory, RedisStore(self.redis, settings.cache_ttl_s))
-            shared = SharedFlights(self.redis, memory)
+            shared = SharedSentences(self.redis, memory, settings.cache_ttl_s)
         # The sentence cache and single flight (across replicas with Redis); None: off.
-        self.sentences = Sentences(store, metrics, shared) if settings.cache else None
+        self.sentences = Sentences(memory, metrics, shared) if settings.cache else None
         # Who may call and how much (service/keys/): static and stored keys, their limits.
         self.access = Access(settings, self.redis, metrics)
         # Every served language, targets too: a text already in its target is seen as such.

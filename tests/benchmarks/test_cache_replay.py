@@ -5,13 +5,14 @@ load's distinct ones."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from benchmarks.cache_replay import paragraphs, replay, zipf_sequence
+from benchmarks.cache_replay import CPU_PARTS, paragraphs, replay, zipf_sequence
 from service.http.app import create_app
 from tests.service.helpers import FakeModel, fast_settings, uvicorn_thread
 
@@ -34,9 +35,17 @@ def fake_server() -> Iterator[str]:
 
 
 def test_a_replay_decodes_each_distinct_sentence_once(fake_server: str) -> None:
+    """...the warm-up's sentences not counted, and the CPU of every part measured (here one
+    process is server and load)."""
     bodies = ["One. Two.", "Two. Three.", "One. Two.", "Four.", "One. Two."] * 4
-    run = asyncio.run(replay(fake_server, bodies, clients=6, probes=bodies[:3]))
+    pids = {"replicas": [os.getpid()], "nginx": [], "redis": []}
+    warm_up = ["Five. Six.", "Seven."] * 3
+    run = asyncio.run(
+        replay(fake_server, bodies, clients=6, probes=bodies[:3], warm_up=warm_up, pids=pids)
+    )
     assert (run.answered, run.failed) == (20, 0)
+    assert set(run.cpu_ms) == set(CPU_PARTS) and run.cpu_ms["loops"] > 0 < run.cpu_ms["load"]
+    assert run.cpu_ms["nginx"] == run.cpu_ms["redis"] == 0
     sentences = 2 * 12 + 2 * 4 + 4  # 36, of 4 distinct ones: One, Two, Three, Four
     assert run.misses == 4 and run.hits + run.joined == sentences - 4
     assert run.hit_rate == round(32 / 36, 3) and run.cached_p50_ms > 0

@@ -25,7 +25,7 @@ from service.metrics import Metrics
 from service.scheduling.cache import (
     SAME_HYPOTHESES,
     MemoryStore,
-    SharedFlights,
+    SharedSentences,
     decode,
     encode,
     sentence_key,
@@ -317,28 +317,31 @@ async def test_a_claim_of_this_process_it_could_not_give_up_is_taken_again(
 ) -> None:
     """A claim this process could not give up (Redis failed when its decoding ended) is its
     own to take again at once; one it holds for a request still decoding, or another
-    process's, is waited for (never decoded twice)."""
+    process's, is waited for (never decoded twice); an entry stored is found, not claimed."""
     links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
     try:
-        mine, other = (SharedFlights(link, MemoryStore(1 << 20, Metrics())) for link in links)
+        mine, other = (
+            SharedSentences(link, MemoryStore(1 << 20, Metrics()), ttl_s=60) for link in links
+        )
         keys = [b"\x01" * 16, b"\x02" * 16]
-        assert await mine.claim(keys, 5.0) == [True, True]
-        assert await mine.claim(keys, 5.0) == [False, False]  # still its requests'
-        assert await other.claim(keys, 5.0) == [False, False]
+        assert await mine.find_or_claim(keys, 5.0) == [True, True]
+        assert await mine.find_or_claim(keys, 5.0) == [False, False]  # still its requests'
+        assert await other.find_or_claim(keys, 5.0) == [False, False]
         run = links[0].run
 
         async def failing(operation: str, call: Any) -> Any:
-            if operation == "cache_release":
+            if operation == "cache_store":
                 raise StoreUnavailable("Redis is down")
             return await run(operation, call)
 
         monkeypatch.setattr(links[0], "run", failing)
         await mine.release(keys[:1])  # not given up: the claim stays in Redis
-        assert await other.claim(keys, 5.0) == [False, False]
-        assert await mine.claim(keys, 5.0) == [True, False]  # its own left: taken again
+        assert await other.find_or_claim(keys, 5.0) == [False, False]
+        assert await mine.find_or_claim(keys, 5.0) == [True, False]  # its own left: taken again
         monkeypatch.setattr(links[0], "run", run)
-        await mine.release(keys)
-        assert await other.claim(keys, 5.0) == [True, True]
+        hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
+        await mine.store([(keys[0], hypotheses)], keys)  # stored and given up at once
+        assert await other.find_or_claim(keys, 5.0) == [hypotheses, True]
     finally:
         for link in links:
             await link.close()
