@@ -23,6 +23,7 @@ from service.http.app import create_app
 from service.inference.engine import Engine
 from service.metrics import Metrics
 from service.scheduling.cache import (
+    REDIS_PREFIX,
     SAME_HYPOTHESES,
     MemoryStore,
     SharedSentences,
@@ -342,6 +343,41 @@ async def test_a_claim_of_this_process_it_could_not_give_up_is_taken_again(
         hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
         await mine.store([(keys[0], hypotheses)], keys)  # stored and given up at once
         assert await other.find_or_claim(keys, 5.0) == [hypotheses, True]
+        # A claim it could not give up that expired and was taken by another since: that
+        # one's, waited for, and never given up by this process.
+        late = b"\x03" * 16
+        assert await mine.find_or_claim([late], 0.2) == [True]
+        monkeypatch.setattr(links[0], "run", failing)
+        await mine.release([late])
+        monkeypatch.setattr(links[0], "run", run)
+        await asyncio.sleep(0.3)  # expired
+        assert await other.find_or_claim([late], 5.0) == [True]
+        assert await mine.find_or_claim([late], 5.0) == [False]
+        await mine.release([late])  # not its claim: stays
+        assert await mine.find_or_claim([late], 5.0) == [False]
+    finally:
+        for link in links:
+            await link.close()
+
+
+async def test_an_entry_read_from_redis_is_kept_in_the_process_store(redis_url: str) -> None:
+    """...so that the next request for it costs no round trip; one Redis cannot read (another
+    format) is decoded again rather than failing the request."""
+    links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
+    try:
+        near = MemoryStore(1 << 20, Metrics())
+        mine, other = SharedSentences(links[0], near, 60), SharedSentences(links[1], near, 60)
+        key, bad = b"\x04" * 16, b"\x05" * 16
+        hypotheses = [Hypothesis([7], -0.1, "eos", np.ones((1, 3), np.float32))]
+        assert await other.find_or_claim([key], 5.0) == [True]
+        await other.store([(key, hypotheses)], [key])
+        await links[0].client.set(REDIS_PREFIX + bad.hex(), b"not an entry")
+        assert await near.get([key]) == [None]
+        found = await mine.find_or_claim([key, bad], 5.0)
+        assert found == [hypotheses, True]  # (alignments are not part of equality)
+        assert isinstance(found[0], list) and found[0][0].alignment is not None
+        np.testing.assert_array_equal(found[0][0].alignment, hypotheses[0].alignment)
+        assert await near.get([key]) == [hypotheses]
     finally:
         for link in links:
             await link.close()
@@ -363,6 +399,7 @@ async def test_translation_goes_on_while_redis_is_down_and_uses_it_once_back(
     )
     fake = FakeModel()
     async with running(create_app(settings, models=[fake])) as client:
+        await translate(client, "Up first.")  # Redis has the cache's scripts now, then loses them
         redis_server.stop()
         fake.calls.clear()
         try:
