@@ -18,22 +18,25 @@ from typing import Any
 import pytest
 
 from service.bundle.decoding import DecodingOptions, nothing
-from service.documents.base import DocumentFormat, Limits, Unit
+from service.documents.base import DocumentFormat, Limits, Unit, inline
+from service.documents.translate import bare
 from service.text import pipeline
 from service.text.pipeline import Form
 from tests.service.helpers import FakeModel
 
 
 def translations(units: Sequence[Unit], model: Any, target: str | None = None) -> list[str]:
-    """Each unit's translation, as the service would give it (one call per unit format)."""
+    """Each unit's translation, as the service would give it (one call per unit format; a unit
+    without codes as the plain text it holds, as service.documents.translate sends it)."""
+    sent = [bare(unit) for unit in units]
     out = [""] * len(units)
     for format in ("text", "html", "xml"):
-        indices = [i for i, unit in enumerate(units) if unit.format == format]
+        indices = [i for i, unit in enumerate(sent) if unit.format == format]
         if not indices:
             continue
         prepared = pipeline.prepare(
             model,
-            [units[i].text for i in indices],
+            [sent[i].text for i in indices],
             target,
             max_segment_characters=5000,
             format=format,  # type: ignore[arg-type]
@@ -47,7 +50,8 @@ def translations(units: Sequence[Unit], model: Any, target: str | None = None) -
             nbest[i] = hypotheses
         translated = pipeline.assemble(model, prepared, nbest, 1)
         for i, translation in zip(indices, translated, strict=True):
-            out[i] = translation.texts[0]
+            text = translation.texts[0]
+            out[i] = text if sent[i] is units[i] else inline([text]).text
     return out
 
 
