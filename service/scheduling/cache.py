@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -237,17 +237,11 @@ class SharedSentences:
                 found.append(True)
             elif kind == 2:  # another claim: this process's own only if it could not give it up
                 found.append(value[0] == self._token and self._unreleased.pop(key, 0) > now)
-            else:  # Bytes: the client decodes no responses.
-                try:
-                    hypotheses = decode(cast(bytes, value[0]))
-                except (ValueError, TypeError) as e:
-                    # Not what this version writes under this key: decoded here, unclaimed
-                    # (twice at worst), and written over with this process's entry.
-                    log.warning("a cached sentence could not be read (%s): decoded again", e)
-                    found.append(True)
-                    continue
+            elif (hypotheses := _read(value[0])) is not None:
                 found.append(hypotheses)
                 kept.append((key, hypotheses))
+            else:  # decoded here, unclaimed (twice at worst), and written over once decoded
+                found.append(True)
         await self._near.put(kept)
         return found
 
@@ -298,13 +292,25 @@ class SharedSentences:
             waiting, kept = [], []
             for j, value, claimed in zip(pending, values, claims, strict=True):
                 if value is not None:
-                    found[j] = hypotheses = decode(value)
-                    kept.append((keys[j], hypotheses))
+                    found[j] = hypotheses = _read(value)  # None: decoded by the waiters
+                    if hypotheses is not None:
+                        kept.append((keys[j], hypotheses))
                 elif claimed:
                     waiting.append(j)
             await self._near.put(kept)
             pending = waiting
         return found
+
+
+def _read(value: bytes) -> list[Hypothesis] | None:
+    """An entry's hypotheses; None for one this version cannot read (another's format under
+    the same key: a bug, or a hand-written key), which is then decoded again, not a failed
+    request. (Bytes: the client decodes no responses.)"""
+    try:
+        return decode(value)
+    except (ValueError, TypeError) as e:
+        log.warning("a cached sentence could not be read (%s): decoded again", e)
+        return None
 
 
 def _names(key: bytes) -> tuple[str, str]:

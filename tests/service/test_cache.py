@@ -378,6 +378,8 @@ async def test_an_entry_read_from_redis_is_kept_in_the_process_store(redis_url: 
         assert isinstance(found[0], list) and found[0][0].alignment is not None
         np.testing.assert_array_equal(found[0][0].alignment, hypotheses[0].alignment)
         assert await near.get([key]) == [hypotheses]
+        # A replica waiting for it decodes it too, rather than waiting on or failing.
+        assert await other.wait([bad], time.monotonic() + 1) == [None]
     finally:
         for link in links:
             await link.close()
