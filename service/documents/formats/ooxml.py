@@ -89,6 +89,16 @@ class _Dialect:
     def q(self, name: str) -> str:
         return f"{{{self.ns}}}{name}"
 
+    # The tags of kept_first, kept_last and wrappers, made once (each paragraph's children are
+    # looked up in them).
+    @functools.cached_property
+    def first_tags(self) -> frozenset[str]:
+        return frozenset(self.q(name) for name in self.kept_first)
+
+    @functools.cached_property
+    def last_tags(self) -> frozenset[str]:
+        return frozenset(self.q(name) for name in self.kept_last)
+
     @functools.cached_property
     def wrapper_tags(self) -> frozenset[str]:
         return frozenset(self.q(name) for name in self.wrappers)
@@ -405,9 +415,9 @@ class _Reader:
         for child in element:
             if not isinstance(child.tag, str):  # a comment or processing instruction
                 pieces.append(_Object([child], None))
-            elif child.tag in {d.q(n) for n in d.kept_first} and not pieces:
+            elif child.tag in d.first_tags and not pieces:
                 first.append(child)
-            elif child.tag in {d.q(n) for n in d.kept_last}:
+            elif child.tag in d.last_tags:
                 last.append(child)
             elif child.tag in d.wrapper_tags:
                 pieces.extend(self._linked(child))
