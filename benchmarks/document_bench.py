@@ -15,7 +15,8 @@ Reports (a service of its own for each --document-batch-size):
   up.
 
     python -m benchmarks.document_bench --bundle bundles/multi30k-en-de [--paragraphs 300]
-        [--document-batch-size 8 32] [--scheduler batch] [--repeat 3] [--json out.json]
+        [--document-batch-size 32 96] [--scheduler batch] [--repeat 3] [--json out.json]
+        [--server-args "--max-batch-size 96"]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import io
 import json
 import random
+import shlex
 import statistics
 import tempfile
 import threading
@@ -37,6 +39,7 @@ import docx
 import httpx
 
 from benchmarks.servers import metric, percentile_ms, read_texts, service
+from service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_2016 = Path("/work/shared/data/multi30k/test_2016_flickr.en.gz")
@@ -143,6 +146,7 @@ def measure(
             "--max-texts", str(len(texts)), "--max-characters", "10000000",
             "--max-queue-segments", str(10 * len(texts)), "--request-timeout-s", "600",
             "--no-cache",  # each run decodes every sentence (they repeat between phases)
+            *shlex.split(args.server_args),
         ]  # fmt: skip
         with service(bundle, flags) as running, httpx.Client(base_url=running.url) as client:
             for _ in range(10):
@@ -203,7 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.document_bench", description=__doc__)
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--paragraphs", type=int, default=300, help="of three sentences each")
-    p.add_argument("--document-batch-size", type=int, nargs="+", default=[8])
+    p.add_argument(
+        "--document-batch-size",
+        type=int,
+        nargs="+",
+        default=[Settings.model_fields["document_batch_size"].default],
+        help="a service for each (default: the service's own)",
+    )
     p.add_argument("--scheduler", choices=("batch", "step"), default="batch")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     p.add_argument("--probe-s", type=float, default=10.0, help="unloaded probing time")
@@ -217,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="a document's status asked every POLL_S (the web page's pace; DeepL's client: 5 s)",
     )
+    p.add_argument("--server-args", default="", help="more flags for python -m service")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     sentences = read_texts(TEST_2016 if TEST_2016.exists() else None)
@@ -228,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "paragraphs": args.paragraphs,
         "bold_every": args.bold_every,
         "scheduler": args.scheduler,
+        "server_args": args.server_args,
         "runs": results,
     }
     print(json.dumps(report, indent=2))

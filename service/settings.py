@@ -343,10 +343,11 @@ class Settings(BaseSettings):
         1, ge=1, description="documents translated at once (each behind interactive requests)"
     )
     document_batch_size: int = Field(
-        32,
+        96,
         ge=1,
         description="a document's sentences running at once, in a batch of their own that "
-        "pauses for interactive requests (CPU bundles); elsewhere per batch, preempted",
+        "pauses for interactive requests at its next decoder step (CPU bundles), so it may be "
+        "larger than max_batch_size; elsewhere per batch, preempted",
     )
 
     @field_validator("bundle", "model", "checkpoint", "api_keys", "cors_origins", mode="before")
