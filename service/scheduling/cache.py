@@ -15,7 +15,8 @@ through the runtime.
 Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
 `redis_url` `SharedSentences` behind it (shared by every replica, entries expire after
 `cache_ttl_s`). A sentence costs Redis at most two round trips: one that finds its entry or
-claims it, and, if it was decoded here, one that stores it and gives up the claim. A Redis that
+claims it, and, if it was decoded here, one that stores it and gives up the claim; a replica
+waiting for it costs a look and a blocking call that returns when its decoding ends. A Redis that
 fails is skipped (service/store/connection.py): the sentences are decoded, or answered by the
 process's own store.
 """
@@ -32,7 +33,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 
@@ -56,10 +56,14 @@ SAME_HYPOTHESES = frozenset({"return_scores"})
 ENTRY_OVERHEAD = 400
 REDIS_PREFIX = "mt:sentence:"
 FLIGHT_PREFIX = "mt:flight:"
-# A replica waiting for a sentence another decodes looks for its entry after this long, then
-# twice as long each time, up to the longest: a decoding takes tens to hundreds of ms.
-FLIGHT_POLL_S = 0.005
-FLIGHT_POLL_MAX_S = 0.02
+# A list that gets an item when a sentence's decoding ends (stored or given up), for the
+# replicas waiting for it (`SharedSentences.wait`); taken away when it is claimed again.
+DONE_PREFIX = "mt:done:"
+# Blocking waits one process holds at once (each holds a connection of the pool while it
+# blocks: service/store/connection.py MAX_CONNECTIONS); a wait beyond them looks again after
+# FLIGHT_POLL_S instead.
+MAX_BLOCKING = 16
+FLIGHT_POLL_S = 0.02
 # A claim's longest life (a document's sentences have no deadline): a replica that dies
 # holding it leaves the others waiting this long at most, then they decode the sentence
 # themselves, as they do one whose decoding takes longer (decoded twice, never lost).
@@ -156,11 +160,12 @@ class MemoryStore:
 
 
 # One round trip for the sentences a replica does not hold: for each, its entry if Redis has one,
-# else a claim on it (SET NX GET: none there, now ours; or its holder's token). KEYS: entry and
-# flight names, in pairs; ARGV: this process's token, the claim's life in ms.
+# else a claim on it (SET NX GET: none there, now ours, and the end of an earlier decoding of it
+# forgotten; or its holder's token). KEYS: entry, flight and done names, in threes; ARGV: this
+# process's token, the claim's life in ms.
 _FIND_OR_CLAIM = """
 local found = {}
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS, 3 do
     local entry = redis.call('GET', KEYS[i])
     if entry then
         found[#found + 1] = {0, entry}
@@ -169,6 +174,7 @@ for i = 1, #KEYS, 2 do
         if owner then
             found[#found + 1] = {2, owner}
         else
+            redis.call('DEL', KEYS[i + 2])
             found[#found + 1] = {1}
         end
     end
@@ -176,20 +182,34 @@ end
 return found
 """
 # One round trip for what a replica decoded: the entries written (each expiring), and its claims
-# given up, each only if it is still its own (one that expired meanwhile may be another's now).
-# KEYS: the entries' names, then the claims'; ARGV: this process's token, the entries' life in s,
-# then the entries' values.
+# given up, each only if it is still its own (one that expired meanwhile may be another's now),
+# with an item in its done list for the replicas waiting. KEYS: the entries' names, then the
+# claims' flight and done names in pairs; ARGV: this process's token, the entries' life in s, the
+# done lists' life in ms, then the entries' values.
 _STORE = """
-local entries = #ARGV - 2
+local entries = #ARGV - 3
 for i = 1, entries do
-    redis.call('SET', KEYS[i], ARGV[i + 2], 'EX', ARGV[2])
+    redis.call('SET', KEYS[i], ARGV[i + 3], 'EX', ARGV[2])
 end
-for i = entries + 1, #KEYS do
+for i = entries + 1, #KEYS, 2 do
     if redis.call('GET', KEYS[i]) == ARGV[1] then
         redis.call('DEL', KEYS[i])
+        redis.call('RPUSH', KEYS[i + 1], 1)
+        redis.call('PEXPIRE', KEYS[i + 1], ARGV[3])
     end
 end
 return entries
+"""
+# One round trip for the sentences a replica waits for: each one's entry, else 1 while it is
+# claimed and 0 once it is not (its decoding failed, or its replica died). A script, so that an
+# entry stored and its claim given up between two reads cannot look like a claim gone without
+# its entry. KEYS: entry and flight names, in pairs.
+_LOOK = """
+local found = {}
+for i = 1, #KEYS, 2 do
+    found[#found + 1] = redis.call('GET', KEYS[i]) or redis.call('EXISTS', KEYS[i + 1])
+end
+return found
 """
 
 
@@ -209,6 +229,10 @@ class SharedSentences:
         self._ttl_s = ttl_s
         self._find_or_claim = link.client.register_script(_FIND_OR_CLAIM)
         self._store = link.client.register_script(_STORE)
+        self._look = link.client.register_script(_LOOK)
+        self._blocking = asyncio.Semaphore(MAX_BLOCKING)
+        # A blocking call returns within half the link's timeout, which bounds every call.
+        self._block_s = link.timeout_s / 2
         self._token = secrets.token_bytes(8)  # this process's claims
         # Claims this process could not give up (Redis failed), until they expire: its own to
         # take again at once (time.monotonic() when each expires).
@@ -250,13 +274,12 @@ class SharedSentences:
     ) -> None:
         """Write the entries and give up this process's claims, in one round trip: the replicas
         waiting read the entries, and decode the claimed sentences not stored."""
-        names = [_names(key)[0] for key, _ in entries] + [_names(key)[1] for key in claimed]
-        values = [encode(hypotheses) for _, hypotheses in entries]
+        names = [_names(key)[0] for key, _ in entries]
+        names += [name for key in claimed for name in _names(key)[1:]]
+        args: list[bytes | int] = [self._token, self._ttl_s, int(FLIGHT_CLAIM_MAX_S * 1000)]
+        args += [encode(hypotheses) for _, hypotheses in entries]
         try:
-            await self._link.run(
-                "cache_store",
-                lambda: self._store(keys=names, args=[self._token, self._ttl_s, *values]),
-            )
+            await self._link.run("cache_store", lambda: self._store(keys=names, args=args))
         except StoreUnavailable:  # the next request decodes them again; the claims expire
             end = time.monotonic() + FLIGHT_CLAIM_MAX_S
             self._unreleased.update((key, end) for key in claimed)
@@ -267,39 +290,44 @@ class SharedSentences:
 
     async def wait(self, keys: Sequence[bytes], deadline: float) -> list[list[Hypothesis] | None]:
         """Each key's hypotheses once another replica stored them; None where its claim went
-        without an entry, Redis failed or `deadline` (time.monotonic()) came first."""
+        without an entry, Redis failed or `deadline` (time.monotonic()) came first. Before each
+        look it blocks until the decoding of the first sentence still claimed ends (its done
+        list gets an item: one round trip, however long the decoding takes), for at most half
+        the link's timeout (a replica that died holding a claim sends nothing: its claim
+        expires)."""
         found: list[list[Hypothesis] | None] = [None] * len(keys)
         pending = list(range(len(keys)))
-        pause = FLIGHT_POLL_S
-        while pending and time.monotonic() + pause < deadline:
-            await asyncio.sleep(pause)
-            pause = min(2 * pause, FLIGHT_POLL_MAX_S)
-
-            async def look(names: list[tuple[str, str]]) -> list[Any]:
-                # One transaction: an entry stored and its claim given up between the two
-                # reads would look like a claim gone without its entry.
-                async with self._link.client.pipeline(transaction=True) as pipe:
-                    pipe.mget([entry for entry, _ in names])
-                    for _, flight in names:
-                        pipe.exists(flight)
-                    return await pipe.execute()
-
-            try:
-                names = [_names(keys[j]) for j in pending]
-                values, *claims = await self._link.run("cache_wait", partial(look, names))
-            except StoreUnavailable:
-                break
-            waiting, kept = [], []
-            for j, value, claimed in zip(pending, values, claims, strict=True):
-                if value is not None:
-                    found[j] = hypotheses = _read(value)  # None: decoded by the waiters
-                    if hypotheses is not None:
-                        kept.append((keys[j], hypotheses))
-                elif claimed:
-                    waiting.append(j)
-            await self._near.put(kept)
-            pending = waiting
+        try:
+            while pending and (left := deadline - time.monotonic()) > 0:
+                await self._until_done(_names(keys[pending[0]])[2], left)
+                names = [name for j in pending for name in _names(keys[j])[:2]]
+                values = await self._link.run("cache_wait", partial(self._look, keys=names))
+                waiting, kept = [], []
+                for j, value in zip(pending, values, strict=True):
+                    if isinstance(value, bytes):
+                        found[j] = hypotheses = _read(value)  # None: decoded by the waiters
+                        if hypotheses is not None:
+                            kept.append((keys[j], hypotheses))
+                    elif value:
+                        waiting.append(j)
+                await self._near.put(kept)
+                pending = waiting
+        except StoreUnavailable:
+            pass
         return found
+
+    async def _until_done(self, done: str, left: float) -> None:
+        """Until `done` (a sentence's done list) has an item, or for at most `left` seconds
+        and half the link's timeout; a short pause instead while MAX_BLOCKING waits block."""
+        if self._blocking.locked():
+            await asyncio.sleep(min(left, FLIGHT_POLL_S))
+            return
+        async with self._blocking:
+            # BLMOVE from a list to itself: the item stays for every other waiter. Its timeout
+            # is in seconds (a fraction too), 0 for ever: at least a millisecond.
+            block = max(0.001, min(left, self._block_s))
+            command = ("BLMOVE", done, done, "LEFT", "RIGHT", block)
+            await self._link.run("cache_wait", partial(self._link.client.execute_command, *command))
 
 
 def _read(value: bytes) -> list[Hypothesis] | None:
@@ -313,10 +341,10 @@ def _read(value: bytes) -> list[Hypothesis] | None:
         return None
 
 
-def _names(key: bytes) -> tuple[str, str]:
-    """A sentence's entry and claim in Redis."""
+def _names(key: bytes) -> tuple[str, str, str]:
+    """A sentence's entry, claim and done list in Redis."""
     name = key.hex()
-    return REDIS_PREFIX + name, FLIGHT_PREFIX + name
+    return REDIS_PREFIX + name, FLIGHT_PREFIX + name, DONE_PREFIX + name
 
 
 # Submits the sentences at these positions of the request to the batcher: their hypotheses.

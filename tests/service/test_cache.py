@@ -385,6 +385,68 @@ async def test_an_entry_read_from_redis_is_kept_in_the_process_store(redis_url: 
             await link.close()
 
 
+async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_new_one(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica waiting for a sentence another decodes blocks until that decoding ends: one
+    blocking call and one look, not a poll every few ms; a sentence claimed again after an
+    earlier decoding of it ended is waited for anew (that end forgotten, not spun on); with
+    every blocking slot taken, a wait looks again now and then instead."""
+    links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
+    try:
+        mine, other = (
+            SharedSentences(link, MemoryStore(1 << 20, Metrics()), ttl_s=60) for link in links
+        )
+        calls: list[str] = []
+        run = links[1].run
+
+        async def counted(operation: str, call: Any) -> Any:
+            calls.append(operation)
+            return await run(operation, call)
+
+        monkeypatch.setattr(links[1], "run", counted)
+        hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
+        key, again = b"\x06" * 16, b"\x07" * 16
+        assert await mine.find_or_claim([key], 5.0) == [True]
+        assert await other.find_or_claim([key], 5.0) == [False]
+        calls.clear()
+        # Blocks for at most half the link's timeout (2.5 s): answered within 1 s, it was
+        # woken by the store.
+        waiter = asyncio.ensure_future(other.wait([key], time.monotonic() + 3))
+        await asyncio.sleep(0.3)
+        assert not waiter.done() and calls == ["cache_wait"]  # one call, blocking
+        await mine.store([(key, hypotheses)], [key])
+        assert await asyncio.wait_for(waiter, 1) == [hypotheses]
+        assert calls == ["cache_wait", "cache_wait"]  # the blocking call, one look
+        # A decoding that ended without an entry leaves an item for its waiters; the next
+        # claim forgets it, so the next waiters block rather than wake at once.
+        assert await mine.find_or_claim([again], 5.0) == [True]
+        await mine.release([again])
+        assert await mine.find_or_claim([again], 5.0) == [True]
+        assert await other.find_or_claim([again], 5.0) == [False]
+        calls.clear()
+        blocked = asyncio.ensure_future(other.wait([again], time.monotonic() + 3))
+        await asyncio.sleep(0.3)
+        assert not blocked.done() and calls == ["cache_wait"]
+        await mine.store([(again, hypotheses)], [again])
+        assert await asyncio.wait_for(blocked, 1) == [hypotheses]
+        # No blocking slot free: looked for again after a pause, and found.
+        third = b"\x08" * 16
+        monkeypatch.setattr("service.scheduling.cache.MAX_BLOCKING", 0)
+        polling = SharedSentences(links[1], MemoryStore(1 << 20, Metrics()), ttl_s=60)
+        assert await mine.find_or_claim([third], 5.0) == [True]
+        assert await polling.find_or_claim([third], 5.0) == [False]
+        calls.clear()
+        waiter = asyncio.ensure_future(polling.wait([third], time.monotonic() + 3))
+        await asyncio.sleep(0.3)
+        assert not waiter.done() and len(calls) >= 5  # a look every 20 ms
+        await mine.store([(third, hypotheses)], [third])
+        assert await asyncio.wait_for(waiter, 1) == [hypotheses]
+    finally:
+        for link in links:
+            await link.close()
+
+
 def first_writes(client: httpx.AsyncClient) -> set[Any]:
     transport = client._transport
     assert isinstance(transport, httpx.ASGITransport)
