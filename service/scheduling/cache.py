@@ -64,6 +64,11 @@ DONE_PREFIX = "mt:done:"
 # FLIGHT_POLL_S instead.
 MAX_BLOCKING = 16
 FLIGHT_POLL_S = 0.02
+# Redis ends a blocking call past its timeout at its next tick: up to 100 ms late at its default
+# `hz 10` when idle (a 10 ms BLMOVE measured 92 ms, 250 ms 300 ms). A blocking call's timeout
+# leaves that much of the link's for it, and half at most for the pool and the round trip; a
+# link too short for both does not block (it looks every FLIGHT_POLL_S).
+REDIS_TICK_S = 0.15
 # A claim's longest life (a document's sentences have no deadline): a replica that dies
 # holding it leaves the others waiting this long at most, then they decode the sentence
 # themselves, as they do one whose decoding takes longer (decoded twice, never lost).
@@ -231,8 +236,8 @@ class SharedSentences:
         self._store = link.client.register_script(_STORE)
         self._look = link.client.register_script(_LOOK)
         self._blocking = asyncio.Semaphore(MAX_BLOCKING)
-        # A blocking call returns within half the link's timeout, which bounds every call.
-        self._block_s = link.timeout_s / 2
+        # The longest blocking call: within the link's timeout, which bounds every call.
+        self._block_s = min(link.timeout_s / 2, link.timeout_s - REDIS_TICK_S)
         self._token = secrets.token_bytes(8)  # this process's claims
         # Claims this process could not give up (Redis failed), until they expire: its own to
         # take again at once (time.monotonic() when each expires).
@@ -292,9 +297,8 @@ class SharedSentences:
         """Each key's hypotheses once another replica stored them; None where its claim went
         without an entry, Redis failed or `deadline` (time.monotonic()) came first. Before each
         look it blocks until the decoding of the first sentence still claimed ends (its done
-        list gets an item: one round trip, however long the decoding takes), for at most half
-        the link's timeout (a replica that died holding a claim sends nothing: its claim
-        expires)."""
+        list gets an item: one round trip, however long the decoding takes), for at most
+        `_block_s` (a replica that died holding a claim sends nothing: its claim expires)."""
         found: list[list[Hypothesis] | None] = [None] * len(keys)
         pending = list(range(len(keys)))
         try:
@@ -318,14 +322,15 @@ class SharedSentences:
 
     async def _until_done(self, done: str, left: float) -> None:
         """Until `done` (a sentence's done list) has an item, or for at most `left` seconds
-        and half the link's timeout; a short pause instead while MAX_BLOCKING waits block."""
-        if self._blocking.locked():
+        and `_block_s`; a short pause instead while MAX_BLOCKING waits block, or where a
+        blocking call would not end within the link's timeout or `left` (REDIS_TICK_S)."""
+        block = min(left, self._block_s)
+        if self._blocking.locked() or block < FLIGHT_POLL_S:
             await asyncio.sleep(min(left, FLIGHT_POLL_S))
             return
         async with self._blocking:
             # BLMOVE from a list to itself: the item stays for every other waiter. Its timeout
-            # is in seconds (a fraction too), 0 for ever: at least a millisecond.
-            block = max(0.001, min(left, self._block_s))
+            # is in seconds, a fraction too.
             command = ("BLMOVE", done, done, "LEFT", "RIGHT", block)
             await self._link.run("cache_wait", partial(self._link.client.execute_command, *command))
 

@@ -391,7 +391,8 @@ async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_n
     """A replica waiting for a sentence another decodes blocks until that decoding ends: one
     blocking call and one look, not a poll every few ms; a sentence claimed again after an
     earlier decoding of it ended is waited for anew (that end forgotten, not spun on); with
-    every blocking slot taken, a wait looks again now and then instead."""
+    every blocking slot taken, or a link timeout too short for Redis's late end of a blocking
+    call, a wait looks again now and then instead."""
     links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
     try:
         mine, other = (
@@ -430,6 +431,18 @@ async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_n
         assert not blocked.done() and calls == ["cache_wait"]
         await mine.store([(again, hypotheses)], [again])
         assert await asyncio.wait_for(blocked, 1) == [hypotheses]
+        # A link whose timeout leaves no room for Redis's late end of a blocking call (its
+        # 100 ms tick) looks instead of blocking, and never times out.
+        short = RedisLink(redis_url, timeout_s=0.1, retry_s=0.3, metrics=Metrics())
+        links.append(short)
+        brief = SharedSentences(short, MemoryStore(1 << 20, Metrics()), ttl_s=60)
+        fourth = b"\x09" * 16
+        assert await mine.find_or_claim([fourth], 5.0) == [True]
+        assert await brief.find_or_claim([fourth], 5.0) == [False]
+        waiter = asyncio.ensure_future(brief.wait([fourth], time.monotonic() + 3))
+        await asyncio.sleep(0.5)
+        await mine.store([(fourth, hypotheses)], [fourth])
+        assert await asyncio.wait_for(waiter, 1) == [hypotheses] and short.up
         # No blocking slot free: looked for again after a pause, and found.
         third = b"\x08" * 16
         monkeypatch.setattr("service.scheduling.cache.MAX_BLOCKING", 0)
