@@ -750,6 +750,55 @@ TRACKED = f"""<w:document xmlns:w="{W}"><w:body><w:p>
 <w:r><w:t>runs.</w:t></w:r></w:p></w:body></w:document>"""
 
 
+# Content controls (Word's fields of a form or template): one inside a paragraph around an
+# italic run, one around a whole paragraph.
+CONTROLS = f"""<w:document xmlns:w="{W}"><w:body>
+<w:p><w:r><w:t xml:space="preserve">The title is </w:t></w:r><w:sdt><w:sdtPr>
+<w:alias w:val="Title"/><w:tag w:val="title"/><w:id w:val="42"/></w:sdtPr><w:sdtContent><w:r>
+<w:rPr><w:i/></w:rPr><w:t>annual report</w:t></w:r></w:sdtContent></w:sdt><w:r><w:t>.</w:t></w:r>
+</w:p><w:sdt><w:sdtPr><w:id w:val="43"/></w:sdtPr><w:sdtContent><w:p><w:r>
+<w:t>A block control.</w:t></w:r></w:p></w:sdtContent></w:sdt></w:body></w:document>"""
+
+
+def shown(element: etree._Element) -> str:
+    """The text of a docx element's `w:t`s."""
+    return "".join(t.text or "" for t in element.iter(f"{{{W}}}t"))
+
+
+def test_docx_content_controls_are_translated_and_stay_controls(tmp_path: Path) -> None:
+    """The runs inside an inline content control (`w:sdt`) are the paragraph's words, in a code
+    of their own around their formatting, written back inside a control with the same
+    properties (its alias, tag and id); a control around a paragraph holds a paragraph of its
+    own. LibreOffice reads the translated text."""
+    sent = replace_entry(make_docx(), "word/document.xml", CONTROLS.encode())
+    texts = unit_texts(ooxml.DOCX, sent)
+    assert texts[0] == "<p>The title is <c0><c1>annual report</c1></c0>.</p>"
+    assert texts[1] == "<p>A block control.</p>"
+    out = translate(ooxml.DOCX, sent)
+    body = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml"))[0]
+    paragraph, block = body[0], body[1]
+    control = paragraph.find(f"{{{W}}}sdt")
+    assert control is not None
+    assert [etree.QName(child).localname for child in control] == ["sdtPr", "sdtContent"]
+    properties = control.find(f"{{{W}}}sdtPr")
+    assert properties is not None
+    assert [(etree.QName(p).localname, p.get(f"{{{W}}}val")) for p in properties] == [
+        ("alias", "Title"),
+        ("tag", "title"),
+        ("id", "42"),
+    ]
+    run = control.find(f"{{{W}}}sdtContent/{{{W}}}r")
+    assert run is not None and run.find(f"{{{W}}}rPr/{{{W}}}i") is not None
+    assert shown(control) == "ANNUAL REPORT"
+    assert shown(paragraph) == "THE TITLE IS ANNUAL REPORT."
+    assert block.tag == f"{{{W}}}sdt" and shown(block) == "A BLOCK CONTROL."
+    if SOFFICE is not None:
+        (tmp_path / "controls.docx").write_bytes(out)
+        libreoffice(tmp_path / "profile", tmp_path, "--convert-to", "txt", "controls.docx")
+        read = (tmp_path / "controls.txt").read_text(encoding="utf-8-sig").split("\n")
+        assert read[:2] == ["THE TITLE IS ANNUAL REPORT.", "A BLOCK CONTROL."]
+
+
 def test_docx_tracked_insertions_are_translated_and_stay_insertions() -> None:
     """Runs inside a tracked insertion (`w:ins`) are the paragraph's words (an inline code, as a
     hyperlink is), translated and written back inside an insertion with its author, date and

@@ -14,9 +14,10 @@ A paragraph (`w:p`, `a:p`, a string item `si`/`is`) is one unit. Its runs of tex
 unit's text; the paragraph's base is its text without shown run properties where it has some,
 else the run properties most of its characters carry (every run formatted directly), and each
 stretch of runs with other properties (bold, italic, colour, font, a pptx link in `a:rPr`)
-becomes a code `<cN>`, as does a docx hyperlink or tracked insertion (`w:ins`, `w:moveTo`: its
-runs are translated and stay an insertion by the same author) around its runs; a tracked
-deletion keeps its deleted text as it was. What is not text (a field from
+becomes a code `<cN>`, as does a docx hyperlink, tracked insertion (`w:ins`, `w:moveTo`: its
+runs are translated and stay an insertion by the same author) or inline content control (`w:sdt`:
+its runs, in its `w:sdtContent`, are translated and stay in the control, its properties kept)
+around its runs; a tracked deletion keeps its deleted text as it was. What is not text (a field from
 its begin to its end, a tab, a break, a drawing, a footnote reference, a bookmark) is an empty
 code, kept as it was and put back where the alignment places it; at the paragraph's start or end
 it stays outside the unit, where it is. Writing a paragraph back, each stretch of the translation
@@ -66,6 +67,9 @@ _TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 _OFFICE = "application/vnd.openxmlformats-officedocument."
 _WORKSHEET = _OFFICE + "spreadsheetml.worksheet+xml"
 CONTENT_TYPES = "[Content_Types].xml"
+# A docx content control, and the child holding its runs (its other children: its properties).
+_SDT = f"{{{W}}}sdt"
+_SDT_CONTENT = f"{{{W}}}sdtContent"
 # Characters of a text that part its words as a line break or tab element does.
 _BREAKS = re.compile(r"\r\n|[\n\r\t\v]")
 
@@ -297,7 +301,9 @@ class _Paragraph:
                 self._emit(node.children, entry.properties, into, inside_link=inside_link)
             elif isinstance(entry, _Link) and not inside_link:
                 link = etree.SubElement(into, entry.element.tag, attrib=dict(entry.element.attrib))
-                self._emit(node.children, properties, link, inside_link=True)
+                self._emit(
+                    node.children, properties, _holder(entry.element, link), inside_link=True
+                )
             else:
                 if isinstance(entry, _Kept) and not entry.placed:
                     self._place(entry, into)
@@ -336,6 +342,17 @@ class _Paragraph:
                 before, after = node, False
             else:
                 before, after = None, False
+
+
+def _holder(source: etree._Element, made: etree._Element) -> etree._Element:
+    """Where a wrapper's runs go in its copy `made`: the copy itself, or, for a content control,
+    a new `w:sdtContent` after copies of the control's properties."""
+    if source.tag != _SDT:
+        return made
+    for child in source:
+        if child.tag != _SDT_CONTENT:
+            made.append(copy.deepcopy(child))
+    return etree.SubElement(made, _SDT_CONTENT)
 
 
 def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Element]:
@@ -421,6 +438,8 @@ class _Reader:
                 last.append(child)
             elif child.tag in d.wrapper_tags:
                 pieces.extend(self._linked(child))
+            elif child.tag == _SDT and (content := child.find(_SDT_CONTENT)) is not None:
+                pieces.extend(self._linked(child, content))
             else:
                 pieces.extend(self._pieces(child, None))
         if not any(isinstance(p, _Text) and p.text.strip() for p in pieces):
@@ -434,9 +453,11 @@ class _Reader:
             pieces.pop()
         return _Paragraph(element, d, first, pieces, tail + last)
 
-    def _linked(self, link: etree._Element) -> list[_Piece]:
+    def _linked(self, link: etree._Element, holder: etree._Element | None = None) -> list[_Piece]:
+        """The pieces of a wrapper's runs (in `holder`, a content control's content, or in the
+        wrapper itself)."""
         pieces: list[_Piece] = []
-        for child in link:
+        for child in link if holder is None else holder:
             pieces.extend(self._pieces(child, link))
         if not any(isinstance(p, _Text) for p in pieces):
             return [_Object([link], None)]  # a link around no text (an image): kept whole
