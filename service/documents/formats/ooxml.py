@@ -67,9 +67,6 @@ _TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 _OFFICE = "application/vnd.openxmlformats-officedocument."
 _WORKSHEET = _OFFICE + "spreadsheetml.worksheet+xml"
 CONTENT_TYPES = "[Content_Types].xml"
-# A docx content control, and the child holding its runs (its other children: its properties).
-_SDT = f"{{{W}}}sdt"
-_SDT_CONTENT = f"{{{W}}}sdtContent"
 # Characters of a text that part its words as a line break or tab element does.
 _BREAKS = re.compile(r"\r\n|[\n\r\t\v]")
 
@@ -83,6 +80,9 @@ class _Dialect:
     kept_first: tuple[str, ...]  # paragraph children that stay at its start (properties)
     kept_last: tuple[str, ...]  # ... and at its end (pptx's end-of-paragraph properties)
     wrappers: tuple[str, ...]  # children wrapping runs that become a code of their own
+    # Wrappers whose runs sit in a child of theirs, its other children the wrapper's properties
+    # (a docx content control's `w:sdtContent`): (wrapper, holder) local names.
+    holders: tuple[tuple[str, str], ...] = ()
     # Run properties that do not make two runs look different (spelling marks, languages).
     ignored_properties: frozenset[str] = frozenset()
     ignored_attributes: frozenset[str] = frozenset()
@@ -107,13 +107,34 @@ class _Dialect:
     def wrapper_tags(self) -> frozenset[str]:
         return frozenset(self.q(name) for name in self.wrappers)
 
+    @functools.cached_property
+    def holder_tags(self) -> dict[str, str]:
+        return {self.q(wrapper): self.q(holder) for wrapper, holder in self.holders}
+
+    def runs_in(self, wrapper: etree._Element) -> etree._Element | None:
+        """The element that holds a wrapper's runs: itself, or its holder (None if it has none)."""
+        holder = self.holder_tags.get(wrapper.tag)
+        return wrapper if holder is None else wrapper.find(holder)
+
+    def made_holder(self, source: etree._Element, made: etree._Element) -> etree._Element:
+        """Where a wrapper's runs go in `made`, a copy of `source` without its children: the copy
+        itself, or a new holder after copies of the source's properties."""
+        holder = self.holder_tags.get(source.tag)
+        if holder is None:
+            return made
+        for child in source:
+            if child.tag != holder:
+                made.append(copy.deepcopy(child))
+        return etree.SubElement(made, holder)
+
 
 _WORD = _Dialect(
     W,
     ("p",),
     ("pPr",),
     (),
-    ("hyperlink", "ins", "moveTo"),
+    ("hyperlink", "ins", "moveTo", "sdt"),
+    holders=(("sdt", "sdtContent"),),
     ignored_properties=frozenset({f"{{{W}}}lang", f"{{{W}}}noProof", f"{{{W}}}rPrChange"}),
     separators=frozenset(f"{{{W}}}{name}" for name in ("br", "cr", "tab", "ptab")),
 )
@@ -301,9 +322,8 @@ class _Paragraph:
                 self._emit(node.children, entry.properties, into, inside_link=inside_link)
             elif isinstance(entry, _Link) and not inside_link:
                 link = etree.SubElement(into, entry.element.tag, attrib=dict(entry.element.attrib))
-                self._emit(
-                    node.children, properties, _holder(entry.element, link), inside_link=True
-                )
+                holder = self.dialect.made_holder(entry.element, link)
+                self._emit(node.children, properties, holder, inside_link=True)
             else:
                 if isinstance(entry, _Kept) and not entry.placed:
                     self._place(entry, into)
@@ -344,17 +364,6 @@ class _Paragraph:
                 before, after = None, False
 
 
-def _holder(source: etree._Element, made: etree._Element) -> etree._Element:
-    """Where a wrapper's runs go in its copy `made`: the copy itself, or, for a content control,
-    a new `w:sdtContent` after copies of the control's properties."""
-    if source.tag != _SDT:
-        return made
-    for child in source:
-        if child.tag != _SDT_CONTENT:
-            made.append(copy.deepcopy(child))
-    return etree.SubElement(made, _SDT_CONTENT)
-
-
 def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Element]:
     """A written paragraph's runs' items and its other children, in order (a wrapper's
     too)."""
@@ -362,7 +371,9 @@ def _written(element: etree._Element, dialect: _Dialect) -> Iterator[etree._Elem
         if child.tag == dialect.q("r"):
             yield from (item for item in child if item.tag != dialect.q("rPr"))
         elif child.tag in dialect.wrapper_tags:
-            yield from _written(child, dialect)
+            holder = dialect.runs_in(child)
+            if holder is not None:
+                yield from _written(holder, dialect)
         else:
             yield child
 
@@ -438,8 +449,6 @@ class _Reader:
                 last.append(child)
             elif child.tag in d.wrapper_tags:
                 pieces.extend(self._linked(child))
-            elif child.tag == _SDT and (content := child.find(_SDT_CONTENT)) is not None:
-                pieces.extend(self._linked(child, content))
             else:
                 pieces.extend(self._pieces(child, None))
         if not any(isinstance(p, _Text) and p.text.strip() for p in pieces):
@@ -453,11 +462,10 @@ class _Reader:
             pieces.pop()
         return _Paragraph(element, d, first, pieces, tail + last)
 
-    def _linked(self, link: etree._Element, holder: etree._Element | None = None) -> list[_Piece]:
-        """The pieces of a wrapper's runs (in `holder`, a content control's content, or in the
-        wrapper itself)."""
+    def _linked(self, link: etree._Element) -> list[_Piece]:
         pieces: list[_Piece] = []
-        for child in link if holder is None else holder:
+        holder = self.dialect.runs_in(link)
+        for child in () if holder is None else holder:
             pieces.extend(self._pieces(child, link))
         if not any(isinstance(p, _Text) for p in pieces):
             return [_Object([link], None)]  # a link around no text (an image): kept whole
