@@ -79,6 +79,12 @@ def bare(unit: Unit) -> Unit:
     return unit
 
 
+def dressed(unit: Unit, sent: Unit, translation: str) -> str:
+    """The translation of `sent` (`bare(unit)`) in `unit`'s form: an inline unit again where
+    it went as plain text."""
+    return translation if sent is unit else inline([translation]).text
+
+
 def chunks(units: Sequence[Unit]) -> list[list[int]]:
     """Unit indices in calls, in document order of their first unit: units of one format,
     in order, up to CHUNK_CHARACTERS each (a longer unit alone)."""
@@ -156,10 +162,7 @@ async def translate_units(
                         raise
                     await asyncio.sleep(QUEUE_FULL_WAIT_S)
         for i, result in zip(indices, results, strict=True):
-            translation = result.texts[0]
-            if sent[i] is not units[i]:  # back into the unit it was
-                translation = inline([translation]).text
-            translations[i] = translation
+            translations[i] = dressed(units[i], sent[i], result.texts[0])
         progress.done = min(progress.total, progress.done + sum(len(r.segments) for r in results))
         on_progress()
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from service.bundle.decoding import DecodingOptions, nothing
-from service.documents.base import DocumentFormat, Limits, Unit, inline
-from service.documents.translate import bare
+from service.documents.base import DocumentFormat, Limits, Unit
+from service.documents.translate import bare, dressed
 from service.text import pipeline
 from service.text.pipeline import Form
 from tests.service.helpers import FakeModel
@@ -50,8 +50,7 @@ def translations(units: Sequence[Unit], model: Any, target: str | None = None) -
             nbest[i] = hypotheses
         translated = pipeline.assemble(model, prepared, nbest, 1)
         for i, translation in zip(indices, translated, strict=True):
-            text = translation.texts[0]
-            out[i] = text if sent[i] is units[i] else inline([text]).text
+            out[i] = dressed(units[i], sent[i], translation.texts[0])
     return out
 
 
