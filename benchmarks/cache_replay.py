@@ -27,8 +27,11 @@ one kept-alive connection); with replicas, the counts are summed over their /met
 load and the probes go through nginx. The load's own figures: its sentences, distinct sentences (the
 fewest a cache can decode) and so the best hit rate a cache can reach. `--repeat R` runs every
 mode R times, each run on fresh servers (the runs of a mode vary by a tenth on a shared
-machine), and ends with each mode's medians. The clients are aiohttp's: the load runs on the
-service's cores. The last line is the report as JSON.
+machine), and ends with each mode's medians. The load runs on the service's cores, so it is sent
+by wrk (Debian: apt-get install wrk; one thread, a connection per client, the bodies in order,
+timed from its first request to its last answer: `REPLAY_LUA`), which spends 0.01 ms of CPU a
+request where aiohttp spent 0.21-0.25; the warm-up, /metrics and the probes go through aiohttp.
+The last line is the report as JSON.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +62,7 @@ from benchmarks.servers import (
     percentile_ms,
     read_texts,
     services,
+    wrk_percentile_ms,
 )
 from service.text.segment import split
 
@@ -63,6 +70,7 @@ MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 # redis-remote: Redis with no in-process store in front (--cache-bytes 0): every hit is read from
 # Redis, as a replica reads what another decoded.
 MODES = ("off", "memory", "redis", "redis-remote")
+EN_DE = {"source": "en", "target": "de"}
 
 
 @dataclass
@@ -87,8 +95,55 @@ class Run:
 
 # Where the CPU of the load goes: the replicas' event loops (their main threads), their other
 # threads (the engine's and ONNX Runtime's, tokenization), nginx (its workers), Redis, and the
-# load generator itself (on the same cores).
+# load generator itself (wrk, on the same cores).
 CPU_PARTS = ("loops", "engines", "nginx", "redis", "load")
+
+# wrk's script for the load, in one thread: the JSON bodies of the file BODIES POSTed to
+# /translate in order, each once, by whichever connection is free. A connection with no body
+# left sends a request head it never finishes: nginx (or the service) waits for the rest of it,
+# does no work and sends no answer, so the connection falls quiet. When the last body is
+# answered, the time since the first request (CLOCK_MONOTONIC, through LuaJIT's FFI: wrk's own
+# figures cover its whole -d duration) and the answers other than 200 are written to RESULT and
+# the thread stops. wrk 4.1 calls `request` once before the run to check the script (on the
+# first thread's state): that request is never sent.
+REPLAY_LUA = """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } replay_timespec;
+int clock_gettime(int clock, replay_timespec *now);
+]]
+local CLOCK_MONOTONIC = 1
+local clock = ffi.new("replay_timespec")
+local function now()
+  ffi.C.clock_gettime(CLOCK_MONOTONIC, clock)
+  return tonumber(clock.tv_sec) + tonumber(clock.tv_nsec) * 1e-9
+end
+local bodies = {}
+for line in io.lines(BODIES) do bodies[#bodies + 1] = line end
+local headers = {["Content-Type"] = "application/json"}
+local unfinished = "POST /translate HTTP/1.1\\r\\nHost: replay\\r\\n"
+local checked, sent, answered, failed, started = false, 0, 0, 0, nil
+function request()
+  if not checked then
+    checked = true
+    return wrk.format("POST", "/translate", headers, bodies[1])
+  end
+  started = started or now()
+  sent = sent + 1
+  if sent > #bodies then return unfinished end
+  return wrk.format("POST", "/translate", headers, bodies[sent])
+end
+function response(status)
+  answered = answered + 1
+  if status ~= 200 then failed = failed + 1 end
+  if answered == #bodies then
+    local out = io.open(RESULT, "w")
+    out:write(string.format("%.6f %d\\n", now() - started, failed))
+    out:close()
+    wrk.thread:stop()
+  end
+end
+"""
 
 
 def paragraphs(sentences: Sequence[str], rng: np.random.Generator) -> list[str]:
@@ -126,15 +181,67 @@ def serving(
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, int]:
-    """CPU ns so far of each of CPU_PARTS."""
+    """CPU ns so far of each of CPU_PARTS but the load."""
     replicas = [cpu_ns(pid) for pid in pids["replicas"]]
     return {
         "loops": sum(main for main, _ in replicas),
         "engines": sum(other for _, other in replicas),
         "nginx": sum(sum(cpu_ns(pid)) for pid in pids["nginx"]),
         "redis": sum(sum(cpu_ns(pid)) for pid in pids["redis"]),
-        "load": time.process_time_ns(),  # this process's threads, not its children
     }
+
+
+@dataclass
+class Load:
+    """What wrk measured of the load: seconds from its first request to its last answer,
+    answers other than 200, p50 and p99 latency in ms, its own CPU ns."""
+
+    seconds: float
+    failed: int
+    p50_ms: float
+    p99_ms: float
+    cpu_ns: int
+
+
+def send_load(url: str, bodies: Sequence[str], clients: int, timeout_s: float = 600) -> Load:
+    """`bodies` POSTed to `url`/translate (en -> de) in order, each once, by wrk over `clients`
+    connections (REPLAY_LUA)."""
+    if shutil.which("wrk") is None:
+        raise FileNotFoundError("wrk not found (Debian: apt-get install wrk)")
+    with tempfile.TemporaryDirectory(prefix="mt-replay-") as tmp:
+        bodies_file, result = Path(tmp) / "bodies.jsonl", Path(tmp) / "result"
+        bodies_file.write_text(
+            "".join(json.dumps({"text": b, **EN_DE}) + "\n" for b in bodies), encoding="utf-8"
+        )
+        script = Path(tmp) / "replay.lua"
+        constants = {"BODIES": str(bodies_file), "RESULT": str(result)}
+        names = "".join(f"local {k} = {json.dumps(v)}\n" for k, v in constants.items())
+        script.write_text(names + REPLAY_LUA, encoding="utf-8")
+        command = ["wrk", "-t1", f"-c{clients}", "-d1h", "--latency", "-s", str(script), url]
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + timeout_s
+        while not (line := _read(result)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        spent = sum(cpu_ns(process.pid))
+        process.send_signal(signal.SIGINT)  # wrk prints its figures and exits
+        out, _ = process.communicate(timeout=30)
+    if not line:
+        raise RuntimeError(f"wrk ended or timed out before the load's last answer:\n{out}")
+    seconds, failed = line.split()
+    p50, p99 = wrk_percentile_ms(out, 50), wrk_percentile_ms(out, 99)
+    if p50 is None or p99 is None:
+        raise RuntimeError(f"wrk printed no latency distribution:\n{out}")
+    return Load(float(seconds), int(failed), p50, p99, spent)
+
+
+def _read(path: Path) -> str:
+    """A file's whole line, or "" while it is not written yet."""
+    text = path.read_text() if path.exists() else ""
+    return text if text.endswith("\n") else ""
 
 
 async def _metrics(http: aiohttp.ClientSession, urls: Sequence[str]) -> list[str]:
@@ -147,7 +254,7 @@ async def _metrics(http: aiohttp.ClientSession, urls: Sequence[str]) -> list[str
 
 async def _translate(http: aiohttp.ClientSession, url: str, text: str) -> int:
     """POST /translate of `text` (en -> de), its answer read whole -> its status."""
-    body = {"text": text, "source": "en", "target": "de"}
+    body = {"text": text, **EN_DE}
     async with http.post(f"{url}/translate", json=body) as response:
         await response.read()
         return response.status
@@ -162,38 +269,31 @@ async def replay(
     warm_up: Sequence[str] = (),
     pids: dict[str, list[int]] | None = None,
 ) -> Run:
-    """The load sent to `url`, after `warm_up` (sent the same way, not counted); the cache's
-    counts summed over `replica_urls`' /metrics (default: `url`'s); with `pids` (as `serving`
-    gives them, and "redis"), the CPU of each of CPU_PARTS during the load."""
+    """The load sent to `url` (`send_load`), after `warm_up` (sent the same way from aiohttp,
+    not counted); the cache's counts summed over `replica_urls`' /metrics (default: `url`'s);
+    with `pids` (as `serving` gives them, and "redis"), the CPU of each of CPU_PARTS during the
+    load."""
     run = Run(mode="")
-    latencies: list[float] = []
     replica_urls = replica_urls or [url]
-    # aiohttp: the load shares the service's cores, and its client takes a quarter of httpx2's
-    # CPU time a request (0.10-0.11 against 0.44 ms, 2,000 cached requests from 32 clients).
     connector = aiohttp.TCPConnector(limit=clients)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
 
-        async def client(queue: Iterator[str], counted: bool) -> None:
+        async def client(queue: Iterator[str]) -> None:
             for text in queue:
-                sent = time.perf_counter()
-                if await _translate(http, url, text) != 200:
-                    run.failed += 1
-                elif counted:
-                    latencies.append(time.perf_counter() - sent)
+                if (status := await _translate(http, url, text)) != 200:
+                    raise RuntimeError(f"a warm-up request answered {status}")
 
         warm_queue = iter(warm_up)
-        await asyncio.gather(*(client(warm_queue, False) for _ in range(clients)))
+        await asyncio.gather(*(client(warm_queue) for _ in range(clients)))
         before = await _metrics(http, replica_urls)
-        queue = iter(bodies)
         cpu = None if pids is None else _cpu(pids)
-        start = time.perf_counter()
-        await asyncio.gather(*(client(queue, True) for _ in range(clients)))
-        elapsed = time.perf_counter() - start
+        load = await asyncio.to_thread(send_load, url, bodies, clients)
         if pids is not None and cpu is not None:
-            spent = _cpu(pids)
-            run.cpu_ms = {k: round((spent[k] - cpu[k]) / 1e6 / len(bodies), 2) for k in spent}
-        run.seconds = round(elapsed, 2)
+            spent = {**_cpu(pids), "load": load.cpu_ns}
+            run.cpu_ms = {
+                k: round((spent[k] - cpu.get(k, 0)) / 1e6 / len(bodies), 2) for k in CPU_PARTS
+            }
         after = await _metrics(http, replica_urls)
         cached: list[float] = []
         for text in probes:
@@ -201,9 +301,11 @@ async def replay(
             if (status := await _translate(http, url, text)) != 200:
                 raise RuntimeError(f"a cached request answered {status}")
             cached.append(time.perf_counter() - sent)
-    run.answered = len(latencies)
-    run.requests_per_s = round(run.answered / elapsed, 1)  # not the rounded seconds
-    run.p50_ms, run.p99_ms = percentile_ms(latencies, 50), percentile_ms(latencies, 99)
+    run.seconds = round(load.seconds, 2)
+    run.failed = load.failed
+    run.answered = len(bodies) - load.failed
+    run.requests_per_s = round(run.answered / load.seconds, 1)  # not the rounded seconds
+    run.p50_ms, run.p99_ms = load.p50_ms, load.p99_ms
     run.cached_p50_ms = percentile_ms(cached, 50)
     for result in ("hit", "miss", "joined"):
         count = sum(metric(text, "mt_sentence_cache_total", result=result) for text in after) - sum(

@@ -24,7 +24,14 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.servers import DEFAULT_TEXTS, HOST, Running, free_port, wait_until_ready
+from benchmarks.servers import (
+    DEFAULT_TEXTS,
+    HOST,
+    Running,
+    free_port,
+    wait_until_ready,
+    wrk_percentile_ms,
+)
 
 # uvicorn's protocols by name, and the service's ("guarded").
 PARSERS = ("httptools", "guarded", "h11")
@@ -69,12 +76,11 @@ def wrk(url: str, connections: int, seconds: float, script: Path | None) -> tupl
         command += ["-s", str(script)]
     out = subprocess.run([*command, url], capture_output=True, text=True, check=True).stdout
     rate = re.search(r"Requests/sec:\s*([\d.]+)", out)
-    p50 = re.search(r"^\s*50%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    p50 = wrk_percentile_ms(out, 50)
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if rate is None or p50 is None or errors is not None:
         raise RuntimeError(f"wrk: no rate, no p50 or errors:\n{out}")
-    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}[p50.group(2)]
-    return float(rate.group(1)), float(p50.group(1)) * scale
+    return float(rate.group(1)), p50
 
 
 def main(argv: Sequence[str] | None = None) -> int:

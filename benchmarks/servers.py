@@ -60,6 +60,15 @@ def percentile_ms(values: list[float], q: int) -> float:
     return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
+def wrk_percentile_ms(out: str, percent: int) -> float | None:
+    """A percentile (50, 75, 90 or 99) of the latency distribution wrk prints with --latency,
+    in ms; None where `out` has none."""
+    found = re.search(rf"^\s*{percent}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    if found is None:
+        return None
+    return float(found.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[found.group(2)]
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """The value of sample `name` with `labels` in Prometheus text (0 when absent)."""
     for family in text_string_to_metric_families(text):

@@ -23,7 +23,7 @@ from service.documents.jobs import AUTO, Documents, Job
 from service.documents.translate import GLOSSARY
 from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
-from service.http.middleware import Caller, PresentedKey, RuntimeDep, require_api_key, validate
+from service.http.middleware import Caller, identify, validate
 from service.http.schemas import ErrorBody
 from service.keys.store import ApiKey
 from service.scheduling.runtime import Runtime
@@ -241,19 +241,13 @@ async def result_response(id: str, documents: Documents) -> Response:
         {"file": _FILE, **DocumentFields.model_json_schema()["properties"]}, ["file", "target"]
     ),
 )
-async def post_document(
-    request: Request,
-    runtime: RuntimeDep,
-    documents: DocumentsDep,
-    key: PresentedKey,
-    caller: Caller,
-) -> JSONResponse:
+async def post_document(request: Request, documents: DocumentsDep, caller: Caller) -> JSONResponse:
     """Queue a file for translation; its status is at the answer's Location."""
 
     async def authorize(fields: dict[str, Any]) -> Sender:
-        return Sender(caller, owner_of(key))
+        return Sender(caller.stored, owner_of(caller.key))
 
-    job = await upload(request, runtime, documents, authorize)
+    job = await upload(request, caller.runtime, documents, authorize)
     body = status(job, documents).model_dump(mode="json", exclude_none=True)
     return JSONResponse(body, status_code=202, headers={"Location": f"/documents/{job.id}"})
 
@@ -263,7 +257,7 @@ async def post_document(
     response_model=DocumentStatus,
     response_model_exclude_none=True,
     responses=_ERRORS,
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(identify)],
 )
 async def get_document(id: str, documents: DocumentsDep) -> DocumentStatus:
     """The job's status, its progress in sentences, and an estimate of the time left."""
@@ -274,7 +268,7 @@ async def get_document(id: str, documents: DocumentsDep) -> DocumentStatus:
     "/documents/{id}/result",
     responses={200: {"content": {"application/octet-stream": {}}}, **_ERRORS},
     response_class=Response,
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(identify)],
 )
 async def get_result(id: str, documents: DocumentsDep) -> Response:
     """The translated file, as the file sent with its text translated (409 until done)."""
@@ -285,7 +279,7 @@ async def get_result(id: str, documents: DocumentsDep) -> Response:
     "/documents/{id}",
     status_code=204,
     responses=_ERRORS,
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(identify)],
 )
 async def delete_document(id: str, documents: DocumentsDep) -> Response:
     """Stop the job if it runs and remove its files."""

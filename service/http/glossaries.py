@@ -7,16 +7,10 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from service.glossaries import Entry, Glossary, owner_of, parse_entries
-from service.http.middleware import (
-    PresentedKey,
-    RuntimeDep,
-    read_json,
-    require_api_key,
-    validate,
-)
+from service.http.middleware import Caller, read_json, validate
 from service.http.schemas import (
     ErrorBody,
     GlossaryEntries,
@@ -30,9 +24,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody} for status in (401, 404, 413, 422, 500)
 }
 
-glossary_router = APIRouter(
-    prefix="/glossaries", tags=["glossaries"], dependencies=[Depends(require_api_key)]
-)
+glossary_router = APIRouter(prefix="/glossaries", tags=["glossaries"])
 
 
 def _out(glossary: Glossary) -> GlossaryOut:
@@ -59,7 +51,7 @@ def _out(glossary: Glossary) -> GlossaryOut:
         }
     },
 )
-async def create_glossary(request: Request, runtime: RuntimeDep, key: PresentedKey) -> GlossaryOut:
+async def create_glossary(request: Request, caller: Caller) -> GlossaryOut:
     """A glossary for one language pair; each target term must be one its model can spell."""
     body = validate(GlossaryRequest, await read_json(request))
     pair = (body.source, body.target)
@@ -67,26 +59,25 @@ async def create_glossary(request: Request, runtime: RuntimeDep, key: PresentedK
         entries = parse_entries(body.entries, body.entries_format, pair)
     else:
         entries = [entry.entry() for entry in body.entries]
-    return _out(await runtime.create_glossary(owner_of(key), body.name, pair, entries))
+    glossary = await caller.runtime.create_glossary(owner_of(caller.key), body.name, pair, entries)
+    return _out(glossary)
 
 
 @glossary_router.get("", response_model=GlossaryList, responses=_ERRORS)
-async def list_glossaries(runtime: RuntimeDep, key: PresentedKey) -> GlossaryList:
+async def list_glossaries(caller: Caller) -> GlossaryList:
     """This API key's glossaries, oldest first."""
-    found = await runtime.glossaries.store.list(owner_of(key))
+    found = await caller.runtime.glossaries.store.list(owner_of(caller.key))
     return GlossaryList(glossaries=[_out(g) for g in sorted(found, key=lambda g: g.created)])
 
 
 @glossary_router.get("/{glossary_id}", response_model=GlossaryOut, responses=_ERRORS)
-async def get_glossary(glossary_id: str, runtime: RuntimeDep, key: PresentedKey) -> GlossaryOut:
-    return _out(await runtime.glossaries.get(owner_of(key), glossary_id))
+async def get_glossary(glossary_id: str, caller: Caller) -> GlossaryOut:
+    return _out(await caller.runtime.glossaries.get(owner_of(caller.key), glossary_id))
 
 
 @glossary_router.get("/{glossary_id}/entries", response_model=GlossaryEntries, responses=_ERRORS)
-async def glossary_entries(
-    glossary_id: str, runtime: RuntimeDep, key: PresentedKey
-) -> GlossaryEntries:
-    glossary = await runtime.glossaries.get(owner_of(key), glossary_id)
+async def glossary_entries(glossary_id: str, caller: Caller) -> GlossaryEntries:
+    glossary = await caller.runtime.glossaries.get(owner_of(caller.key), glossary_id)
     return GlossaryEntries(entries=[_entry(e) for e in glossary.entries])
 
 
@@ -97,6 +88,6 @@ def _entry(entry: Entry) -> GlossaryEntry:
 
 
 @glossary_router.delete("/{glossary_id}", status_code=204, responses=_ERRORS)
-async def delete_glossary(glossary_id: str, runtime: RuntimeDep, key: PresentedKey) -> Response:
-    await runtime.glossaries.delete(owner_of(key), glossary_id)
+async def delete_glossary(glossary_id: str, caller: Caller) -> Response:
+    await caller.runtime.glossaries.delete(owner_of(caller.key), glossary_id)
     return Response(status_code=204)

@@ -21,7 +21,6 @@ from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
 from service.http.middleware import (
     Caller,
-    PresentedKey,
     RuntimeDep,
     protection,
     read_json,
@@ -76,10 +75,9 @@ router = APIRouter()
         }
     },
 )
-async def translate(
-    request: Request, runtime: RuntimeDep, key: PresentedKey, caller: Caller
-) -> TranslateResponse:
+async def translate(request: Request, caller: Caller) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
+    runtime = caller.runtime
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
@@ -92,11 +90,11 @@ async def translate(
         if body.source != AUTO:
             runtime.model(body.source, body.target)  # an unknown pair before the glossary
         terms = await runtime.terms(
-            owner_of(key), (body.source, body.target), body.glossary_id, inline
+            owner_of(caller.key), (body.source, body.target), body.glossary_id, inline
         )
         if body.source == AUTO:
             _check_count(runtime, len(texts))
-            await runtime.access.charge(caller, characters)
+            await runtime.access.charge(caller.stored, characters)
             detecting = runtime.translate_detected(
                 texts,
                 body.target,
@@ -117,7 +115,7 @@ async def translate(
         _check_count(runtime, len(texts))
         pair = (body.source, body.target)
         options = runtime.decoding_options(pair, body.decoding())
-        await runtime.access.charge(caller, characters)
+        await runtime.access.charge(caller.stored, characters)
         work = runtime.translate(
             texts, pair, options, deadline=deadline, form=form, terms=terms, cache=body.cache
         )
@@ -141,13 +139,14 @@ async def translate(
         }
     },
 )
-async def detect(request: Request, runtime: RuntimeDep, caller: Caller) -> DetectResponse:
+async def detect(request: Request, caller: Caller) -> DetectResponse:
     """The languages each text may be in, among those served, most likely first."""
+    runtime = caller.runtime
     body = validate(DetectRequest, await read_json(request))
     texts = [body.text] if isinstance(body.text, str) else body.text
     with runtime.accept():
         _check_count(runtime, len(texts))
-        await runtime.access.charge(caller, 0)  # a request; no characters translated
+        await runtime.access.charge(caller.stored, 0)  # a request; no characters translated
         found = await runtime.detect(texts, body.format)
     return DetectResponse(detections=[[_detected(c) for c in f or []] for f in found])
 
@@ -226,16 +225,16 @@ def _check_count(runtime: Runtime, count: int) -> None:
     response_model=UsageResponse,
     responses={status: {"model": ErrorBody} for status in (401, 404, 503)},
 )
-async def usage(runtime: RuntimeDep, caller: Caller) -> UsageResponse:
+async def usage(caller: Caller) -> UsageResponse:
     """The calling key's use of its limits, counted in every replica (a key of the key store;
     docs/api.md)."""
-    if caller is None:
+    if caller.stored is None:
         raise ServiceError(
             ErrorType.NOT_FOUND,
             "usage is counted for the keys of the key store (python -m service.keys); this "
             "request's key has no limits",
         )
-    used = await runtime.access.quotas.usage(caller)
+    used = await caller.runtime.access.quotas.usage(caller.stored)
     return UsageResponse(
         name=used.name,
         requests_per_minute=None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 
@@ -34,9 +35,10 @@ def fake_server() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (apt-get install wrk)")
 def test_a_replay_decodes_each_distinct_sentence_once(fake_server: str) -> None:
-    """...the warm-up's sentences not counted, and the CPU of every part measured (here one
-    process is server and load)."""
+    """...the warm-up's sentences not counted, every body of the load sent once (wrk), and the
+    CPU of every part measured (here one process is the server)."""
     bodies = ["One. Two.", "Two. Three.", "One. Two.", "Four.", "One. Two."] * 4
     pids = {"replicas": [os.getpid()], "nginx": [], "redis": []}
     warm_up = ["Five. Six.", "Seven."] * 3
