@@ -269,10 +269,10 @@ async def replay(
     warm_up: Sequence[str] = (),
     pids: dict[str, list[int]] | None = None,
 ) -> Run:
-    """The load sent to `url` (`send_load`), after `warm_up` (sent the same way from aiohttp,
-    not counted); the cache's counts summed over `replica_urls`' /metrics (default: `url`'s);
-    with `pids` (as `serving` gives them, and "redis"), the CPU of each of CPU_PARTS during the
-    load."""
+    """The load sent to `url` by wrk (`send_load`), after `warm_up` (sent from aiohttp by as
+    many clients, not counted); the cache's counts summed over `replica_urls`' /metrics
+    (default: `url`'s); with `pids` (as `serving` gives them, and "redis"), the CPU of each of
+    CPU_PARTS during the load."""
     run = Run(mode="")
     replica_urls = replica_urls or [url]
     connector = aiohttp.TCPConnector(limit=clients)
@@ -290,10 +290,9 @@ async def replay(
         cpu = None if pids is None else _cpu(pids)
         load = await asyncio.to_thread(send_load, url, bodies, clients)
         if pids is not None and cpu is not None:
-            spent = {**_cpu(pids), "load": load.cpu_ns}
-            run.cpu_ms = {
-                k: round((spent[k] - cpu.get(k, 0)) / 1e6 / len(bodies), 2) for k in CPU_PARTS
-            }
+            spent = _cpu(pids)
+            used = {k: spent[k] - cpu[k] for k in spent} | {"load": load.cpu_ns}  # wrk's all
+            run.cpu_ms = {k: round(ns / 1e6 / len(bodies), 2) for k, ns in used.items()}
         after = await _metrics(http, replica_urls)
         cached: list[float] = []
         for text in probes:
