@@ -25,6 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.driver_info import DriverInfo
 from redis.exceptions import RedisError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from service.errors import ErrorType, ServiceError
 from service.metrics import Metrics
@@ -81,6 +82,12 @@ class RedisLink:
             # package metadata (a file parsed, ~1 ms of the event loop per connection, which a
             # burst opening connections pays on every one).
             driver_info=DriverInfo(),
+            # Off: with them on ("auto", redis-py 8's default over RESP3) the pool hands out a
+            # connection without checking that the server has not closed it, so after a Redis
+            # restart each connection left in the pool failed its first command (and opened the
+            # breaker for everyone); they are Redis Enterprise's failover notices besides, and
+            # "auto" asks for them (an error from Redis 7) on every new connection.
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),
         )
         # No retries inside the client: one attempt within the timeout, then the breaker.
         self.client = redis.Redis(connection_pool=self.pool, retry=Retry(NoBackoff(), 0))
@@ -112,9 +119,10 @@ class RedisLink:
             self._metrics.redis_errors.labels(operation=operation).inc()
             if not self._down:  # one line per outage, not one per request
                 log.warning(
-                    "Redis failed (%s: %s); skipped for %g s at a time until it answers",
+                    "Redis failed (%s: %s: %s); skipped for %g s at a time until it answers",
                     operation,
                     e.__class__.__name__,
+                    e,
                     self.retry_s,
                 )
                 self._down = True

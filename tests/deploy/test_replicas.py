@@ -218,6 +218,16 @@ def sent_document() -> bytes:
     return out.getvalue()
 
 
+def warnings(replicas: list[ServerProcess]) -> str:
+    """What the replicas logged at WARNING and above: why one answered 503."""
+    return "\n".join(
+        f"replica {i}: {line}"
+        for i, replica in enumerate(replicas)
+        for line in replica.written().splitlines()
+        if " WARNING " in line or " ERROR " in line
+    )
+
+
 def test_a_job_whose_replica_is_killed_finishes_on_another_through_nginx(stack: Stack) -> None:
     headers = {"X-API-Key": secret("documents")}
     with httpx.Client(base_url=stack.proxy.url, headers=headers, timeout=30) as client:
@@ -231,7 +241,7 @@ def test_a_job_whose_replica_is_killed_finishes_on_another_through_nginx(stack: 
 
         def status() -> dict[str, Any]:
             answer = client.get(f"/documents/{id}")
-            assert answer.status_code == 200, answer.text
+            assert answer.status_code == 200, f"{answer.text}\n{warnings(stack.replicas)}"
             return answer.json()  # type: ignore[no-any-return]
 
         # The replica that took the job observed its wait in the queue (at a job's first start

@@ -416,6 +416,29 @@ async def test_the_connections_a_burst_opens_parse_no_package_metadata(
         await link.close()
 
 
+async def test_a_link_whose_redis_restarted_fails_no_call_once_redis_answers(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """Redis killed and started again: the connections the link's pool kept were closed by the
+    old server, and each is replaced when it is next taken, so no call fails once the new one
+    answers. (redis-py 8's maintenance notifications, on by default, skip that check: each
+    connection kept failed its next command, and each failure opened the breaker for every
+    request; seen as 503s from documents after a restart.)"""
+    link = RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics())
+    blocking = partial(link.client.blpop, ["mt:test:nothing"], 0.05)
+    try:
+        await asyncio.gather(*(link.run("test", blocking) for _ in range(8)))  # 8 connections
+        await asyncio.to_thread(redis_server.stop)
+        await asyncio.to_thread(redis_server.start)
+        # Eight calls at once take the eight connections kept.
+        await asyncio.gather(*(link.run("test", blocking) for _ in range(8)))
+        assert link.up
+    finally:
+        if redis_server.process is None:
+            redis_server.start()
+        await link.close()
+
+
 async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_new_one(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
