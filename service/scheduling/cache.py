@@ -15,8 +15,9 @@ through the runtime.
 Stores: `MemoryStore` (in this process: least recently used out past `cache_bytes`), and with
 `redis_url` `SharedSentences` behind it (shared by every replica, entries expire after
 `cache_ttl_s`). A sentence costs Redis at most two round trips: one that finds its entry or
-claims it, and, if it was decoded here, one that stores it and gives up the claim; a replica
-waiting for it costs a look and a blocking call that returns when its decoding ends. A Redis that
+claims it, and, if it was decoded here, one that stores it and gives up the claim (shared by
+the stores of one turn of the event loop); a replica waiting for it costs a blocking call that
+returns its entry when its decoding ends (and a look, for a wait of several). A Redis that
 fails is skipped (service/store/connection.py): the sentences are decoded, or answered by the
 process's own store.
 """
@@ -188,19 +189,20 @@ return found
 """
 # One round trip for what a replica decoded: the entries written (each expiring), and its claims
 # given up, each only if it is still its own (one that expired meanwhile may be another's now),
-# with an item in its done list for the replicas waiting. KEYS: the entries' names, then the
-# claims' flight and done names in pairs; ARGV: this process's token, the entries' life in s, the
-# done lists' life in ms, then the entries' values.
+# with an item in its done list for the replicas waiting: the entry itself (a waiter for that
+# one sentence needs no other read), or "" for a claim given up without one. KEYS: the entries'
+# names, then the claims' entry, flight and done names in threes; ARGV: this process's token, the
+# entries' life in s, the done lists' life in ms, then the entries' values.
 _STORE = """
 local entries = #ARGV - 3
 for i = 1, entries do
     redis.call('SET', KEYS[i], ARGV[i + 3], 'EX', ARGV[2])
 end
-for i = entries + 1, #KEYS, 2 do
-    if redis.call('GET', KEYS[i]) == ARGV[1] then
-        redis.call('DEL', KEYS[i])
-        redis.call('RPUSH', KEYS[i + 1], 1)
-        redis.call('PEXPIRE', KEYS[i + 1], ARGV[3])
+for i = entries + 1, #KEYS, 3 do
+    if redis.call('GET', KEYS[i + 1]) == ARGV[1] then
+        redis.call('DEL', KEYS[i + 1])
+        redis.call('RPUSH', KEYS[i + 2], redis.call('GET', KEYS[i]) or '')
+        redis.call('PEXPIRE', KEYS[i + 2], ARGV[3])
     end
 end
 return entries
@@ -242,6 +244,7 @@ class SharedSentences:
         # Claims this process could not give up (Redis failed), until they expire: its own to
         # take again at once (time.monotonic() when each expires).
         self._unreleased: dict[bytes, float] = {}
+        self._writing: _Writes | None = None  # the stores of this turn, not yet sent
 
     async def find_or_claim(
         self, keys: Sequence[bytes], ttl_s: float
@@ -277,17 +280,29 @@ class SharedSentences:
     async def store(
         self, entries: Sequence[tuple[bytes, list[Hypothesis]]], claimed: Sequence[bytes]
     ) -> None:
-        """Write the entries and give up this process's claims, in one round trip: the replicas
-        waiting read the entries, and decode the claimed sentences not stored."""
-        names = [_names(key)[0] for key, _ in entries]
-        names += [name for key in claimed for name in _names(key)[1:]]
+        """Write the entries and give up this process's claims: the replicas waiting read the
+        entries, and decode the claimed sentences not stored. The stores of one turn of the
+        event loop (the requests of a batch end together) go in one round trip."""
+        if self._writing is None:
+            self._writing = _Writes(asyncio.ensure_future(self._write()))
+        writes = self._writing
+        writes.entries += entries
+        writes.claimed += claimed
+        await asyncio.shield(writes.sent)
+
+    async def _write(self) -> None:
+        """The stores gathered until this task runs (`store`), in one round trip."""
+        writes, self._writing = self._writing, None
+        assert writes is not None
+        names = [_names(key)[0] for key, _ in writes.entries]
+        names += [name for key in writes.claimed for name in _names(key)]
         args: list[bytes | int] = [self._token, self._ttl_s, int(FLIGHT_CLAIM_MAX_S * 1000)]
-        args += [encode(hypotheses) for _, hypotheses in entries]
+        args += [encode(hypotheses) for _, hypotheses in writes.entries]
         try:
             await self._link.run("cache_store", lambda: self._store(keys=names, args=args))
         except StoreUnavailable:  # the next request decodes them again; the claims expire
             end = time.monotonic() + FLIGHT_CLAIM_MAX_S
-            self._unreleased.update((key, end) for key in claimed)
+            self._unreleased.update((key, end) for key in writes.claimed)
 
     async def release(self, keys: Sequence[bytes]) -> None:
         """Give up this process's claims without entries (their decoding failed)."""
@@ -303,7 +318,11 @@ class SharedSentences:
         pending = list(range(len(keys)))
         try:
             while pending and (left := deadline - time.monotonic()) > 0:
-                await self._until_done(_names(keys[pending[0]])[2], left)
+                item = await self._until_done(_names(keys[pending[0]])[2], left)
+                if item and len(pending) == 1 and (hypotheses := _read(item)) is not None:
+                    found[pending[0]] = hypotheses  # its entry, in its done list
+                    await self._near.put([(keys[pending[0]], hypotheses)])
+                    break
                 names = [name for j in pending for name in _names(keys[j])[:2]]
                 values = await self._link.run("cache_wait", partial(self._look, keys=names))
                 waiting, kept = [], []
@@ -320,19 +339,31 @@ class SharedSentences:
             pass
         return found
 
-    async def _until_done(self, done: str, left: float) -> None:
+    async def _until_done(self, done: str, left: float) -> bytes | None:
         """Until `done` (a sentence's done list) has an item, or for at most `left` seconds
         and `_block_s`; a short pause instead while MAX_BLOCKING waits block, or where a
-        blocking call would not end within the link's timeout or `left` (REDIS_TICK_S)."""
+        blocking call would not end within the link's timeout or `left` (REDIS_TICK_S). The
+        item (the sentence's entry, or b"" for a claim given up without one), if one came."""
         block = min(left, self._block_s)
         if self._blocking.locked() or block < FLIGHT_POLL_S:
             await asyncio.sleep(min(left, FLIGHT_POLL_S))
-            return
+            return None
         async with self._blocking:
             # BLMOVE from a list to itself: the item stays for every other waiter. Its timeout
             # is in seconds, a fraction too.
             command = ("BLMOVE", done, done, "LEFT", "RIGHT", block)
-            await self._link.run("cache_wait", partial(self._link.client.execute_command, *command))
+            call = partial(self._link.client.execute_command, *command)
+            item: bytes | None = await self._link.run("cache_wait", call)
+            return item
+
+
+@dataclasses.dataclass
+class _Writes:
+    """The stores of one turn of the event loop (`SharedSentences.store`), sent by `sent`."""
+
+    sent: asyncio.Future[None]
+    entries: list[tuple[bytes, list[Hypothesis]]] = dataclasses.field(default_factory=list)
+    claimed: list[bytes] = dataclasses.field(default_factory=list)
 
 
 def _read(value: bytes) -> list[Hypothesis] | None:

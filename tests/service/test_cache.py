@@ -362,6 +362,53 @@ async def test_a_claim_of_this_process_it_could_not_give_up_is_taken_again(
             await link.close()
 
 
+def counted(link: RedisLink, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The operations of the calls `link` runs from now on, in order."""
+    calls: list[str] = []
+    run = link.run
+
+    async def counting(operation: str, call: Any) -> Any:
+        calls.append(operation)
+        return await run(operation, call)
+
+    monkeypatch.setattr(link, "run", counting)
+    return calls
+
+
+async def test_the_stores_of_one_turn_go_to_redis_in_one_round_trip(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests of a batch end together: their entries and the claims they give up go to
+    Redis in one round trip, each store returning once it is written; a replica waiting for one
+    of those sentences is woken with its entry, one waiting for a claim given up without an
+    entry decodes it itself."""
+    links = [RedisLink(redis_url, timeout_s=5.0, retry_s=0.3, metrics=Metrics()) for _ in "ab"]
+    try:
+        mine, other = (
+            SharedSentences(link, MemoryStore(1 << 20, Metrics()), ttl_s=60) for link in links
+        )
+        calls = counted(links[0], monkeypatch)
+        keys = [bytes([i]) * 16 for i in range(10, 14)]
+        assert await mine.find_or_claim(keys, 5.0) == [True] * 4
+        stored = asyncio.ensure_future(other.wait(keys[:1], time.monotonic() + 3))
+        dropped = asyncio.ensure_future(other.wait(keys[3:], time.monotonic() + 3))
+        await asyncio.sleep(0.2)  # both blocking
+        calls.clear()
+        hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
+        await asyncio.gather(
+            mine.store([(keys[0], hypotheses)], keys[:1]),
+            mine.store([(key, hypotheses) for key in keys[1:3]], keys[1:3]),
+            mine.release(keys[3:]),
+        )
+        assert calls == ["cache_store"]
+        assert await asyncio.wait_for(stored, 1) == [hypotheses]
+        assert await asyncio.wait_for(dropped, 1) == [None]
+        assert await other.find_or_claim(keys, 5.0) == [hypotheses] * 3 + [True]
+    finally:
+        for link in links:
+            await link.close()
+
+
 async def test_an_entry_read_from_redis_is_kept_in_the_process_store(redis_url: str) -> None:
     """...so that the next request for it costs no round trip; one Redis cannot read (another
     format) is decoded again rather than failing the request."""
@@ -452,14 +499,7 @@ async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_n
         mine, other = (
             SharedSentences(link, MemoryStore(1 << 20, Metrics()), ttl_s=60) for link in links
         )
-        calls: list[str] = []
-        run = links[1].run
-
-        async def counted(operation: str, call: Any) -> Any:
-            calls.append(operation)
-            return await run(operation, call)
-
-        monkeypatch.setattr(links[1], "run", counted)
+        calls = counted(links[1], monkeypatch)
         hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
         key, again = b"\x06" * 16, b"\x07" * 16
         assert await mine.find_or_claim([key], 5.0) == [True]
@@ -472,7 +512,7 @@ async def test_a_waiting_replica_wakes_when_the_decoding_ends_and_blocks_for_a_n
         assert not waiter.done() and calls == ["cache_wait"]  # one call, blocking
         await mine.store([(key, hypotheses)], [key])
         assert await asyncio.wait_for(waiter, 1) == [hypotheses]
-        assert calls == ["cache_wait", "cache_wait"]  # the blocking call, one look
+        assert calls == ["cache_wait"]  # the blocking call brought the entry
         # A decoding that ended without an entry leaves an item for its waiters; the next
         # claim forgets it, so the next waiters block rather than wake at once.
         assert await mine.find_or_claim([again], 5.0) == [True]
