@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -281,6 +282,9 @@ class HttpMetricsMiddleware:
 
     def __init__(self, app: ASGIApp, *, metrics: Metrics, routes: frozenset[str]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
+        # Each route and status's counter and timer, looked up once (the client library's
+        # lookup takes a lock and checks the labels on every call).
+        self._series: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.templates = [
             (re.compile("".join(map(_template_part, re.split(r"(\{[^}]*\})", route)))), route)
             for route in sorted(routes)
@@ -310,8 +314,14 @@ class HttpMetricsMiddleware:
             await self.app(scope, receive, send_and_record)
         finally:
             route = self.label(scope["path"])
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+            series = self._series.get((route, status))
+            if series is None:
+                series = self._series[route, status] = (
+                    self.metrics.requests.labels(route, str(status)),
+                    self.metrics.request_seconds.labels(route),
+                )
+            series[0].inc()
+            series[1].observe(time.perf_counter() - start)
 
 
 def _template_part(part: str) -> str:

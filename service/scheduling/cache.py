@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import secrets
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,7 +49,7 @@ log = logging.getLogger(__name__)
 
 # Bumped when what a key means or how an entry is written changes: old entries are then never
 # read (they expire in Redis; the in-process store starts empty anyway).
-FORMAT = 1
+FORMAT = 2
 # DecodingOptions' fields that change no hypothesis: return_scores only says whether to show
 # the scores every hypothesis carries. Every other field is part of the key, so a field added
 # to DecodingOptions is in it unless it is named here.
@@ -88,16 +90,26 @@ def sentence_key(
     hash), `ids` and `prefix` what its encoder and decoder read, `options` every decoding
     option but those in SAME_HYPOTHESES, `constraints` the glossary terms its search must write
     and the words it must avoid (service/text/terms.py: what a glossary changes of it)."""
+    digest = hashlib.blake2b(_context(model, pair, options), digest_size=20)
+    for sequence in (ids, prefix):
+        digest.update(struct.pack(f"<I{len(sequence)}i", len(sequence), *sequence))
+    if constraints:
+        parts = [[list(term) for term in constraints.terms], sorted(constraints.avoid)]
+        digest.update(json.dumps(parts, separators=(",", ":")).encode())
+    return digest.digest()
+
+
+@functools.lru_cache(maxsize=256)
+def _context(model: str, pair: tuple[str, str], options: DecodingOptions) -> bytes:
+    """What a key says besides the sentence (the same for every sentence of a request): made
+    once per model, pair and options, not once per sentence."""
     fields = {
         field.name: getattr(options, field.name)
         for field in dataclasses.fields(options)
         if field.name not in SAME_HYPOTHESES
     }
-    parts = [FORMAT, model, list(pair), list(ids), list(prefix), fields]
-    if constraints:
-        parts += [[list(term) for term in constraints.terms], sorted(constraints.avoid)]
-    text = json.dumps(parts, separators=(",", ":"), sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=20).digest()
+    parts = [FORMAT, model, list(pair), fields]
+    return json.dumps(parts, separators=(",", ":"), sort_keys=True).encode() + b"\n"
 
 
 def encode(hypotheses: Sequence[Hypothesis]) -> bytes:
@@ -395,7 +407,9 @@ class Sentences:
     ) -> None:
         self.store = store  # this process's; with Redis, in front of `shared`
         self._shared = shared
-        self._metrics = metrics.sentence_cache
+        self._hits, self._joins, self._misses = (
+            metrics.sentence_cache.labels(result=result) for result in ("hit", "joined", "miss")
+        )
         # Sentences being decoded, by key: their hypotheses once decoded, None if the request
         # that submitted them failed or went away (a joiner then submits its own).
         self._flights: dict[bytes, asyncio.Future[list[Hypothesis] | None]] = {}
@@ -435,10 +449,9 @@ class Sentences:
                 else:
                     elsewhere.append(i)
             owned = mine
-        self._metrics.labels(result="hit").inc(len(results))
-        joins = len(joined) + len(elsewhere) + len(keys) - len(unique)
-        self._metrics.labels(result="joined").inc(joins)
-        self._metrics.labels(result="miss").inc(len(owned))
+        self._hits.inc(len(results))
+        self._joins.inc(len(joined) + len(elsewhere) + len(keys) - len(unique))
+        self._misses.inc(len(owned))
         if elsewhere:
             joined.update(self._await_elsewhere(keys, elsewhere, deadline))
         if owned:

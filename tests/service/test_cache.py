@@ -209,6 +209,8 @@ def test_every_decoding_option_but_return_scores_is_in_the_key() -> None:
         ("m", ("en", "fr"), [5, 6, 2], []),
         ("m", ("en", "de"), [5, 7, 2], []),
         ("m", ("en", "de"), [5, 6, 2], [9]),
+        ("m", ("en", "de"), [5, 6], [2]),  # the same ids, cut elsewhere
+        ("m", ("en", "de"), [5, 6, 2, 0], []),
     ]:
         assert sentence_key(model, pair, ids, prefix, options) != key
 

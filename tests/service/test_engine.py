@@ -10,6 +10,7 @@ import math
 import resource
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -446,6 +447,29 @@ def test_user_text_cannot_inject_the_end_token(engine: Engine) -> None:
     eos = engine.manifest.special_ids.eos
     assert ids[-1] == eos and eos not in ids[:-1]
     assert engine.decode(ids) == "a dog </s> runs"
+
+
+def test_a_text_seen_again_is_not_tokenized_again(
+    eos_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Traffic repeats its sentences: a text's ids are remembered (TOKENIZED_MEMO texts), the
+    same as tokenizing it again, each call's lists its own to change."""
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=1)
+    tokenized: list[str] = []
+    tokenizer = engine._tokenizer
+    encode = tokenizer.encode
+
+    def counted(texts: Sequence[str]) -> list[list[int]]:
+        tokenized.extend(texts)
+        return encode(texts)
+
+    monkeypatch.setattr(tokenizer, "encode", counted)
+    first = engine.encode(["a dog runs", "a cat\x07 sleeps", ""])
+    first[0].append(99)  # the caller's own list
+    again = engine.encode(["a cat\x07 sleeps", "a dog runs", "a bird"])
+    assert tokenized == ["a dog runs", "a cat sleeps", "", "a bird"]  # control character out
+    assert again[:2] == [encode(["a cat sleeps"])[0], encode(["a dog runs"])[0]]
+    assert first[1] == again[0] and first[2] == []
 
 
 def test_order_is_restored_across_batches(eos_bundle: Path, sources: list[list[int]]) -> None:
