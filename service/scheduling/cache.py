@@ -325,18 +325,18 @@ class SharedSentences:
         without an entry, Redis failed or `deadline` (time.monotonic()) came first. Before each
         look it blocks until the decoding of the first sentence still claimed ends (its done
         list gets an item: one round trip, however long the decoding takes), for at most
-        `_block_s` (a replica that died holding a claim sends nothing: its claim expires)."""
+        `_block_s` (a replica that died holding a claim sends nothing: its claim expires). An
+        item that is the entry answers that sentence: only the others are looked at."""
         found: list[list[Hypothesis] | None] = [None] * len(keys)
         pending = list(range(len(keys)))
         try:
             while pending and (left := deadline - time.monotonic()) > 0:
                 item = await self._until_done(_names(keys[pending[0]])[2], left)
-                if item and len(pending) == 1 and (hypotheses := _read(item)) is not None:
-                    found[pending[0]] = hypotheses  # its entry, in its done list
-                    await self._near.put([(keys[pending[0]], hypotheses)])
-                    break
-                names = [name for j in pending for name in _names(keys[j])[:2]]
-                values = await self._link.run("cache_wait", partial(self._look, keys=names))
+                values: list[bytes | int] = [item] if item else []
+                looked = pending[len(values) :]
+                if looked:
+                    names = [name for j in looked for name in _names(keys[j])[:2]]
+                    values += await self._link.run("cache_wait", partial(self._look, keys=names))
                 waiting, kept = [], []
                 for j, value in zip(pending, values, strict=True):
                     if isinstance(value, bytes):
