@@ -202,18 +202,25 @@ return found
 # One round trip for what a replica decoded: the entries written (each expiring), and its claims
 # given up, each only if it is still its own (one that expired meanwhile may be another's now),
 # with an item in its done list for the replicas waiting: the entry itself (a waiter for that
-# one sentence needs no other read), or "" for a claim given up without one. KEYS: the entries'
-# names, then the claims' entry, flight and done names in threes; ARGV: this process's token, the
-# entries' life in s, the done lists' life in ms, then the entries' values.
+# one sentence needs no other read), or "" for a claim given up without one. A claim that
+# expired during its decoding and was taken again gets the entry in its done list too: the
+# replicas that waited for either decoding have their answer now, not once the second ends or
+# their blocking call times out. KEYS: the entries' names, then the claims' entry, flight and
+# done names in threes; ARGV: this process's token, the entries' life in s, the done lists' life
+# in ms, then the entries' values.
 _STORE = """
 local entries = #ARGV - 3
 for i = 1, entries do
     redis.call('SET', KEYS[i], ARGV[i + 3], 'EX', ARGV[2])
 end
 for i = entries + 1, #KEYS, 3 do
-    if redis.call('GET', KEYS[i + 1]) == ARGV[1] then
+    local ours = redis.call('GET', KEYS[i + 1]) == ARGV[1]
+    local entry = redis.call('GET', KEYS[i])
+    if ours then
         redis.call('DEL', KEYS[i + 1])
-        redis.call('RPUSH', KEYS[i + 2], redis.call('GET', KEYS[i]) or '')
+    end
+    if ours or entry then
+        redis.call('RPUSH', KEYS[i + 2], entry or '')
         redis.call('PEXPIRE', KEYS[i + 2], ARGV[3])
     end
 end

@@ -25,6 +25,7 @@ from service.http.app import create_app
 from service.inference.engine import Engine
 from service.metrics import Metrics
 from service.scheduling.cache import (
+    FLIGHT_PREFIX,
     REDIS_PREFIX,
     SAME_HYPOTHESES,
     MemoryStore,
@@ -406,6 +407,40 @@ async def test_the_stores_of_one_turn_go_to_redis_in_one_round_trip(
         assert await asyncio.wait_for(stored, 1) == [hypotheses]
         assert await asyncio.wait_for(dropped, 1) == [None]
         assert await other.find_or_claim(keys, 5.0) == [hypotheses] * 3 + [True]
+    finally:
+        for link in links:
+            await link.close()
+
+
+async def test_waiters_for_a_claim_that_expired_and_was_taken_again_get_the_first_entry(
+    redis_url: str,
+) -> None:
+    """A decoding that outlives its claim (a request's remaining time): another replica claims
+    the sentence again. When the first decoding is stored, the replicas waiting, for either
+    claim, are woken with its entry, not left blocking until the second ends or their call
+    times out."""
+    links = [RedisLink(redis_url, timeout_s=8.0, retry_s=0.3, metrics=Metrics()) for _ in "abc"]
+    try:
+        first, second, third = (
+            SharedSentences(link, MemoryStore(1 << 20, Metrics()), ttl_s=60) for link in links
+        )
+        key = b"\x0a" * 16
+        hypotheses = [Hypothesis([5, 6], -0.5, "eos", None)]
+        assert await first.find_or_claim([key], 0.2) == [True]
+        assert await third.find_or_claim([key], 5.0) == [False]
+        # Blocks for at most half the link's timeout (4 s).
+        early = asyncio.ensure_future(third.wait([key], time.monotonic() + 6))
+        await asyncio.sleep(0.3)  # the first claim expired
+        assert await second.find_or_claim([key], 5.0) == [True]
+        late = asyncio.ensure_future(third.wait([key], time.monotonic() + 6))
+        await asyncio.sleep(0.1)
+        assert not early.done() and not late.done()
+        await first.store([(key, hypotheses)], [key])
+        assert await asyncio.wait_for(asyncio.gather(early, late), 1) == [[hypotheses]] * 2
+        # The second claim is the second decoding's: kept, and given up by it.
+        assert await links[0].client.get(FLIGHT_PREFIX + key.hex()) is not None
+        await second.store([(key, hypotheses)], [key])
+        assert await links[0].client.get(FLIGHT_PREFIX + key.hex()) is None
     finally:
         for link in links:
             await link.close()

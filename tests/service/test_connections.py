@@ -18,7 +18,7 @@ import uvicorn
 
 from benchmarks import servers
 from service.http import connections
-from service.http.connections import guarded_protocol
+from service.http.connections import Coalesced, guarded_protocol
 from tests.service.helpers import ServerProcess, server_process, wait_for
 
 EN_DE = {"source": "en", "target": "de"}
@@ -298,3 +298,88 @@ def test_memory_is_handed_back_after_a_wave_of_connections(
     for _ in range(connections._TRIM_AFTER_CLOSED + 10):
         open_to(busy_server[0]).close()
     wait_for(lambda: trims == [0], 5)
+
+
+def test_an_answers_head_and_body_arrive_in_one_read(server: ServerProcess) -> None:
+    """uvicorn writes the head and the body in two calls: written as they come, a client
+    already waiting (here, in another process than the server) reads the head alone, and a
+    proxy in front is woken twice."""
+    body = json.dumps({"text": "A dog runs through the grass.", **EN_DE}).encode()
+    request = (
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    with connect(server) as sock:
+        for _ in range(20):
+            sock.sendall(request)
+            answer = sock.recv(65536)
+            head, _, rest = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), answer
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert len(rest) == length, answer  # the body came with the head
+            assert json.loads(rest)["translations"]
+
+
+class Recorded(asyncio.Transport):
+    """What a transport was asked to do, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[bytes]]] = []
+        self.closing = False
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.calls.append(("writelines", list(list_of_data)))
+
+    def close(self) -> None:
+        self.calls.append(("close", []))
+        self.closing = True
+
+    def abort(self) -> None:
+        self.calls.append(("abort", []))
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+@pytest.mark.anyio
+async def test_the_writes_of_one_turn_leave_together_at_its_end() -> None:
+    loop = asyncio.get_running_loop()
+    inner = Recorded()
+    transport = Coalesced(inner, loop)
+    transport.write(b"head")
+    transport.write(memoryview(b"body"))
+    assert inner.calls == [] and transport.get_write_buffer_size() == 8
+    await asyncio.sleep(0)
+    assert inner.calls == [("writelines", [b"head", b"body"])]
+    transport.write(b"next")  # another turn, another call
+    await asyncio.sleep(0)
+    assert inner.calls[1:] == [("writelines", [b"next"])]
+
+
+@pytest.mark.anyio
+async def test_a_close_sends_what_is_held_first_and_an_abort_drops_it() -> None:
+    loop = asyncio.get_running_loop()
+    closed, aborted = Recorded(), Recorded()
+    for inner in (closed, aborted):
+        transport = Coalesced(inner, loop)
+        transport.write(b"answer")
+        transport.close() if inner is closed else transport.abort()
+        await asyncio.sleep(0)  # the end of the turn sends nothing more
+    assert closed.calls == [("writelines", [b"answer"]), ("close", [])]
+    assert aborted.calls == [("abort", [])]
+
+
+@pytest.mark.anyio
+async def test_a_large_write_is_not_held() -> None:
+    inner = Recorded()
+    transport = Coalesced(inner, asyncio.get_running_loop())
+    transport.write(b"head")
+    transport.write(b"x" * connections._COALESCE_BYTES)
+    assert inner.calls == [("writelines", [b"head", b"x" * connections._COALESCE_BYTES])]
+    await asyncio.sleep(0)
+    assert len(inner.calls) == 1
