@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.text import segment
+from service.text import markup, pipeline, segment
 from service.text.segment import split
 
 REPO = Path(__file__).resolve().parents[2]
@@ -367,3 +367,31 @@ def test_a_token_starting_at_an_inserted_break_comes_after_it() -> None:
     assert rewrapped.text == "你好\n世界"
     assert rewrapped.position(2, starts=True) == 3  # 世 starts after the break
     assert rewrapped.position(2) == 2  # 好 ends before it
+
+
+def test_a_short_block_seen_again_is_not_split_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traffic repeats its paragraphs: a short block's layout is remembered, the same as
+    splitting it again, for its language, format, splitting and wrapping alone; a long one
+    (a document's) is split each time."""
+    split_calls: list[str] = []
+
+    def counted(text: str, *args: object, **kwargs: object) -> segment.Layout:
+        split_calls.append(text)
+        return split(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segment, "split", counted)
+    pipeline._remembered.cache_clear()
+    text = "A dog runs. A cat sleeps.\n\n12"
+    first = pipeline._layout(text, "en", "text", "lines")
+    assert pipeline._layout(text, "en", "text", "lines") == first and split_calls == [text]
+    assert first == split(text, "en").keeping(markup.translatable)  # "12" left as it is
+    pipeline._layout(text, "de", "text", "lines")
+    pipeline._layout(text, "en", "html", "lines")
+    pipeline._layout(text, "en", "text", "none")
+    pipeline._layout(text, "en", "text", "lines", wraps=False)
+    assert len(split_calls) == 5
+    long = "A sentence. " * (pipeline.LAYOUT_MEMO_CHARACTERS // 12 + 1)
+    assert pipeline._layout(long, "en", "text", "lines") == pipeline._layout(
+        long, "en", "text", "lines"
+    )
+    assert split_calls[5:] == [long, long]
