@@ -472,6 +472,27 @@ def test_a_text_seen_again_is_not_tokenized_again(
     assert first[1] == again[0] and first[2] == []
 
 
+def test_a_translation_seen_again_is_not_detokenized_again(
+    eos_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sentence cache answers a popular sentence's ids again and again: their text is
+    remembered, the same as detokenizing them again."""
+    engine = Engine.load(eos_bundle, device="cpu", intra_op_threads=1)
+    detokenized: list[tuple[int, ...]] = []
+    tokenizer = engine._tokenizer
+    decode = tokenizer.decode
+
+    def counted(ids: Sequence[int]) -> str:
+        detokenized.append(tuple(ids))
+        return decode(ids)
+
+    monkeypatch.setattr(tokenizer, "decode", counted)
+    ids = engine.encode(["a dog runs", "a cat sleeps"])
+    texts = [engine.decode(ids[0]), engine.decode(ids[1]), engine.decode(list(ids[0]))]
+    assert texts == [decode(ids[0]), decode(ids[1]), decode(ids[0])]
+    assert detokenized == [tuple(ids[0]), tuple(ids[1])]
+
+
 def test_order_is_restored_across_batches(eos_bundle: Path, sources: list[list[int]]) -> None:
     """Sources sorted by length and cut into batches of 3 come back in the input order, each
     as it would be decoded alone; empty ones keep their places."""
