@@ -26,7 +26,7 @@ uvicorn's httptools protocol (kept for its speed: h11, which has a size limit of
 And one change of how answers are written: what a connection writes in one turn of the event
 loop leaves in one system call at the end of that turn (`Coalesced`). uvicorn writes an answer's
 head and its body in two calls, each a `send` of its own: two packets, and a proxy in front
-(nginx) woken twice to read them; one costs 8 % less of the event loop's time for a cached
+(nginx) woken twice to read them; one costs 3 % less of the event loop's time for a cached
 translation (benchmarks/RESULTS.md).
 """
 
