@@ -258,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("resumed at update %d", trainer.state.update)
     if trainer.state.update < config.max_updates:
         trainer.train()
+    trainer.unwrap()
     leave(world)
     if not world.main:
         return 0

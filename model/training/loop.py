@@ -130,6 +130,11 @@ class Trainer:
         self.ckpt_dir = out / CHECKPOINT_DIR
         self.history: list[dict[str, Any]] = []
 
+    def unwrap(self) -> None:
+        """Drop DistributedDataParallel once the last update is made: its reducer holds the
+        process group, which must go while Python is whole (distributed.leave)."""
+        self.net = self.model
+
     def autocast(self) -> AbstractContextManager[None]:
         if self.config.precision == "fp32":
             return nullcontext()
