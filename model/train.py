@@ -48,7 +48,7 @@ from model.data import (
 )
 from model.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from model.training.checkpoints import CHECKPOINT_DIR, STATE_FILE, average_checkpoints
-from model.training.distributed import join, leave
+from model.training.distributed import join
 from model.training.history import PLOT_FILE, plot_history
 from model.training.loop import Trainer
 from model.training.recipe import TrainConfig, build_configs
@@ -258,8 +258,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("resumed at update %d", trainer.state.update)
     if trainer.state.update < config.max_updates:
         trainer.train()
-    trainer.unwrap()
-    leave(world)
+    trainer.leave()
     if not world.main:
         return 0
 

@@ -63,14 +63,14 @@ def join(device: torch.device) -> tuple[World, torch.device]:
 
 
 def leave(world: World) -> None:
-    """End this process's part in the group (after the last collective, and after the
-    trainer's `unwrap`), all of them together: the others wait for rank 0's last checkpoint and
-    validation, so that no process tears its connections down while another still holds them (a
-    rank that left first aborted once in CI, "terminate called without an active exception", as
-    rank 0 was still validating). What still holds the group is collected first: an object of
-    gloo's freed only at the interpreter's exit stops its threads then, and a thread that reaches
-    for the GIL during the exit is ended inside C++ code that may not be, which aborts the
-    process the same way (CI again, a rank after its last barrier)."""
+    """End this process's part in the group (after the last collective; `Trainer.leave` first
+    drops what of it the trainer holds), all of them together: the others wait for rank 0's last
+    checkpoint and validation, so that no process tears its connections down while another still
+    holds them (a rank that left first aborted once in CI, "terminate called without an active
+    exception", as rank 0 was still validating). What still holds the group is collected first:
+    an object of gloo's freed only at the interpreter's exit stops its threads then, and a thread
+    that reaches for the GIL during the exit is ended inside C++ code that may not be, which
+    aborts the process the same way (CI again, a rank after its last barrier)."""
     if world.size > 1:
         gc.collect()
         dist.barrier()

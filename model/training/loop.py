@@ -36,7 +36,7 @@ from model.training.checkpoints import (
     load_optimizer_tensors,
     optimizer_tensors,
 )
-from model.training.distributed import World
+from model.training.distributed import World, leave
 from model.training.history import METRICS_FILE, append_row, rows_through
 from model.training.recipe import TrainConfig
 from model.training.validation import ValidationSet, validate
@@ -130,10 +130,11 @@ class Trainer:
         self.ckpt_dir = out / CHECKPOINT_DIR
         self.history: list[dict[str, Any]] = []
 
-    def unwrap(self) -> None:
-        """Drop DistributedDataParallel once the last update is made: its reducer holds the
-        process group, which must go while Python is whole (distributed.leave)."""
+    def leave(self) -> None:
+        """After the last update: drop DistributedDataParallel, whose reducer holds the process
+        group, then leave the group (distributed.leave), which must go while Python is whole."""
         self.net = self.model
+        leave(self.world)
 
     def autocast(self) -> AbstractContextManager[None]:
         if self.config.precision == "fp32":

@@ -112,7 +112,6 @@ class Coalesced(asyncio.Transport):
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
-        self._held_bytes = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -120,8 +119,7 @@ class Coalesced(asyncio.Transport):
         if not self._held:
             self._loop.call_soon(self._send)
         self._held.append(data if isinstance(data, bytes) else bytes(data))
-        self._held_bytes += len(data)
-        if self._held_bytes >= _COALESCE_BYTES:
+        if sum(map(len, self._held)) >= _COALESCE_BYTES:
             self._send()
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
@@ -131,7 +129,7 @@ class Coalesced(asyncio.Transport):
     def _send(self) -> None:
         if not self._held:
             return
-        held, self._held, self._held_bytes = self._held, [], 0
+        held, self._held = self._held, []
         if not self._transport.is_closing():
             self._transport.writelines(held)
 
@@ -140,7 +138,7 @@ class Coalesced(asyncio.Transport):
         self._transport.close()
 
     def abort(self) -> None:
-        self._held, self._held_bytes = [], 0
+        self._held = []
         self._transport.abort()
 
     def write_eof(self) -> None:
@@ -169,7 +167,7 @@ class Coalesced(asyncio.Transport):
         self._transport.set_write_buffer_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + self._held_bytes
+        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self._transport.get_write_buffer_limits()
