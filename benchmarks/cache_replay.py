@@ -55,6 +55,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks.servers import (
+    MULTI30K,
     RedisServer,
     cpu_ns,
     metric,
@@ -66,7 +67,6 @@ from benchmarks.servers import (
 )
 from service.text.segment import split
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 # redis-remote: Redis with no in-process store in front (--cache-bytes 0): every hit is read from
 # Redis, as a replica reads what another decoded.
 MODES = ("off", "memory", "redis", "redis-remote")

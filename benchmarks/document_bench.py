@@ -38,11 +38,10 @@ from typing import Any, TypeVar
 import docx
 import httpx
 
-from benchmarks.servers import metric, percentile_ms, read_texts, service
+from benchmarks.servers import MULTI30K, metric, percentile_ms, read_texts, service
 from service.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
-TEST_2016 = Path("/work/shared/data/multi30k/test_2016_flickr.en.gz")
+TEST_2016 = MULTI30K / "test_2016_flickr.en.gz"
 EN_DE = {"source": "en", "target": "de"}
 PROBE = "A man in a blue shirt is riding a bike."
 T = TypeVar("T")

@@ -4,7 +4,7 @@ clients, and compare dynamic batching with batching off (max batch size 1).
     python -m benchmarks.load_bench --bundle bundles/multi30k-en-de \\
         [--concurrency 1,8,32,64] [--duration 10] [--max-requests 2000] [--beam-size 1] \\
         [--max-batch-size 32] [--max-wait-ms 0] [--intra-op-threads N] [--texts FILE] \\
-        [--client-processes P] [--json OUT]
+        [--client-processes P] [--batching-only] [--json OUT]
 
 For each server configuration and each concurrency level: requests/s, p50/p95/p99 latency of
 the answered (200) requests, errors by status, and the mean batch size the server formed (from
@@ -13,7 +13,8 @@ server inherits, rows per decoder step). Each level runs until `--duration` seco
 `--max-requests` requests, whichever comes first, after a short warm-up. The last table gives
 throughput with batching divided by throughput without. `--client-processes P` spreads a
 level's clients over P processes (one Python process sends a few thousand requests/s at most),
-whose timed phases start together once all have warmed up.
+whose timed phases start together once all have warmed up. `--batching-only` leaves the
+configuration without batching (and the ratio table) out, for sweeps of the batching one.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"batching (max {args.max_batch_size})": ["--max-batch-size", str(args.max_batch_size)],
         "no batching (max 1)": ["--max-batch-size", "1"],
     }
+    if args.batching_only:
+        del configs["no batching (max 1)"]
     results: list[LevelResult] = []
     for name, flags in configs.items():
         server_flags = [*flags, "--max-wait-ms", str(args.max_wait_ms)]
@@ -72,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = asyncio.run(_run_level(server.url, name, concurrency, texts, pair, args))
                 results.append(result)
                 _print_row(result)
-    _print_ratios(results, levels, list(configs))
+    if not args.batching_only:
+        _print_ratios(results, levels, list(configs))
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
     return 0
@@ -98,6 +102,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="processes the clients are spread over (a level's requests/s then adds up theirs, "
         "over the longest one's time)",
+    )
+    p.add_argument(
+        "--batching-only", action="store_true", help="no run without batching (max batch 1)"
     )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import resource
 import subprocess
@@ -26,8 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.servers import MULTI30K
+
 REPO = Path(__file__).resolve().parents[1]
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

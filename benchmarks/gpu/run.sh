@@ -4,12 +4,14 @@
 #   carrying .gpu/w:                      BUDGET=540 bash benchmarks/gpu/run.sh measure
 # `receive` keeps the part it was sent (onnxruntime-gpu, CTranslate2; the data with p0) in
 # /tmp, where it stays while the machine is warm, and the first starts writing the
-# transformer-base Marian checkpoint in the background. `measure` installs, then runs issue
-# 32's checks in priority order, each bounded by its own timeout and by BUDGET seconds in all:
-# $OUT/log.txt (every stage's tail), $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv
-# (GPU memory during the soak). STAGES="name ..." runs only the stages named. The soak's server
-# gets --device cuda --max-batch-size 64 and SOAK_FLAGS (default --cuda-graphs; "" for no
-# graphs), for SOAK_REQUESTS requests or SOAK_SECONDS seconds (20000, 80).
+# transformer-base Marian checkpoint in the background. `measure` installs, then runs the
+# checks in issue 58's order (the CUDA tests first; what earlier runs measured last), each
+# bounded by its own timeout and by BUDGET seconds in all: $OUT/log.txt (every stage's tail),
+# $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the soak).
+# STAGES="name ..." runs only the stages named (load_workers_N for each N of WORKERS_SWEEP,
+# default "1 2 4 8"). The soak's server gets --device cuda --max-batch-size 64 and SOAK_FLAGS
+# (default --cuda-graphs; "" for no graphs), for SOAK_REQUESTS requests or SOAK_SECONDS seconds
+# (20000, 80).
 set -u
 case "${1:-}" in
 receive)
@@ -73,43 +75,52 @@ from pathlib import Path; from export.onnx_export import export_bundle
 c = Path('checkpoints/multi30k-en-de')
 export_bundle(c, Path('$B/fp32'), cache='gather'); export_bundle(c, Path('$B/fp16'), dtype='fp16')
 export_bundle(c, Path('$B/cpu')); print('exported')"
-stage test_cuda 200 python3 -m pytest -m gpu tests/service/test_cuda.py -q -p no:cacheprovider --durations=5
-TAILN=45 stage bench_shipped 170 python3 -m benchmarks.gpu_bench --src $SRC --n 1000 --batch-sizes 64 256 \
-  --beam-sizes 1 4 --repeat 1 --threads 8 --bundle-fp32 $B/fp32 --bundle-fp16 $B/fp16 --bundle-cpu $B/cpu \
-  --json $RES/gpu_bench_shipped.json
-TAILN=30 stage profile 60 python3 -m benchmarks.step_profile --device cuda --bundle $B/fp16 --src $SRC --n 128 \
-  --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --ort-profile --json $RES/profile.json
-TAILN=12 stage profile_graphs 50 python3 -m benchmarks.step_profile --device cuda --cuda-graphs --bundle $B/fp16 \
-  --src $SRC --n 128 --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --json $RES/profile_graphs.json
-TAILN=25 stage bench_b1 80 python3 -m benchmarks.gpu_bench --src $SRC --n 100 --batch-sizes 1 --beam-sizes 1 4 \
-  --repeat 1 --systems engine-fp32 engine-fp32-graphs engine-fp16 engine-fp16-graphs torch-cached \
-  --bundle-fp32 $B/fp32 --bundle-fp16 $B/fp16 --bundle-cpu $B/cpu --json $RES/gpu_bench_b1.json
-for graphs in false true; do  # the service's --cuda-graphs, through its environment
-  TAILN=12 stage load_graphs_$graphs 70 env MT_CUDA_GRAPHS=$graphs python3 -m benchmarks.load_bench \
-    --bundle $B/fp16 --concurrency 1,128 --duration 6 --max-requests 20000 --max-batch-size 128 \
-    --texts /tmp/texts.txt --json $RES/load_graphs_$graphs.json
-done
-TAILN=12 stage load_workers 80 env MT_CUDA_GRAPHS=true MT_WORKERS=${WORKERS:-4} python3 -m benchmarks.load_bench \
-  --bundle $B/fp16 --concurrency 1,128,256 --duration 6 --max-requests 30000 --max-batch-size 128 \
-  --client-processes 4 --texts /tmp/texts.txt --json $RES/load_workers.json
-nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
-SOAK_SECONDS=${SOAK_SECONDS:-80}
-TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \
-  --clients 64 --texts /tmp/texts.txt --warmup 1000 --rss-every 2 --max-seconds $SOAK_SECONDS \
-  --server-args "--device cuda --max-batch-size 64 ${SOAK_FLAGS---cuda-graphs}" --json $RES/soak.json
-kill $SMI 2>/dev/null
+stage test_cuda 90 python3 -m pytest -m gpu tests/service/test_cuda.py -q -p no:cacheprovider --durations=5
+# Issue 58, in its order. CTranslate2 on the card (never run yet): the transformer-base Marian
+# that `receive` started writing, in fp16 against CTranslate2's float16 and int8_float16.
 for i in $(seq 60); do [ -f $M/hf.done ] && break; sleep 1; done
 cat /tmp/marian_prep.log >> "$LOG"
 stage marian_export 90 python3 -c "
 from pathlib import Path; from model.importers import marian; from export.onnx_export import export_bundle
 m = Path('$M'); (m / 'ckpt').exists() or marian.import_checkpoint(m / 'hf', m / 'ckpt')
 export_bundle(m / 'ckpt', m / 'fp32', cache='gather'); export_bundle(m / 'ckpt', m / 'fp16', dtype='fp16')"
-TAILN=30 stage bench_marian 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckpt --src $SRC --n 64 --length 32 \
-  --batch-sizes 1 64 --beam-sizes 1 4 --repeat 1 --threads 8 --systems engine-fp32 engine-fp32-graphs \
-  engine-fp16 engine-fp16-graphs torch-cached torch-uncached \
-  --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 --bundle-cpu $M/fp32 --json $RES/gpu_bench_marian.json
 TAILN=20 stage bench_ct2 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckpt --hf-dir $M/hf --src $SRC \
   --n 64 --length 32 --batch-sizes 1 32 --beam-sizes 4 --repeat 1 --threads 8 --systems engine-fp32 \
   engine-fp16 engine-fp16-graphs ct2-fp16 ct2-int8-fp16 --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 \
   --bundle-cpu $M/fp32 --json $RES/gpu_bench_ct2.json
+# The service at the card's pace: WORKERS_SWEEP processes (1 2 4 8), CUDA graphs on, the clients
+# over 4 processes, batching only.
+for n in ${WORKERS_SWEEP:-1 2 4 8}; do
+  TAILN=8 stage load_workers_$n 60 env MT_CUDA_GRAPHS=true MT_WORKERS=$n python3 -m benchmarks.load_bench \
+    --bundle $B/fp16 --concurrency 1,128,256 --duration 5 --max-requests 30000 --max-batch-size 128 \
+    --client-processes 4 --batching-only --texts /tmp/texts.txt --json $RES/load_workers_$n.json
+done
+# Kernels a step, replayed (graphs on) and profiled (graphs off), batch 1 and 64.
+TAILN=30 stage profile 60 python3 -m benchmarks.step_profile --device cuda --bundle $B/fp16 --src $SRC --n 128 \
+  --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --ort-profile --json $RES/profile.json
+TAILN=12 stage profile_graphs 50 python3 -m benchmarks.step_profile --device cuda --cuda-graphs --bundle $B/fp16 \
+  --src $SRC --n 128 --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --json $RES/profile_graphs.json
+# A document of about 300 pages (3,400 paragraphs of three sentences) beside interactive requests.
+TAILN=40 stage documents 120 python3 -m benchmarks.document_bench --bundle $B/fp16 --paragraphs 3400 \
+  --document-batch-size 128 --repeat 1 --probe-s 3 --poll-s 0.2 \
+  --server-args "--device cuda --cuda-graphs --max-batch-size 128" --json $RES/documents.json
+# The graph bound under a soak (GPU memory every second; SOAK_REQUESTS=100000 SOAK_SECONDS=200
+# with STAGES="export soak" for the issue's soak, a call of its own).
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
+SOAK_SECONDS=${SOAK_SECONDS:-80}
+TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \
+  --clients 64 --texts /tmp/texts.txt --warmup 1000 --rss-every 2 --max-seconds $SOAK_SECONDS \
+  --server-args "--device cuda --max-batch-size 64 ${SOAK_FLAGS---cuda-graphs}" --json $RES/soak.json
+kill $SMI 2>/dev/null
+# The README's GPU tables, as in the earlier runs.
+TAILN=45 stage bench_shipped 170 python3 -m benchmarks.gpu_bench --src $SRC --n 1000 --batch-sizes 64 256 \
+  --beam-sizes 1 4 --repeat 1 --threads 8 --bundle-fp32 $B/fp32 --bundle-fp16 $B/fp16 --bundle-cpu $B/cpu \
+  --json $RES/gpu_bench_shipped.json
+TAILN=25 stage bench_b1 80 python3 -m benchmarks.gpu_bench --src $SRC --n 100 --batch-sizes 1 --beam-sizes 1 4 \
+  --repeat 1 --systems engine-fp32 engine-fp32-graphs engine-fp16 engine-fp16-graphs torch-cached \
+  --bundle-fp32 $B/fp32 --bundle-fp16 $B/fp16 --bundle-cpu $B/cpu --json $RES/gpu_bench_b1.json
+TAILN=30 stage bench_marian 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckpt --src $SRC --n 64 --length 32 \
+  --batch-sizes 1 64 --beam-sizes 1 4 --repeat 1 --threads 8 --systems engine-fp32 engine-fp32-graphs \
+  engine-fp16 engine-fp16-graphs torch-cached torch-uncached \
+  --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 --bundle-cpu $M/fp32 --json $RES/gpu_bench_marian.json
 say "DONE"; pack
