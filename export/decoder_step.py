@@ -238,7 +238,9 @@ def build_decoder_step(
     if cache == "gather":
         cache_mask = _cache_mask(g, config.max_positions)
         d_head = d_model // heads
-        by_heads = g.constant("shape.rows_1_h_dh", np.array([-1, 1, heads, d_head], np.int64))
+        # (R, 1, d_model) -> (R, H, 1, Dh) in one Reshape: with one position, the head-major
+        # order is the order the projection wrote (no Transpose, a kernel less on CUDA).
+        by_heads = g.constant("shape.rows_h_1_dh", np.array([-1, heads, 1, d_head], np.int64))
 
     # Every add & norm in order; with pre-norm, the stack's final norm comes last.
     pre_norm = config.norm == "pre"
@@ -533,8 +535,7 @@ def _attend_over_gathered(
         (k, past_key(i), present_key(i)),
         (v, past_value(i), present_value(i)),
     ):
-        (new,) = g.op("Reshape", [new, by_heads])  # (R, 1, H, Dh)
-        (new,) = g.op("Transpose", [new], perm=[0, 2, 1, 3])  # (R, H, 1, Dh)
+        (new,) = g.op("Reshape", [new, by_heads])  # (R, H, 1, Dh)
         (gathered,) = g.op("Gather", [past, BEAM_ROWS], axis=0)  # (R, H, C, Dh)
         g.op("TensorScatter", [gathered, new, POSITION], [present], axis=2)
         presents.append(present)

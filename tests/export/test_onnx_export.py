@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -248,6 +249,23 @@ def test_the_gather_step_reorders_by_beam_rows_and_masks_later_positions(
         np.testing.assert_array_equal(value[:, :, :t], cache[name][beam_rows, :, :t])
         np.testing.assert_array_equal(value[:, :, t], on_host[name][:, :, t])
         np.testing.assert_array_equal(value[:, :, t + 1 :], cache[name][beam_rows, :, t + 1 :])
+
+
+def test_the_gather_step_scatters_each_new_key_and_value_straight_from_its_projection(
+    gather_bundle: Path,
+) -> None:
+    """The key and value a step writes into the cache are the projection's, split and reshaped
+    to (rows, heads, 1, d_head) by one Reshape each: no Transpose between (a kernel a layer more
+    on CUDA, issue 58). The step's results are held to torch's by tests/export/test_parity.py."""
+    layers = load_bundle(gather_bundle).manifest.model.decoder_layers
+    graph = onnx.load(str(gather_bundle / DECODER_STEP_FILE), load_external_data=False).graph
+    producer = {output: node for node in graph.node for output in node.output}
+    scatters = [node for node in graph.node if node.op_type == "TensorScatter"]
+    assert len(scatters) == 2 * layers
+    for scatter in scatters:
+        reshape = producer[scatter.input[1]]
+        assert reshape.op_type == "Reshape", reshape.op_type
+        assert producer[reshape.input[0]].op_type == "Split"
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "int8", "fp16"])
