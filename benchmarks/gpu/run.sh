@@ -7,7 +7,8 @@
 # transformer-base Marian checkpoint in the background. `measure` installs, then runs the
 # checks in issue 58's order (the CUDA tests first; what earlier runs measured last), each
 # bounded by its own timeout and by BUDGET seconds in all: $OUT/log.txt (every stage's tail),
-# $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the soak).
+# $OUT/res.tar.gz (every output and JSON), $OUT/nvsmi.csv (GPU memory during the soak),
+# $OUT/nvsmi_workers.csv (during the workers' loads).
 # STAGES="name ..." runs only the stages named (load_workers_N for each N of WORKERS_SWEEP,
 # default "1 2 4 8"). The soak's server gets --device cuda --max-batch-size 64 and SOAK_FLAGS
 # (default --cuda-graphs; "" for no graphs), for SOAK_REQUESTS requests or SOAK_SECONDS seconds
@@ -89,12 +90,16 @@ TAILN=20 stage bench_ct2 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckp
   engine-fp16 engine-fp16-graphs ct2-fp16 ct2-int8-fp16 --bundle-fp32 $M/fp32 --bundle-fp16 $M/fp16 \
   --bundle-cpu $M/fp32 --json $RES/gpu_bench_ct2.json
 # The service at the card's pace: WORKERS_SWEEP processes (1 2 4 8), CUDA graphs on, the clients
-# over 4 processes, batching only.
+# over 4 processes, batching only; each level's mean batch (over the workers) shows whether the
+# workers split the batches, $OUT/nvsmi_workers.csv the GPU's memory and use for each count.
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi_workers.csv" 2>&1 & SMI=$!
 for n in ${WORKERS_SWEEP:-1 2 4 8}; do
+  echo "# workers $n from $(date -u +%T)" >> "$LOG"
   TAILN=8 stage load_workers_$n 60 env MT_CUDA_GRAPHS=true MT_WORKERS=$n python3 -m benchmarks.load_bench \
     --bundle $B/fp16 --concurrency 1,128,256 --duration 5 --max-requests 30000 --max-batch-size 128 \
     --client-processes 4 --batching-only --texts /tmp/texts.txt --json $RES/load_workers_$n.json
 done
+kill $SMI 2>/dev/null
 # Kernels a step, replayed (graphs on) and profiled (graphs off), batch 1 and 64.
 TAILN=30 stage profile 60 python3 -m benchmarks.step_profile --device cuda --bundle $B/fp16 --src $SRC --n 128 \
   --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --ort-profile --json $RES/profile.json
