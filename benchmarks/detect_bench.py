@@ -19,6 +19,7 @@ import argparse
 import gzip
 import importlib.metadata
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -30,9 +31,8 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from benchmarks.servers import MULTI30K
-
 REPO = Path(__file__).resolve().parents[1]
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 LANGUAGES = ("en", "de", "fr")
 BUCKETS = {"sentence": None, "1-3 words": (1, 3), "4-10 words": (4, 10)}
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from benchmarks.engine_bench import read_lines
-from benchmarks.servers import percentile_ms, service
+from benchmarks.servers import MULTI30K, percentile_ms, service
 from service.bundle.decoding import DecodingOptions
 from service.inference.engine import Engine
 from service.text import markup, pipeline
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sentences",
         type=Path,
-        default=Path("../shared/data/multi30k/test_2016_flickr.en.gz"),
+        default=MULTI30K / "test_2016_flickr.en.gz",
         help="for the alignment output's cost",
     )
     p.add_argument("--json", type=Path)

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.servers import REPO, percentile_ms, read_texts, service
+from benchmarks.servers import MULTI30K, percentile_ms, read_texts, service
 
 SHORT_PER_LONG = 10  # open loop: short arrivals per long one
 
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument(
-        "--texts", type=Path, default=REPO.parent / "shared/data/multi30k/val.en.gz",
+        "--texts", type=Path, default=MULTI30K / "val.en.gz",
         help="one sentence per line",
     )  # fmt: skip
     p.add_argument("--duration", type=float, default=30.0, help="seconds per loaded scenario")

@@ -34,9 +34,13 @@ T0=$(date +%s); DEADLINE=$((T0 + ${BUDGET:-540}))
 LOG=$OUT/log.txt; RES=/tmp/res; rm -rf $RES; mkdir -p $RES
 say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
 pack() { tar -czf "$OUT/res.tar.gz" -C $RES . 2>/dev/null; }
+wanted() {  # wanted NAME...: whether STAGES is unset or names one of them
+  [ -z "${STAGES:-}" ] && return 0
+  local name; for name in "$@"; do [[ " $STAGES " == *" $name "* ]] && return 0; done; return 1
+}
 stage() {  # stage NAME SECONDS CMD...: skipped when STAGES is set and does not name it
   local name=$1 limit=$2; shift 2
-  [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" $name "* ]] && return
+  wanted "$name" || return
   local left=$((DEADLINE - $(date +%s)))
   [ $left -lt 15 ] && { say "SKIP $name (no time left)"; return; }
   [ "$limit" -gt $left ] && limit=$left
@@ -79,8 +83,10 @@ export_bundle(c, Path('$B/cpu')); print('exported')"
 stage test_cuda 90 python3 -m pytest -m gpu tests/service/test_cuda.py -q -p no:cacheprovider --durations=5
 # Issue 58, in its order. CTranslate2 on the card (never run yet): the transformer-base Marian
 # that `receive` started writing, in fp16 against CTranslate2's float16 and int8_float16.
-for i in $(seq 60); do [ -f $M/hf.done ] && break; sleep 1; done
-cat /tmp/marian_prep.log >> "$LOG"
+if wanted marian_export; then
+  for i in $(seq 60); do [ -f $M/hf.done ] && break; sleep 1; done
+  cat /tmp/marian_prep.log >> "$LOG"
+fi
 stage marian_export 90 python3 -c "
 from pathlib import Path; from model.importers import marian; from export.onnx_export import export_bundle
 m = Path('$M'); (m / 'ckpt').exists() or marian.import_checkpoint(m / 'hf', m / 'ckpt')
@@ -92,14 +98,17 @@ TAILN=20 stage bench_ct2 150 python3 -m benchmarks.gpu_bench --checkpoint $M/ckp
 # The service at the card's pace: WORKERS_SWEEP processes (1 2 4 8), CUDA graphs on, the clients
 # over 4 processes, batching only; each level's mean batch (over the workers) shows whether the
 # workers split the batches, $OUT/nvsmi_workers.csv the GPU's memory and use for each count.
-nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi_workers.csv" 2>&1 & SMI=$!
-for n in ${WORKERS_SWEEP:-1 2 4 8}; do
-  echo "# workers $n from $(date -u +%T)" >> "$LOG"
+SWEEP=(${WORKERS_SWEEP:-1 2 4 8})
+if wanted "${SWEEP[@]/#/load_workers_}"; then
+  nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi_workers.csv" 2>&1 & SMI=$!
+fi
+for n in "${SWEEP[@]}"; do
+  wanted load_workers_$n && echo "# workers $n from $(date +%T) (nvidia-smi's clock)" >> "$LOG"
   TAILN=8 stage load_workers_$n 60 env MT_CUDA_GRAPHS=true MT_WORKERS=$n python3 -m benchmarks.load_bench \
     --bundle $B/fp16 --concurrency 1,128,256 --duration 5 --max-requests 30000 --max-batch-size 128 \
     --client-processes 4 --batching-only --texts /tmp/texts.txt --json $RES/load_workers_$n.json
 done
-kill $SMI 2>/dev/null
+kill ${SMI:-} 2>/dev/null; SMI=
 # Kernels a step, replayed (graphs on) and profiled (graphs off), batch 1 and 64.
 TAILN=30 stage profile 60 python3 -m benchmarks.step_profile --device cuda --bundle $B/fp16 --src $SRC --n 128 \
   --threads 1 --batch-sizes 1 64 --beam-sizes 1 4 --repeat 2 --ort-profile --json $RES/profile.json
@@ -111,12 +120,12 @@ TAILN=40 stage documents 120 python3 -m benchmarks.document_bench --bundle $B/fp
   --server-args "--device cuda --cuda-graphs --max-batch-size 128" --json $RES/documents.json
 # The graph bound under a soak (GPU memory every second; SOAK_REQUESTS=100000 SOAK_SECONDS=200
 # with STAGES="export soak" for the issue's soak, a call of its own).
-nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!
+wanted soak && { nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv -l 1 > "$OUT/nvsmi.csv" 2>&1 & SMI=$!; }
 SOAK_SECONDS=${SOAK_SECONDS:-80}
 TAILN=12 stage soak $((SOAK_SECONDS + 20)) python3 -m benchmarks.soak --bundle $B/fp16 --requests ${SOAK_REQUESTS:-20000} \
   --clients 64 --texts /tmp/texts.txt --warmup 1000 --rss-every 2 --max-seconds $SOAK_SECONDS \
   --server-args "--device cuda --max-batch-size 64 ${SOAK_FLAGS---cuda-graphs}" --json $RES/soak.json
-kill $SMI 2>/dev/null
+kill ${SMI:-} 2>/dev/null
 # The README's GPU tables, as in the earlier runs.
 TAILN=45 stage bench_shipped 170 python3 -m benchmarks.gpu_bench --src $SRC --n 1000 --batch-sizes 64 256 \
   --beam-sizes 1 4 --repeat 1 --threads 8 --bundle-fp32 $B/fp32 --bundle-fp16 $B/fp16 --bundle-cpu $B/cpu \

