@@ -55,7 +55,9 @@ for archive in $archives; do
 done
 mkdir -p .gpu/p0/data
 # What the GPU image's python lacks for the service, the tests and the benchmarks, at the versions
-# installed here (it has torch, onnx, numpy, tokenizers, transformers, sentencepiece, httpx, pytest).
+# installed here (tests/benchmarks/test_gpu_staging.py checks the list against what they import).
+# That python has, with what they require (the last three seen in the runs of 2026-11-26 and 27):
+#   torch onnx numpy tokenizers transformers sentencepiece httpx pytest requests sacrebleu joblib
 pins=$("$PY" - <<'PY'
 import importlib.metadata as md
 names = """fastapi starlette annotated-doc uvicorn httptools watchfiles pydantic pydantic-core
