@@ -733,6 +733,44 @@ def test_xlsx_print_header_of_a_sheet_without_strings_and_a_size_before_digits()
     assert [c.value for c in openpyxl.load_workbook(io.BytesIO(result)).active[1]] == [1.5, 2]
 
 
+def test_an_xlsx_print_header_is_kept_within_excels_255_characters() -> None:
+    """Excel shows a print header or footer of at most 255 characters, codes included (and
+    ClosedXML opens no file with a longer one): a part whose translation would take its header
+    past that stays as it was, and the header's other parts are translated. Within the limit the
+    same part is translated; a footer already longer (not Excel's) may not grow."""
+    center = "Two men talk on the street. " * 8  # 224 characters
+    book = openpyxl.Workbook()
+    book.active.append([1])
+    book.active.oddHeader.left.text = "Monthly report"
+    book.active.oddHeader.center.text = center.strip()
+    book.active.oddFooter.center.text = (center * 2).strip()
+    made = io.BytesIO()
+    book.save(made)
+    sent = made.getvalue()
+    header, footer = printed(sent)[:2]
+    assert header is not None and len(header) <= ooxml.PRINT_TEXT_LIMIT
+    assert footer is not None and len(footer) > ooxml.PRINT_TEXT_LIMIT
+    assert unit_texts(ooxml.XLSX, sent) == [
+        "<p>Monthly report</p>",
+        f"<p>{center.strip()}</p>",
+        f"<p>{(center * 2).strip()}</p>",
+    ]
+    longer = "Zwei Männer unterhalten sich auf der Straße. " * 6  # 270 characters
+    result = ooxml.XLSX.read(sent, Limits()).write(
+        ["<p>Monatsbericht</p>", f"<p>{longer.strip()}</p>", f"<p>{(longer * 2).strip()}</p>"]
+    )
+    written = openpyxl.load_workbook(io.BytesIO(result)).active
+    assert written.oddHeader.left.text == "Monatsbericht"
+    assert written.oddHeader.center.text == center.strip()
+    assert printed(result)[:2] == [header.replace("Monthly report", "Monatsbericht"), footer]
+    shorter = "Zwei Männer reden."
+    result = ooxml.XLSX.read(sent, Limits()).write(
+        ["<p>Monatsbericht</p>", f"<p>{shorter}</p>", f"<p>{shorter}</p>"]
+    )
+    written = openpyxl.load_workbook(io.BytesIO(result)).active
+    assert written.oddHeader.center.text == written.oddFooter.center.text == shorter
+
+
 def printed(data: bytes) -> list[str | None]:
     """The texts of the first sheet's print headers and footers."""
     with zipfile.ZipFile(io.BytesIO(data)) as archive:

@@ -534,6 +534,9 @@ _PRINT_TOKEN = re.compile(
 _PRINT_PARTS = frozenset({"&L", "&C", "&R"})
 _PRINT_BREAKS = frozenset({"\r\n", "\r", "\n"})
 _FONT_SIZE = re.compile(r"&\d{1,2}")  # a size that digits after it would lengthen
+# Excel's longest print header or footer, codes included: it does not show a longer one, and
+# ClosedXML will not open the file (libxlsxwriter and ClosedXML check the limit when writing).
+PRINT_TEXT_LIMIT = 255
 # A print header or footer element in a worksheet's bytes (its content is text).
 _PRINT_ELEMENT = re.compile(
     rb"<((?:[A-Za-z_][\w.-]*:)?(?:odd|even|first)(?:Header|Footer))(?:\s[^>]*)?>(.*?)</\1\s*>",
@@ -633,8 +636,16 @@ class _Section:
         for i in range(len(written) - 1):  # "&12" then "2024" would read as size 122
             if _FONT_SIZE.fullmatch(written[i]) and written[i + 1][:1].isdigit():
                 written[i + 1] = " " + written[i + 1]
-        self.printed.parts[self.index] = written
-        self.printed.element.text = "".join(t for part in self.printed.parts for t in part)
+        parts = self.printed.parts
+        text = "".join(
+            t for part in [*parts[: self.index], written, *parts[self.index + 1 :]] for t in part
+        )
+        # A translation that would take the header past Excel's limit (or further past it)
+        # leaves its part as it was: the rest of the header is translated, the file opens.
+        if len(text) > max(PRINT_TEXT_LIMIT, len(self.printed.element.text or "")):
+            return
+        parts[self.index] = written
+        self.printed.element.text = text
 
 
 def _tightened(tokens: list[str]) -> list[str]:
