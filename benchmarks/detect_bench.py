@@ -31,6 +31,8 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from benchmarks.packages import with_requirements
+
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 LANGUAGES = ("en", "de", "fr")
@@ -159,16 +161,7 @@ def added_mib(package: str) -> float:
     serving = (REPO / "deploy" / "requirements-serve.txt").read_text().splitlines()
     present = {_name(line) for line in serving if line.strip() and not line.startswith("#")}
     present.discard(canonicalize_name(package))
-    pending, seen = [package], set()
-    while pending:
-        name = canonicalize_name(pending.pop())
-        if name in seen or name in present:
-            continue
-        seen.add(name)
-        for requirement in importlib.metadata.requires(name) or []:
-            parsed = Requirement(requirement)
-            if parsed.marker is None or parsed.marker.evaluate({"extra": ""}):
-                pending.append(parsed.name)
+    seen = with_requirements([package], without=present)
     files = [f for name in seen for f in importlib.metadata.distribution(name).files or []]
     return sum(f.size or 0 for f in files) / 2**20
 

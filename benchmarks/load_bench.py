@@ -59,11 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = read_texts(args.texts)
     levels = [int(c) for c in args.concurrency.split(",")]
     configs = {
-        f"batching (max {args.max_batch_size})": ["--max-batch-size", str(args.max_batch_size)],
-        "no batching (max 1)": ["--max-batch-size", "1"],
+        f"batching (max {args.max_batch_size})": ["--max-batch-size", str(args.max_batch_size)]
     }
-    if args.batching_only:
-        del configs["no batching (max 1)"]
+    if not args.batching_only:
+        configs["no batching (max 1)"] = ["--max-batch-size", "1"]
     results: list[LevelResult] = []
     for name, flags in configs.items():
         server_flags = [*flags, "--max-wait-ms", str(args.max_wait_ms)]

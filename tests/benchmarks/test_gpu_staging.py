@@ -10,9 +10,9 @@ import re
 import subprocess
 import sys
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from benchmarks.packages import with_requirements
 from benchmarks.servers import REPO
 
 STAGE = REPO / "benchmarks" / "gpu" / "stage.sh"
@@ -43,26 +43,6 @@ def on_the_machine() -> tuple[str, ...]:
     has = re.search(r"^# That python has.*\n#\s+(.+)$", STAGE.read_text(), re.M)
     assert has, "stage.sh's list of what the machine has not found"
     return tuple(has.group(1).split())
-
-
-def with_requirements(names: tuple[str, ...]) -> set[str]:
-    """`names` and what they require, as installed here (extras left out)."""
-    found: set[str] = set()
-    todo = list(names)
-    while todo:
-        name = canonicalize_name(todo.pop())
-        if name in found:
-            continue
-        found.add(name)
-        try:
-            requires = md.requires(name) or []
-        except md.PackageNotFoundError:
-            continue
-        for line in requires:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(requirement.name)
-    return found
 
 
 def imported() -> set[str]:
