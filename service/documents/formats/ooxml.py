@@ -564,6 +564,14 @@ class _Printed:
             else:
                 self.parts[-1].append(token)
 
+    def replace(self, index: int, tokens: list[str]) -> None:
+        """Part `index` written as `tokens`, unless the header would then be longer than Excel
+        shows (or longer still, past it already): that part stays as it was, the file opens."""
+        parts = [*self.parts[:index], tokens, *self.parts[index + 1 :]]
+        text = "".join(token for part in parts for token in part)
+        if len(text) <= max(PRINT_TEXT_LIMIT, len(self.element.text or "")):
+            self.parts, self.element.text = parts, text
+
     def sections(self) -> list[_Section]:
         return [
             _Section(self, i)
@@ -636,16 +644,7 @@ class _Section:
         for i in range(len(written) - 1):  # "&12" then "2024" would read as size 122
             if _FONT_SIZE.fullmatch(written[i]) and written[i + 1][:1].isdigit():
                 written[i + 1] = " " + written[i + 1]
-        parts = self.printed.parts
-        text = "".join(
-            t for part in [*parts[: self.index], written, *parts[self.index + 1 :]] for t in part
-        )
-        # A translation that would take the header past Excel's limit (or further past it)
-        # leaves its part as it was: the rest of the header is translated, the file opens.
-        if len(text) > max(PRINT_TEXT_LIMIT, len(self.printed.element.text or "")):
-            return
-        parts[self.index] = written
-        self.printed.element.text = text
+        self.printed.replace(self.index, written)
 
 
 def _tightened(tokens: list[str]) -> list[str]:
