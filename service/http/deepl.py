@@ -29,14 +29,17 @@ from service.glossaries import owner_of
 from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.libretranslate import LANGUAGE_NAMES
 from service.http.middleware import (
+    KEYED,
     PresentedKey,
     RuntimeDep,
     check_api_key,
     check_text,
     form_items,
+    get_runtime,
     is_json,
     json_or_form_body,
     read_json_or_refuse,
+    request_key,
     translate_texts,
     utf8_header,
 )
@@ -486,12 +489,12 @@ def deepl_router(usage: CharacterUsage) -> APIRouter:
         response_model=DeepLTranslateResponse,
         response_model_exclude_none=True,
         responses=_DEEPL_ERRORS,
-        openapi_extra=json_or_form_body(_TRANSLATE_SCHEMA, _TRANSLATE_SCHEMA),
+        openapi_extra=json_or_form_body(_TRANSLATE_SCHEMA, _TRANSLATE_SCHEMA) | KEYED,
     )
-    async def deepl_translate(
-        request: Request, runtime: RuntimeDep, header_key: HeaderKey
-    ) -> DeepLTranslateResponse:
+    async def deepl_translate(request: Request) -> DeepLTranslateResponse:
         """DeepL's /v2/translate: one text or many, from a given or detected language."""
+        runtime = await get_runtime(request)
+        header_key = await _header_key(request, await request_key(request))
         deadline = time.monotonic() + runtime.settings.request_timeout_s
         with runtime.accept():
             fields, caller = await deepl_call(request, runtime, header_key)

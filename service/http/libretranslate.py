@@ -29,15 +29,18 @@ from service.http.documents import (
 )
 from service.http.errors import ERROR_TABLE, ErrorFace
 from service.http.middleware import (
+    KEYED,
     PresentedKey,
     RuntimeDep,
     check_api_key,
     check_text,
     form_items,
+    get_runtime,
     is_json,
     json_or_form_body,
     protection,
     read_json_or_refuse,
+    request_key,
     translate_texts,
     unless_disconnected,
     validate,
@@ -159,12 +162,12 @@ libretranslate_router = APIRouter(tags=["LibreTranslate"])
     response_model=LibreTranslateResponse,
     response_model_exclude_none=True,
     responses=_LIBRETRANSLATE_ERRORS,
-    openapi_extra=json_or_form_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA),
+    openapi_extra=json_or_form_body(LibreTranslateRequest.model_json_schema(), _FORM_SCHEMA)
+    | KEYED,
 )
-async def libretranslate_translate(
-    request: Request, runtime: RuntimeDep, header_key: PresentedKey
-) -> LibreTranslateResponse:
+async def libretranslate_translate(request: Request) -> LibreTranslateResponse:
     """LibreTranslate's /translate: JSON or form body; `q` a string or a list."""
+    runtime, header_key = await get_runtime(request), await request_key(request)
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     with runtime.accept():
         fields, strict = await _libretranslate_fields(request, runtime, header_key)

@@ -20,8 +20,10 @@ from service.bundle.decoding import FinishReason
 from service.errors import ErrorType, ServiceError
 from service.glossaries import owner_of
 from service.http.middleware import (
+    KEYED,
     Caller,
     RuntimeDep,
+    caller_of,
     protection,
     read_json,
     unless_disconnected,
@@ -66,17 +68,18 @@ router = APIRouter()
     response_model=TranslateResponse,
     response_model_exclude_none=True,
     responses=_ERRORS,
-    # The key (Caller) is checked before the body is read: the body is parsed here, not by
-    # FastAPI.
+    # The key is checked before the body is read: the body is parsed here, not by FastAPI.
     openapi_extra={
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
-        }
+        },
+        **KEYED,
     },
 )
-async def translate(request: Request, caller: Caller) -> TranslateResponse:
+async def translate(request: Request) -> TranslateResponse:
     """Translate one text or a list of texts; the answer keeps the input's order and layout."""
+    caller = await caller_of(request)
     runtime = caller.runtime
     deadline = time.monotonic() + runtime.settings.request_timeout_s
     body = validate(TranslateRequest, await read_json(request))

@@ -19,7 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.errors import ErrorType
 from service.http import documents, routes
 from service.http.app import create_app
+from service.http.deepl import InProcessUsage, deepl_router
 from service.http.errors import ERROR_TABLE
+from service.http.libretranslate import libretranslate_router
 from service.metrics import Metrics
 from service.scheduling.runtime import Runtime
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
@@ -134,25 +136,46 @@ async def test_languages_health_ready(client: httpx.AsyncClient) -> None:
     assert "/translate" in (await client.get("/openapi.json")).json()["paths"]
 
 
-def test_the_routes_of_a_keyed_request_solve_the_caller_in_one_dependency(
+def test_the_translation_routes_solve_no_dependency_and_the_rest_the_caller_in_one(
     fake: FakeModel,
 ) -> None:
     """FastAPI walks a route's whole dependency tree on every request, the parts it has solved
-    already included (some 6 us a walk): the caller (runtime, key, stored key) is one
-    dependency over the two key schemes, three walks, not nine. The schemes stay in the
-    OpenAPI document."""
+    already included (some 10 us a walk): the routes that carry translations (ours,
+    LibreTranslate's, DeepL's) read the caller themselves, no walk; the others solve the caller
+    (runtime, key, stored key) as one dependency over the two key schemes, three walks, not
+    nine. Every one of them states both schemes in the OpenAPI document."""
 
     def walks(dependant: Any) -> int:
         return sum(1 + walks(sub) for sub in dependant.dependencies)
 
-    served = [*routes.router.routes, *documents.documents_router.routes]
-    endpoints = {r.endpoint: r for r in served if isinstance(r, APIRoute)}
-    expected = {routes.translate: 3, routes.detect: 3, routes.usage: 3}
-    expected[documents.post_document] = 4  # and the document store's
-    for endpoint, count in expected.items():
-        assert walks(endpoints[endpoint].dependant) == count, endpoint.__name__
-    operation = create_app(fast_settings(), models=[fake]).openapi()["paths"]["/translate"]
-    assert operation["post"]["security"] == [{"APIKeyHeader": []}, {"HTTPBearer": []}]
+    routers = {
+        "": [routes.router, documents.documents_router, deepl_router(InProcessUsage())],
+        "/libretranslate": [libretranslate_router],
+    }
+    served = {
+        (prefix + r.path, method): r
+        for prefix, each in routers.items()
+        for router in each
+        for r in router.routes
+        if isinstance(r, APIRoute)
+        for method in r.methods
+    }
+    expected = {
+        ("/translate", "POST"): 0,
+        ("/libretranslate/translate", "POST"): 0,
+        ("/v2/translate", "POST"): 0,
+        ("/detect", "POST"): 3,
+        ("/usage", "GET"): 3,
+        ("/documents", "POST"): 4,  # and the document store's
+    }
+    schema = create_app(fast_settings(), models=[fake]).openapi()
+    for (path, method), count in expected.items():
+        assert walks(served[path, method].dependant) == count, path
+        security = schema["paths"][path][method.lower()]["security"]
+        assert security == [{"APIKeyHeader": []}, {"HTTPBearer": []}], path
+    schemes = schema["components"]["securitySchemes"]
+    assert schemes["APIKeyHeader"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+    assert schemes["HTTPBearer"] == {"type": "http", "scheme": "bearer"}
 
 
 async def test_a_stopped_batcher_worker_fails_liveness(fake: FakeModel) -> None:
