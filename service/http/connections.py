@@ -179,6 +179,11 @@ class Coalesced(asyncio.Transport):
         return self._transport.get_protocol()
 
 
+# A request's scope key for a future that its connection resolves when it is lost: what
+# middleware.unless_disconnected waits on, with no task of its own watching the connection.
+DISCONNECTED = "transformer_mt.disconnected"
+
+
 def guarded_protocol(
     *,
     max_connections: int,
@@ -212,6 +217,7 @@ def guarded_protocol(
             self._head_timer: asyncio.TimerHandle | None = None
             self._body_timer: asyncio.TimerHandle | None = None
             self._write_timer: asyncio.TimerHandle | None = None
+            self._lost: asyncio.Future[None] = self.loop.create_future()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             if len(self.connections) >= max_connections:
@@ -237,6 +243,7 @@ def guarded_protocol(
                 return
             waiting.pop(self, None)
             on_event("closed")
+            self._lost.set_result(None)
             super().connection_lost(exc)
             closed_since_trim[0] += 1
             if closed_since_trim[0] >= _TRIM_AFTER_CLOSED and release_memory is not None:
@@ -275,6 +282,7 @@ def guarded_protocol(
         # Parser callbacks
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.scope[DISCONNECTED] = self._lost  # type: ignore[literal-required]
             self._in_head, self._heads_begun = True, self._heads_begun + 1
             self._head_bytes = self._head_size = 0
 

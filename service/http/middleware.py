@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorType, ServiceError
+from service.http.connections import DISCONNECTED
 from service.http.errors import ErrorRenderer, describe_validation_errors
 from service.keys.store import ApiKey
 from service.metrics import Metrics
@@ -245,21 +246,38 @@ async def _until_disconnected(request: Request) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`; cancel it if the client disconnects first, which drops its queued segments."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_until_disconnected(request))
+    """Run `work`; cancel it if the client disconnects first, which drops its queued segments.
+    Awaited in the request's own task, which the connection's loss cancels (connections.py's
+    DISCONNECTED; a task reading the ASGI messages under another server): a request answered
+    without waiting (from the cache) makes no task and no turn of the event loop."""
+    lost: asyncio.Future[Any] | None = request.scope.get(DISCONNECTED)
+    watcher = None
+    if lost is None:
+        lost = watcher = asyncio.ensure_future(_until_disconnected(request))
+    task = asyncio.current_task()
+    assert task is not None
+    awaiting, gone = True, False
+
+    def cancel(_: asyncio.Future[Any]) -> None:
+        nonlocal gone
+        if awaiting and not lost.cancelled():
+            gone = True
+            task.cancel()
+
+    lost.add_done_callback(cancel)
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
+        if gone and task.uncancel() == 0:
+            raise ServiceError(
+                ErrorType.CLIENT_DISCONNECTED, "the client closed the connection"
+            ) from None
         raise
     finally:
-        watcher.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.wait({task})  # its segments are out of the queue before we answer
-    raise ServiceError(ErrorType.CLIENT_DISCONNECTED, "the client closed the connection")
+        awaiting = False
+        lost.remove_done_callback(cancel)
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def translate_texts(

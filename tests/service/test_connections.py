@@ -18,8 +18,10 @@ import uvicorn
 
 from benchmarks import servers
 from service.http import connections
+from service.http.app import create_app
 from service.http.connections import Coalesced, guarded_protocol
-from tests.service.helpers import ServerProcess, server_process, wait_for
+from service.http.server import uvicorn_config
+from tests.service.helpers import FakeModel, ServerProcess, fast_settings, server_process, wait_for
 
 EN_DE = {"source": "en", "target": "de"}
 HEAD_TIMEOUT_S = 1.0
@@ -383,3 +385,42 @@ async def test_a_large_write_is_not_held() -> None:
     assert inner.calls == [("writelines", [b"head", b"x" * connections._COALESCE_BYTES])]
     await asyncio.sleep(0)
     assert len(inner.calls) == 1
+
+
+def test_a_cached_answer_costs_no_task_beyond_the_servers_own() -> None:
+    """unless_disconnected awaits a request's work in the request's own task, which the
+    connection's loss cancels (DISCONNECTED): a request answered from the cache makes no task
+    of its own, where a task for the work and one watching the connection cost a cached
+    request about a tenth of the event loop's time. uvicorn makes one a request."""
+    app = create_app(fast_settings(), models=[FakeModel()])
+    made: list[int] = []
+
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.get_task_factory() is None:
+
+            def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+                made.append(1)
+                return asyncio.Task(coro, loop=loop, **kwargs)
+
+            loop.set_task_factory(factory)
+        await app(scope, receive, send)
+
+    config = uvicorn_config(app, fast_settings(port=servers.free_port(), log_level="warning"))
+    config.app = counted
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{config.port}") as client:
+            body = {"text": "Two dogs play.", **EN_DE}
+            assert client.post("/translate", json=body).status_code == 200  # decoded, cached
+            before = len(made)
+            answers = [client.post("/translate", json=body) for _ in range(20)]
+            assert [a.status_code for a in answers] == [200] * 20
+            assert {a.json()["translations"][0]["text"] for a in answers} == {"TWO DOGS PLAY."}
+            assert len(made) - before == 20
+    finally:
+        server.should_exit = True
+        thread.join(5)
