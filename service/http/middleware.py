@@ -266,7 +266,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
     lost.add_done_callback(cancel)
     try:
-        return await work
+        result = await work
     except asyncio.CancelledError:
         if gone and task.uncancel() == 0:
             raise ServiceError(
@@ -278,6 +278,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         lost.remove_done_callback(cancel)
         if watcher is not None:
             watcher.cancel()
+    if gone:  # the work answered all the same: the task's count of cancellations kept exact
+        task.uncancel()
+    return result
 
 
 async def translate_texts(

@@ -15,11 +15,14 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from starlette.requests import Request
 
 from benchmarks import servers
+from service.errors import ErrorType, ServiceError
 from service.http import connections
 from service.http.app import create_app
 from service.http.connections import Coalesced, guarded_protocol
+from service.http.middleware import unless_disconnected
 from service.http.server import uvicorn_config
 from tests.service.helpers import FakeModel, ServerProcess, fast_settings, server_process, wait_for
 
@@ -424,3 +427,59 @@ def test_a_cached_answer_costs_no_task_beyond_the_servers_own() -> None:
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+def _request_on(lost: asyncio.Future[None]) -> Request:
+    """A request whose connection resolves `lost` when it is lost (as the protocol does)."""
+    return Request({"type": "http", "headers": [], connections.DISCONNECTED: lost})
+
+
+@pytest.mark.anyio
+async def test_a_lost_connection_cancels_the_work_and_answers_client_disconnected() -> None:
+    """The work is cancelled inside the request's task, its cleanup done before the error is
+    raised, and the task keeps no cancellation (a later timeout in it would take it for its
+    own)."""
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[None] = loop.create_future()
+    events: list[str] = []
+
+    async def work() -> str:
+        try:
+            await loop.create_future()  # a sentence waiting for the engine
+        finally:
+            events.append("left the queue")
+        return "never"
+
+    loop.call_later(0.01, lost.set_result, None)
+    with pytest.raises(ServiceError) as raised:
+        await unless_disconnected(_request_on(lost), work())
+    assert raised.value.type == ErrorType.CLIENT_DISCONNECTED
+    assert events == ["left the queue"]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+
+
+@pytest.mark.anyio
+async def test_work_that_answers_despite_the_loss_is_returned_and_other_cancels_pass() -> None:
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[None] = loop.create_future()
+
+    async def stubborn() -> str:
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            return "answered"
+        return "never"
+
+    loop.call_later(0.01, lost.set_result, None)
+    assert await unless_disconnected(_request_on(lost), stubborn()) == "answered"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    # A cancellation from elsewhere (a shutdown) is not taken for the client's: it propagates.
+    still: asyncio.Future[None] = loop.create_future()
+    inner = asyncio.ensure_future(unless_disconnected(_request_on(still), loop.create_future()))
+    await asyncio.sleep(0.01)
+    inner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await inner
+    assert not still.done()
