@@ -54,8 +54,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from benchmarks.paths import MULTI30K
 from benchmarks.servers import (
-    MULTI30K,
     RedisServer,
     cpu_ns,
     metric,

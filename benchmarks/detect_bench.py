@@ -19,7 +19,6 @@ import argparse
 import gzip
 import importlib.metadata
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -32,9 +31,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from benchmarks.packages import with_requirements
+from benchmarks.paths import MULTI30K, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 LANGUAGES = ("en", "de", "fr")
 BUCKETS = {"sentence": None, "1-3 words": (1, 3), "4-10 words": (4, 10)}
 

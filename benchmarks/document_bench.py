@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 import docx
 import httpx
 
-from benchmarks.servers import MULTI30K, metric, percentile_ms, read_texts, service
+from benchmarks.paths import MULTI30K
+from benchmarks.servers import metric, percentile_ms, read_texts, service
 from service.settings import Settings
 
 TEST_2016 = MULTI30K / "test_2016_flickr.en.gz"

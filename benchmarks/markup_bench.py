@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 
 from benchmarks.engine_bench import read_lines
-from benchmarks.servers import MULTI30K, percentile_ms, service
+from benchmarks.paths import MULTI30K
+from benchmarks.servers import percentile_ms, service
 from service.bundle.decoding import DecodingOptions
 from service.inference.engine import Engine
 from service.text import markup, pipeline

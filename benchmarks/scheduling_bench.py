@@ -34,7 +34,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.servers import MULTI30K, percentile_ms, read_texts, service
+from benchmarks.paths import MULTI30K
+from benchmarks.servers import percentile_ms, read_texts, service
 
 SHORT_PER_LONG = 10  # open loop: short arrivals per long one
 

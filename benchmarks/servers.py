@@ -25,11 +25,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.paths import REPO
+
 HOST = "127.0.0.1"  # loopback only, always
 NGINX_CONF = REPO / "deploy" / "nginx" / "transformer-mt.conf"
-# Multi30k's gzipped files: $MULTI30K_DIR, else ../shared/data/multi30k beside the repository.
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 
 # Image-caption sentences like the shipped model's domain (Multi30k).
 DEFAULT_TEXTS = [

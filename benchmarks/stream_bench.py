@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.servers import MULTI30K
+from benchmarks.paths import MULTI30K
 
 REPO = Path(__file__).resolve().parents[1]
 

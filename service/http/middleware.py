@@ -260,7 +260,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
     def cancel(_: asyncio.Future[Any]) -> None:
         nonlocal gone
-        if awaiting and not lost.cancelled():
+        if awaiting:
             gone = True
             task.cancel()
 

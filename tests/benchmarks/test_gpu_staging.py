@@ -13,7 +13,7 @@ import sys
 from packaging.utils import canonicalize_name
 
 from benchmarks.packages import with_requirements
-from benchmarks.servers import REPO
+from benchmarks.paths import REPO
 
 STAGE = REPO / "benchmarks" / "gpu" / "stage.sh"
 # What run.sh imports there: the service, the CUDA tests, and its benchmarks.

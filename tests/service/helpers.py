@@ -239,13 +239,17 @@ async def running(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @contextlib.contextmanager
-def uvicorn_thread(app: Any) -> Iterator[str]:
-    """`app` (any ASGI app) served by uvicorn in a thread of this process on 127.0.0.1: its
-    URL."""
+def uvicorn_thread(app: Any, config: Any = None) -> Iterator[str]:
+    """`app` (any ASGI app) served by uvicorn in a thread of this process on 127.0.0.1, with
+    `config`'s settings (a uvicorn.Config on 127.0.0.1, its app replaced by `app`) or uvicorn's
+    defaults: its URL."""
     import uvicorn
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    if config is None:
+        config = uvicorn.Config(app, port=free_port(), log_level="warning")
+    config.app = app
+    port = config.port
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

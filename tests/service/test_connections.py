@@ -24,7 +24,14 @@ from service.http.app import create_app
 from service.http.connections import Coalesced, guarded_protocol
 from service.http.middleware import unless_disconnected
 from service.http.server import uvicorn_config
-from tests.service.helpers import FakeModel, ServerProcess, fast_settings, server_process, wait_for
+from tests.service.helpers import (
+    FakeModel,
+    ServerProcess,
+    fast_settings,
+    server_process,
+    uvicorn_thread,
+    wait_for,
+)
 
 EN_DE = {"source": "en", "target": "de"}
 HEAD_TIMEOUT_S = 1.0
@@ -410,23 +417,14 @@ def test_a_cached_answer_costs_no_task_beyond_the_servers_own() -> None:
         await app(scope, receive, send)
 
     config = uvicorn_config(app, fast_settings(port=servers.free_port(), log_level="warning"))
-    config.app = counted
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{config.port}") as client:
-            body = {"text": "Two dogs play.", **EN_DE}
-            assert client.post("/translate", json=body).status_code == 200  # decoded, cached
-            before = len(made)
-            answers = [client.post("/translate", json=body) for _ in range(20)]
-            assert [a.status_code for a in answers] == [200] * 20
-            assert {a.json()["translations"][0]["text"] for a in answers} == {"TWO DOGS PLAY."}
-            assert len(made) - before == 20
-    finally:
-        server.should_exit = True
-        thread.join(5)
+    with uvicorn_thread(counted, config) as url, httpx.Client(base_url=url) as client:
+        body = {"text": "Two dogs play.", **EN_DE}
+        assert client.post("/translate", json=body).status_code == 200  # decoded, cached
+        before = len(made)
+        answers = [client.post("/translate", json=body) for _ in range(20)]
+        assert [a.status_code for a in answers] == [200] * 20
+        assert {a.json()["translations"][0]["text"] for a in answers} == {"TWO DOGS PLAY."}
+        assert len(made) - before == 20
 
 
 def _request_on(lost: asyncio.Future[None]) -> Request:
