@@ -108,6 +108,8 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     uploads = {"/documents": upload}
     if settings.libretranslate_prefix:
         uploads[settings.libretranslate_prefix + "/translate_file"] = upload
+    if settings.deepl:
+        uploads[settings.deepl_prefix + "/v2/document"] = upload
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer, uploads=uploads
     )

@@ -114,7 +114,9 @@ def parse_dockerfile(path: Path = DOCKERFILE) -> list[Stage]:
 
 # --- nginx configuration -----------------------------------------------------------------------
 
-NginxBlock = dict[str, Any]  # directive name -> list of argument lists; "{name}" -> child blocks
+# directive name -> list of argument lists; "{name}" -> child blocks, each with its own
+# arguments under "" (a location's modifier and path)
+NginxBlock = dict[str, Any]
 
 
 def parse_nginx(text: str) -> NginxBlock:
@@ -127,7 +129,7 @@ def parse_nginx(text: str) -> NginxBlock:
             stack[-1].setdefault(words[0], []).append(words[1:])
             words = []
         elif token == "{":
-            child: NginxBlock = {}
+            child: NginxBlock = {"": words[1:]}
             stack[-1].setdefault("{" + words[0] + "}", []).append(child)
             stack.append(child)
             words = []

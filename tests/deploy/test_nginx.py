@@ -18,9 +18,11 @@ import httpx
 import pytest
 
 from benchmarks.servers import HOST, NGINX_CONF, Running, nginx, nginx_binary
+from service.http.app import UPLOAD_OVERHEAD_BYTES, create_app
+from service.http.middleware import BodyLimitMiddleware
 from service.settings import Settings
 from tests.deploy.helpers import REPO, NginxBlock, k8s_objects, load_yaml, parse_nginx
-from tests.service.helpers import server_process
+from tests.service.helpers import FakeModel, server_process
 
 
 def seconds(value: str) -> float:
@@ -78,6 +80,23 @@ def test_body_limit_and_read_timeout_fit_the_service(conf: NginxBlock) -> None:
     assert seconds(one(location, "proxy_read_timeout")[0]) > settings.request_timeout_s
     forwarded = {args[0] for args in location["proxy_set_header"]}
     assert {"Host", "X-Forwarded-For", "X-Forwarded-Proto"} <= forwarded
+
+
+def test_file_uploads_have_the_services_own_limit_on_exactly_its_upload_paths(
+    conf: NginxBlock,
+) -> None:
+    """The paths where the service takes a document's size (BodyLimitMiddleware's uploads,
+    every API on at its default prefix) are the upload location's, with that limit; nginx
+    applies it to them and to nothing else."""
+    app = create_app(Settings(), models=[FakeModel()])
+    (limits,) = [m.kwargs for m in app.user_middleware if m.cls is BodyLimitMiddleware]
+    (server,) = conf["{server}"]
+    (location,) = server["{location}"]
+    (uploads,) = location["{location}"]
+    assert uploads[""][0] == "~" and one(uploads, "proxy_pass") == one(location, "proxy_pass")
+    pattern = re.compile(uploads[""][1])
+    assert {p for p in app.openapi()["paths"] if pattern.search(p)} == set(limits["uploads"])
+    assert {size(one(uploads, "client_max_body_size")[0])} == set(limits["uploads"].values())
 
 
 def service_default(name: str) -> Any:
@@ -138,6 +157,32 @@ def test_through_nginx_the_body_limit_is_the_services(proxy: Running) -> None:
     response = httpx.post(f"{proxy.url}/translate", content=over, headers=headers, timeout=30)
     assert response.status_code == 413
     # nginx's own page (the service answers JSON): refused before reaching the service.
+    assert response.headers["content-type"].startswith("text/html"), response.text
+
+
+# Each API's upload path: its fields, and its status for a file of a format it does not read.
+UPLOADS = {
+    "/documents": ({"source": "en", "target": "de"}, 415),
+    "/libretranslate/translate_file": ({"source": "en", "target": "de"}, 400),
+    "/v2/document": ({"source_lang": "EN", "target_lang": "DE"}, 400),
+}
+
+
+def test_through_nginx_a_file_upload_has_the_documents_limit(proxy: Running) -> None:
+    """A file over the 1 MiB of other bodies reaches the service on each API's upload path (its
+    JSON refusal of a format it does not read, not nginx's 413); one over the documents' limit
+    gets nginx's 413."""
+    settings = Settings()
+    over_bodies = b"x" * (2 * settings.max_body_bytes)
+    for path, (fields, status) in UPLOADS.items():
+        file = {"file": ("large.xyz", over_bodies)}
+        response = httpx.post(f"{proxy.url}{path}", files=file, data=fields, timeout=30)
+        assert response.status_code == status, (path, response.text)
+        assert response.headers["content-type"] == "application/json", path
+    over = b"x" * (settings.max_document_bytes + UPLOAD_OVERHEAD_BYTES)
+    file = {"file": ("large.xyz", over)}
+    response = httpx.post(f"{proxy.url}/documents", files=file, data=UPLOADS["/documents"][0])
+    assert response.status_code == 413
     assert response.headers["content-type"].startswith("text/html"), response.text
 
 

@@ -313,6 +313,34 @@ async def test_too_large_is_413_before_the_body_is_read_and_pairs_are_checked(
         assert not any(tmp_path.iterdir())
 
 
+async def test_each_apis_upload_takes_a_file_over_the_body_limit_up_to_the_documents(
+    tmp_path: Path,
+) -> None:
+    """The native, LibreTranslate and DeepL upload paths bound a file by max_document_bytes
+    (and the multipart's 64 KiB), not by the max_body_bytes of every other body."""
+    settings = fast_settings(
+        documents_dir=tmp_path,
+        max_body_bytes=10_000,
+        max_document_bytes=50_000,
+        libretranslate_prefix="/lt",
+        deepl_prefix="/deepl",
+    )
+    text = b"A dog runs in the park near the river.\n" * 600  # 23,400 bytes
+    uploads = {
+        "/documents": (202, EN_DE),
+        "/lt/translate_file": (200, EN_DE),
+        "/deepl/v2/document": (200, {"source_lang": "EN", "target_lang": "DE"}),
+    }
+    async with running(create_app(settings, models=[FakeModel()])) as client:
+        for path, (status, fields) in uploads.items():
+            sent = await client.post(path, files={"file": ("a.txt", text)}, data=fields)
+            assert sent.status_code == status, (path, sent.text)
+            over = await client.post(path, files={"file": ("a.txt", text * 5)}, data=fields)
+            assert over.status_code == 413, (path, over.text)  # 117,000 > 50,000 + 65,536
+        response = await client.post("/translate", json={"text": "a" * 10_000, **EN_DE})
+        assert response.status_code == 413  # elsewhere, the body's limit
+
+
 async def test_a_document_with_nothing_to_translate_comes_back_as_sent(tmp_path: Path) -> None:
     settings = fast_settings(documents_dir=tmp_path)
     sent = make_docx("2024", "", "42 %")
