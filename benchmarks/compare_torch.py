@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.paths import MULTI30K
 from model.data import read_lines
 from model.search import generate
 from model.transformer import WEIGHTS_FILE, load_model
@@ -28,7 +29,6 @@ from service.bundle.decoding import DecodingOptions
 from service.bundle.manifest import sha256_file
 from service.inference.engine import Engine
 
-REPO = Path(__file__).resolve().parents[1]
 SCORE_TOLERANCE = 1e-4
 _MAX_EXAMPLES = 5
 
@@ -40,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--checkpoint", required=True, type=Path)
     p.add_argument("--bundle", required=True, type=Path, help="an fp32 bundle of the checkpoint")
-    p.add_argument(
-        "--src", type=Path, default=REPO.parent / "shared" / "data" / "multi30k" / "val.en.gz"
-    )
+    p.add_argument("--src", type=Path, default=MULTI30K / "val.en.gz")
     p.add_argument("--n", type=int, default=None, help="first N lines (default: all)")
     p.add_argument("--beam-sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--batch-size", type=int, default=32)

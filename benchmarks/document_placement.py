@@ -84,7 +84,8 @@ from markdown_it import MarkdownIt
 from pptx.util import Inches
 
 from benchmarks.document_bench import finished
-from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, multi30k_dir, read_words
+from benchmarks.paths import multi30k_dir
+from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, read_words
 from benchmarks.servers import service
 from benchmarks.tag_placement import (
     Span,

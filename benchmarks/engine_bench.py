@@ -56,8 +56,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
+from benchmarks.paths import MULTI30K, REPO
+
+DEFAULT_SRC = MULTI30K / "test_2016_flickr.en.gz"
 CPU_SYSTEMS = (
     "torch-uncached",
     "torch-cached",

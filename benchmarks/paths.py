@@ -7,5 +7,12 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Multi30k's gzipped files: $MULTI30K_DIR, else ../shared/data/multi30k beside the repository.
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+def multi30k_dir() -> Path:
+    """Multi30k's gzipped files: $MULTI30K_DIR (read at each call: tests set it), else
+    ../shared/data/multi30k beside the repository."""
+    return Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+MULTI30K = multi30k_dir()

@@ -26,27 +26,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import multi30k_dir
 from model.alignment import Alignment, align, covering_span
 from model.data import read_lines
 
-REPO = Path(__file__).resolve().parents[1]
 TEST_SOURCE, TEST_TARGET = "test_2016_flickr.en.gz", "test_2016_flickr.de.gz"
 EXTRA_SOURCE, EXTRA_TARGET = "train.en.gz", "train.de.gz"
 MAX_SPAN_WORDS = 3
 
 
 # --- Data --------------------------------------------------------------------------------------
-
-
-def multi30k_dir() -> Path:
-    return Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 
 
 def read_words(path: Path, limit: int | None = None) -> list[list[str]]:

@@ -39,6 +39,7 @@ from typing import Any, cast
 import httpx
 
 from benchmarks.engine_bench import read_lines
+from benchmarks.paths import MULTI30K
 from benchmarks.servers import percentile_ms, service
 from service.http.app import create_app
 from service.inference.engine import Engine
@@ -47,8 +48,7 @@ from service.scheduling.runtime import Runtime
 from service.settings import Settings
 from service.text import pipeline
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en.gz"
+DEFAULT_SRC = MULTI30K / "test_2016_flickr.en.gz"
 LAYERS = ("engine", "runtime", "app", "http")
 PARTS = ("prepare", "engine", "assemble")
 

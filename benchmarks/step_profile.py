@@ -42,13 +42,13 @@ from typing import Any
 import onnxruntime as ort
 
 from benchmarks.engine_bench import batch_indices, encode_sources, read_lines
+from benchmarks.paths import MULTI30K
 from service.bundle.decoding import DecodingOptions
 from service.inference import engine as engine_module
 from service.inference.engine import Engine
 from service.settings import Device
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SRC = REPO.parent / "shared" / "data" / "multi30k" / "val.en.gz"
+DEFAULT_SRC = MULTI30K / "val.en.gz"
 
 
 class _Clock:

@@ -25,9 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.paths import MULTI30K
-
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.paths import MULTI30K, REPO
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,14 +54,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchmarks.reference_alignment import (
-    EXTRA_SOURCE,
-    EXTRA_TARGET,
-    MAX_SPAN_WORDS,
-    REPO,
-    multi30k_dir,
-    read_words,
-)
+from benchmarks.paths import REPO, multi30k_dir
+from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, MAX_SPAN_WORDS, read_words
 from model.alignment import Alignment, align, covering_span
 
 __all__ = [

@@ -45,7 +45,8 @@ from typing import Any
 
 import sacrebleu
 
-from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, multi30k_dir, read_words
+from benchmarks.paths import multi30k_dir
+from benchmarks.reference_alignment import EXTRA_SOURCE, EXTRA_TARGET, read_words
 from model.alignment import align
 from service.bundle.decoding import Constraints, DecodingOptions, Hypothesis
 from service.glossaries import Entry

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.marian_checkpoint import write_checkpoint
+from benchmarks.paths import MULTI30K
 from model.data import read_lines
 from service.bundle.manifest import SentencePieceFiles, SpecialIds
 from service.bundle.tokenizer import SentencePieceTokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 SPECIAL = ("</s>", "<unk>", "<pad>")
 Encode = Callable[[Sequence[str]], list[list[int]]]
 
@@ -134,7 +134,7 @@ def run(directory: Path, random_texts: int) -> dict[str, Any]:
             line
             for language in ("en", "de", "fr")
             for split in ("train", "val", "test_2016_flickr")
-            for line in read_lines(DATA / f"{split}.{language}.gz")
+            for line in read_lines(MULTI30K / f"{split}.{language}.gz")
         ],
         "code points": _code_point_texts(),
         "random texts": _random_texts(random_texts),
@@ -160,7 +160,7 @@ def run(directory: Path, random_texts: int) -> dict[str, Any]:
             "converted != MarianTokenizer": sum(theirs[i] != r for i, r in reference.items()),
         }
         examples[name] = [repr(texts[i]) for i in differ[:5]]
-    lines = read_lines(DATA / "train.en.gz")
+    lines = read_lines(MULTI30K / "train.en.gz")
     speed = {
         "MarianTokenizer": _speed(marian, lines),
         "service (sentencepiece)": _speed(service, lines),
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tokenizer_bench_") as tmp:
         directory = args.dir or write_checkpoint(
             Path(tmp) / "marian",
-            read_lines(DATA / "train.en.gz")[:3000],
-            read_lines(DATA / "train.de.gz")[:3000],
+            read_lines(MULTI30K / "train.en.gz")[:3000],
+            read_lines(MULTI30K / "train.de.gz")[:3000],
         )
         result = run(directory, args.random_texts)
     for name, counts in result["equality"].items():

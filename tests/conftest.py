@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.paths import MULTI30K, REPO
 from benchmarks.servers import RedisServer
 from export.onnx_export import export_bundle
 from model.data import read_lines
@@ -23,9 +23,7 @@ from model.importers.marian import import_checkpoint as import_marian
 from model.tokenizer import TOKENIZER_FILE, train_tokenizer
 from model.transformer import CONFIG_FILE, EOS_ID, ModelConfig, Transformer, load_model, save_model
 
-REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CHECKPOINT = REPO / "checkpoints" / "multi30k-en-de"
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
 
 # Small enough to build and decode in seconds, with every architectural part present.
 TINY_TEST_CONFIG = dict(

@@ -26,8 +26,7 @@ from service.bundle.manifest import (
 )
 from service.inference.engine import Engine
 from service.inference.shortlist import Shortlist
-
-SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-en-de"
+from tests.conftest import SHIPPED_CHECKPOINT
 
 
 def test_counts_the_most_frequent_ids_and_each_source_ids_most_common_translations() -> None:

@@ -26,8 +26,7 @@ from service.bundle.manifest import (
     past_key,
     present_key,
 )
-
-SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-en-de"
+from tests.conftest import SHIPPED_CHECKPOINT
 
 
 def _first_step_log_probs(ort_bundle: OrtBundle, src: np.ndarray) -> np.ndarray:

@@ -19,9 +19,8 @@ from model.training.distributed import World
 from model.training.loop import Trainer
 from model.training.recipe import TrainConfig
 from model.transformer import EOS_ID, ModelConfig, Transformer
-from tests.conftest import TINY_TEST_CONFIG
+from tests.conftest import REPO, TINY_TEST_CONFIG
 
-REPO = Path(__file__).resolve().parents[2]
 # The weights of the two runs after the same updates: equal up to the order in which float
 # sums are taken (each process's gradient is summed with the other's, not accumulated).
 TOLERANCE = 1e-5

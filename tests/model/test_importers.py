@@ -14,8 +14,8 @@ import pytest
 
 from model.importers import IMPORTERS, importer_for, marian
 from model.importers.common import UnsupportedCheckpoint
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 import_command = importlib.import_module("model.import")  # `import` is a keyword
 
 

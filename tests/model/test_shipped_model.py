@@ -11,8 +11,9 @@ from model.evaluate import score_translations, translate
 from model.tokenizer import load_tokenizer
 from model.transformer import load_model
 from service.settings import Settings
+from tests.conftest import REPO
 
-CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints"
+CHECKPOINTS = REPO / "checkpoints"
 # Each model card's val bleu_lc_tok: beam 5 at the service's default length penalty, and greedy.
 CARD_VAL = {
     ("en", "de"): {5: 41.95, 1: 41.09},

@@ -16,9 +16,7 @@ from safetensors.torch import load_file
 
 from model.data import DataError, encode_pairs, read_lines, stream_batches, stream_pairs
 from model.tokenizer import train_tokenizer
-from tests.conftest import TINY_TEST_CONFIG
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO, TINY_TEST_CONFIG
 
 
 def write(path: Path, lines: list[str]) -> Path:

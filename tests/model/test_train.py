@@ -16,6 +16,7 @@ from model.data import Batch, Example
 from model.training.loop import Trainer, learning_rate
 from model.training.recipe import TrainConfig
 from model.transformer import EOS_ID, ModelConfig, Transformer
+from tests.conftest import REPO
 
 SYMBOLS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"]
 
@@ -33,7 +34,7 @@ def _write_reverse_task(directory, n: int, seed: int) -> tuple:
     return paths
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = REPO / "recipes"
 
 RECIPE = {
     # The tiny preset (4+4 layers, d_model 128, 4 heads), pre-norm, less dropout for a clean

@@ -1,6 +1,5 @@
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from model.transformer import (
     scaled_dot_product_attention,
     sinusoidal_encoding,
 )
+from tests.conftest import REPO, SHIPPED_CHECKPOINT
 
 torch.set_num_threads(1)
 SMALL = dict(d_model=32, d_ff=64, h=4, n_encoder_layers=2, n_decoder_layers=2, max_positions=40)
@@ -351,7 +351,7 @@ def test_decode_does_not_mask_a_start_token_equal_to_the_pad_id() -> None:
 
 def test_the_shipped_checkpoint_loads_with_the_defaults() -> None:
     """A project checkpoint's config.json predates the Marian fields: it loads unchanged."""
-    checkpoint = Path(__file__).resolve().parents[2] / "checkpoints" / "multi30k-en-de"
+    checkpoint = SHIPPED_CHECKPOINT
     model = load_model(checkpoint)
     assert model.config.activation == "relu" and model.config.positions == "interleaved"
     assert (model.config.pad_id, model.config.bos_id, model.config.eos_id) == (0, 1, 2)
@@ -458,7 +458,7 @@ def test_searches_never_emit_a_suppressed_id(renormalize: bool, beam_size: int) 
     assert all(49 in tokens for tokens in outputs(()))
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = REPO / "recipes"
 
 
 def _memory_token_cosine(model_fields: dict[str, object], seed: int) -> float:

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.detect_bench import LANGUAGES, MULTI30K, read_texts
+from benchmarks.detect_bench import LANGUAGES, read_texts
+from benchmarks.paths import MULTI30K
 from service.http.app import create_app
 from service.text import pipeline
 from service.text.detect import Detector, detector_label
