@@ -22,7 +22,7 @@ from service.http.app import UPLOAD_OVERHEAD_BYTES, create_app
 from service.http.middleware import BodyLimitMiddleware
 from service.settings import Settings
 from tests.deploy.helpers import REPO, NginxBlock, k8s_objects, load_yaml, parse_nginx
-from tests.service.helpers import FakeModel, server_process, wait_for
+from tests.service.helpers import FakeModel, server_process
 
 
 def seconds(value: str) -> float:
@@ -241,18 +241,13 @@ def test_through_nginx_a_trickled_header_is_refused(proxy: Running) -> None:
 
 class Recorder:
     """A stand-in for the service on 127.0.0.1 that answers every request with 200 and keeps
-    the request heads it received, exactly as received; a GET of /hold is answered once
-    `release` is set."""
+    the request heads it received, exactly as received."""
 
     def __init__(self) -> None:
         self.heads: list[bytes] = []
-        self.release = threading.Event()
         self.listener = socket.create_server((HOST, 0))
         self.port: int = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
-
-    def holding(self) -> bool:
-        return any(head.startswith(b"GET /hold ") for head in self.heads)
 
     def _accept(self) -> None:
         while True:
@@ -270,8 +265,6 @@ class Recorder:
                 while b"\r\n\r\n" in buffer:  # no bodies: GET requests only
                     head, buffer = buffer.split(b"\r\n\r\n", 1)
                     self.heads.append(head + b"\r\n\r\n")
-                    if head.startswith(b"GET /hold "):
-                        self.release.wait(30)
                     connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
 
@@ -285,32 +278,6 @@ def recording_proxy() -> Iterator[tuple[Running, Recorder]]:
             yield running, recorder
     finally:
         recorder.listener.close()
-
-
-def test_nginx_sends_each_request_to_the_replica_with_the_fewest_in_progress() -> None:
-    """Two stand-ins, one busy with a request it holds: every request after it goes to the
-    other, whichever of nginx's workers takes it (least_conn over the zone's shared counts;
-    round robin sent every second one to the busy replica)."""
-    if nginx_binary() is None:
-        pytest.skip("nginx not installed (apt-get install nginx)")
-    replicas = [Recorder(), Recorder()]
-    try:
-        with nginx([replica.port for replica in replicas]) as proxy:
-            held = threading.Thread(target=httpx.get, args=(f"{proxy.url}/hold",), daemon=True)
-            held.start()
-            wait_for(lambda: any(r.holding() for r in replicas), 5)
-            (busy,) = [r for r in replicas if r.holding()]
-            (free,) = [r for r in replicas if r is not busy]
-            before = (len(busy.heads), len(free.heads))
-            for _ in range(8):
-                assert httpx.get(f"{proxy.url}/next", timeout=5).status_code == 200
-            assert (len(busy.heads), len(free.heads)) == (before[0], before[1] + 8)
-            busy.release.set()
-            held.join(10)
-    finally:
-        for replica in replicas:
-            replica.release.set()
-            replica.listener.close()
 
 
 def heads_to_try() -> Iterator[bytes]:
