@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks.paths import REPO
+
 DEPLOY = REPO / "deploy"
 DOCKERFILE = REPO / "Dockerfile"
 K8S = DEPLOY / "k8s"

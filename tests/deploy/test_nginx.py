@@ -86,16 +86,25 @@ def test_file_uploads_have_the_services_own_limit_on_exactly_its_upload_paths(
     conf: NginxBlock,
 ) -> None:
     """The paths where the service takes a document's size (BodyLimitMiddleware's uploads,
-    every API on at its default prefix) are the upload location's, with that limit; nginx
-    applies it to them and to nothing else."""
+    every API on at its default prefix) are those of every route that takes a file, and the
+    upload location's, with that limit; nginx applies it to them and to nothing else."""
     app = create_app(Settings(), models=[FakeModel()])
     (limits,) = [m.kwargs for m in app.user_middleware if m.cls is BodyLimitMiddleware]
+    paths = app.openapi()["paths"]
+    files = {
+        path
+        for path, operations in paths.items()
+        for operation in operations.values()
+        for body in operation.get("requestBody", {}).get("content", {}).values()
+        if any(p.get("format") == "binary" for p in body["schema"].get("properties", {}).values())
+    }
+    assert files == set(limits["uploads"])
     (server,) = conf["{server}"]
     (location,) = server["{location}"]
     (uploads,) = location["{location}"]
     assert uploads[""][0] == "~" and one(uploads, "proxy_pass") == one(location, "proxy_pass")
     pattern = re.compile(uploads[""][1])
-    assert {p for p in app.openapi()["paths"] if pattern.search(p)} == set(limits["uploads"])
+    assert {p for p in paths if pattern.search(p)} == set(limits["uploads"])
     assert {size(one(uploads, "client_max_body_size")[0])} == set(limits["uploads"].values())
 
 
