@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -103,13 +104,10 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     # The last added is the outermost: metrics see every answer, CORS and 413s included.
     # Inside the body limit: a body over it is refused at once, not after waiting its turn.
     app.add_middleware(LargeBodyGate, threshold=LARGE_BODY_BYTES, hold_s=LARGE_BODY_HOLD_S)
-    # A document's upload: its file, and room for the multipart framing and fields.
+    # A document's upload, on every route that takes a file: its file, and room for the
+    # multipart framing and fields.
     upload = settings.max_document_bytes + UPLOAD_OVERHEAD_BYTES
-    uploads = {"/documents": upload}
-    if settings.libretranslate_prefix:
-        uploads[settings.libretranslate_prefix + "/translate_file"] = upload
-    if settings.deepl:
-        uploads[settings.deepl_prefix + "/v2/document"] = upload
+    uploads = dict.fromkeys(file_uploads(app.openapi()), upload)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer, uploads=uploads
     )
@@ -127,3 +125,15 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
         routes |= {PAGE_PATH}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)
     return app
+
+
+def file_uploads(schema: dict[str, Any]) -> set[str]:
+    """The paths of `schema` (an OpenAPI document) with a request body that has a file (a
+    binary field): the routes that take a document."""
+    return {
+        path
+        for path, operations in schema["paths"].items()
+        for operation in operations.values()
+        for body in operation.get("requestBody", {}).get("content", {}).values()
+        if any(p.get("format") == "binary" for p in body["schema"].get("properties", {}).values())
+    }

@@ -86,19 +86,17 @@ def test_file_uploads_have_the_services_own_limit_on_exactly_its_upload_paths(
     conf: NginxBlock,
 ) -> None:
     """The paths where the service takes a document's size (BodyLimitMiddleware's uploads,
-    every API on at its default prefix) are those of every route that takes a file, and the
-    upload location's, with that limit; nginx applies it to them and to nothing else."""
-    app = create_app(Settings(), models=[FakeModel()])
+    every API on at its default prefix: each API's route that takes a file) are the upload
+    location's, with that limit; nginx applies it to them and to nothing else."""
+    settings = Settings()
+    app = create_app(settings, models=[FakeModel()])
     (limits,) = [m.kwargs for m in app.user_middleware if m.cls is BodyLimitMiddleware]
     paths = app.openapi()["paths"]
-    files = {
-        path
-        for path, operations in paths.items()
-        for operation in operations.values()
-        for body in operation.get("requestBody", {}).get("content", {}).values()
-        if any(p.get("format") == "binary" for p in body["schema"].get("properties", {}).values())
+    assert set(limits["uploads"]) == {
+        "/documents",
+        settings.libretranslate_prefix + "/translate_file",
+        settings.deepl_prefix + "/v2/document",
     }
-    assert files == set(limits["uploads"])
     (server,) = conf["{server}"]
     (location,) = server["{location}"]
     (uploads,) = location["{location}"]

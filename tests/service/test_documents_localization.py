@@ -79,6 +79,18 @@ def test_a_template_placeholder_is_one_code_with_its_dollar() -> None:
     assert entry.msgstr == "HELLO ${user}, TWO DOGS RUN."
 
 
+def test_a_po_entry_keeps_what_every_other_format_keeps() -> None:
+    """The placeholders a request or another document keeps (service/text/placeholders.py):
+    a template's {{name}}, numbered tags, code in backticks, a URL, an e-mail address."""
+    text = "Ask {{name}} at help@example.org, see <0>https://example.org/a</0> or run `ls -l`."
+    sent = f'msgid ""\nmsgstr ""\n\nmsgid "{text}"\nmsgstr ""\n'.encode()
+    assert unit_texts(PO, sent) == ["<p>Ask <c0/> at <c1/>, see <c2/><c3/><c4/> or run <c5/>.</p>"]
+    (entry,) = polib.pofile(translate(PO, sent, GarblingModel()).decode())
+    assert entry.msgstr == (
+        "ASK {{name}} AT help@example.org, SEE <0>https://example.org/a</0> OR RUN `ls -l`."
+    )
+
+
 def test_po_entries_are_translated_marked_fuzzy_and_plurals_filled() -> None:
     out = translate(PO, PO_FILE.encode())
     po = polib.pofile(out.decode())

@@ -6,10 +6,12 @@ and `mrk`) wrap the target words of their source words; the others (`x`, `bx`, `
 `bpt`, `ept`, `it`, `sc`, `ec`, `cp`, `sm`, `em`) are empty codes placed at the point their
 source position aligns to, written back as copies of the source element (attributes, native
 code and all). Placeholders in the text of every format are empty codes too, so the model
-never reads them and they come back byte for byte: printf's (`%s`, `%d`, `%1$s`, `%-5.2f`,
-`%@`, `%%`), Python's (`%(name)s`, `{0}`, `{name}`, `{name!r:>10}`), templates' (`${name}`)
-and ICU's (`{count, plural, one {# file} other {# files}}`, kept whole, its inner messages
-untranslated).
+never reads them and they come back byte for byte: those every request and document keeps
+(service/text/placeholders.py): printf's (`%s`, `%d`, `%1$s`, `%-5.2f`, `%@`, `%%`), Python's
+(`%(name)s`, `{0}`, `{name}`, `{name!r:>10}`), templates' (`${name}`, `{{name}}`), ICU's
+(`{count, plural, one {# file} other {# files}}`, kept whole, its inner messages
+untranslated), numbered tags, code in backticks, URLs, e-mail addresses, @mentions and
+#hashtags.
 A line break is an empty code as well.
 
 Marks. XLIFF 1.2: the new `<target>` has state="needs-review-translation" and
@@ -53,15 +55,11 @@ from service.documents.base import (
 )
 from service.documents.formats.plain import text_head, tight_breaks
 from service.documents.safe import DocumentError, parse_xml, serialize_xml
-from service.text.markup import translatable
+from service.text.markup import kept_spans, translatable
+from service.text.placeholders import Protection
 
-_PRINTF = re.compile(
-    r"%(?:%|\(\w+\)[-#0+ ]*\d*(?:\.\d+)?[a-zA-Z]"
-    r"|(?:\d+\$)?[-#0+']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGaAcspn@])"
-)
-# A brace placeholder starts {name, {0, {name!r, {name:fmt, {name, plural ..., or ${name (a
-# template's): its end is found by counting braces. "{{" is Python's escaped brace, text.
-_BRACE = re.compile(r"(?<!\{)\$?\{(?=[\w.]+\s*[}!:,])")
+# The built-in placeholders, as every other document format and a request keep them.
+_PROTECTION = Protection()
 _NEWLINE = "\n"
 
 
@@ -145,33 +143,16 @@ def _append(into: list[Code | str], text: str) -> None:
 
 
 def _placeholders(text: str) -> list[tuple[int, int]]:
-    """The spans of `text`'s placeholders and line breaks, in order, not overlapping."""
-    spans = [(m.start(), m.end()) for m in _PRINTF.finditer(text)]
+    """The spans of `text`'s placeholders (service/text/placeholders.py, URLs and the like
+    included) and line breaks, in order, not overlapping."""
+    spans = kept_spans(text, _PROTECTION)
     spans += [(m.start(), m.end()) for m in re.finditer(_NEWLINE, text)]
-    closes = _closing_braces(text)
-    spans += [
-        (m.start(), closes[m.end() - 1] + 1)  # from its $, if any, to its brace's end
-        for m in _BRACE.finditer(text)
-        if m.end() - 1 in closes
-    ]
     spans.sort()
     kept: list[tuple[int, int]] = []
     for start, end in spans:
         if not kept or start >= kept[-1][1]:
             kept.append((start, end))
     return kept
-
-
-def _closing_braces(text: str) -> dict[int, int]:
-    """Each balanced { of `text` -> its }, in one pass (an unbalanced one has none)."""
-    closes: dict[int, int] = {}
-    opened: list[int] = []
-    for match in re.finditer(r"[{}]", text):
-        if match.group() == "{":
-            opened.append(match.start())
-        elif opened:
-            closes[opened.pop()] = match.start()
-    return closes
 
 
 def _translated(children: Sequence[Code | str]) -> bool:
