@@ -19,7 +19,8 @@ common with the pool) from the same clients, not counted: the connections the lo
 (client to nginx, nginx to the replicas, the replicas to Redis) are open, the engine has run, and
 the load's hit rate is what it would be without them. For each mode: requests/s, p50/p99, the
 CPU each process spent a request of the load (the replicas' event loops and their other threads,
-nginx, Redis, the load generator; the scheduler's own accounting, /proc/PID/task/TID/schedstat),
+nginx, Redis, the load generator; the scheduler's own accounting, /proc/PID/task/TID/schedstat,
+and wrk's own clock),
 the service's own counts of sentence-cache hits, misses
 (sentences decoded) and single-flight joins, and, once the load is over, the p50 of a cached
 request through HTTP (`--cached-probes` requests of paragraphs the load sent, one at a time on
@@ -29,9 +30,9 @@ fewest a cache can decode) and so the best hit rate a cache can reach. `--repeat
 mode R times, each run on fresh servers (the runs of a mode vary by a tenth on a shared
 machine), and ends with each mode's medians. The load runs on the service's cores, so it is sent
 by wrk (Debian: apt-get install wrk; one thread, a connection per client, the bodies in order,
-timed from its first request to its last answer: `REPLAY_LUA`), which spends 0.01 ms of CPU a
-request where aiohttp spent 0.21-0.25; the warm-up, /metrics and the probes go through aiohttp.
-The last line is the report as JSON.
+timed from its first request to its last answer: `REPLAY_LUA`), which spends 0.06 ms of CPU a
+request (its start included) where aiohttp spent 0.21-0.25; the warm-up, /metrics and the
+probes go through aiohttp. The last line is the report as JSON.
 """
 
 from __future__ import annotations
@@ -103,19 +104,21 @@ CPU_PARTS = ("loops", "engines", "nginx", "redis", "load")
 # left sends a request head it never finishes: nginx (or the service) waits for the rest of it,
 # does no work and sends no answer, so the connection falls quiet. When the last body is
 # answered, the time since the first request (CLOCK_MONOTONIC, through LuaJIT's FFI: wrk's own
-# figures cover its whole -d duration) and the answers other than 200 are written to RESULT and
-# the thread stops. wrk 4.1 calls `request` once before the run to check the script (on the
-# first thread's state): that request is never sent.
+# figures cover its whole -d duration), the answers other than 200 and the CPU wrk has used so
+# far (CLOCK_PROCESS_CPUTIME_ID: its threads, start included, not what it does once the load is
+# over) are written to RESULT and the thread stops, which ends wrk. wrk 4.1 calls `request`
+# once before the run to check the script (on the first thread's state): that request is never
+# sent.
 REPLAY_LUA = """
 local ffi = require("ffi")
 ffi.cdef[[
 typedef struct { long tv_sec; long tv_nsec; } replay_timespec;
 int clock_gettime(int clock, replay_timespec *now);
 ]]
-local CLOCK_MONOTONIC = 1
+local CLOCK_MONOTONIC, CLOCK_PROCESS_CPUTIME_ID = 1, 2
 local clock = ffi.new("replay_timespec")
-local function now()
-  ffi.C.clock_gettime(CLOCK_MONOTONIC, clock)
+local function now(id)
+  ffi.C.clock_gettime(id or CLOCK_MONOTONIC, clock)
   return tonumber(clock.tv_sec) + tonumber(clock.tv_nsec) * 1e-9
 end
 local bodies = {}
@@ -138,7 +141,8 @@ function response(status)
   if status ~= 200 then failed = failed + 1 end
   if answered == #bodies then
     local out = io.open(RESULT, "w")
-    out:write(string.format("%.6f %d\\n", now() - started, failed))
+    local cpu = now(CLOCK_PROCESS_CPUTIME_ID)
+    out:write(string.format("%.6f %d %.6f\\n", now() - started, failed, cpu))
     out:close()
     wrk.thread:stop()
   end
@@ -194,7 +198,7 @@ def _cpu(pids: dict[str, list[int]]) -> dict[str, int]:
 @dataclass
 class Load:
     """What wrk measured of the load: seconds from its first request to its last answer,
-    answers other than 200, p50 and p99 latency in ms, its own CPU ns."""
+    answers other than 200, p50 and p99 latency in ms, its own CPU ns until its last answer."""
 
     seconds: float
     failed: int
@@ -226,16 +230,16 @@ def send_load(url: str, bodies: Sequence[str], clients: int, timeout_s: float = 
             if process.poll() is not None or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        spent = sum(cpu_ns(process.pid))
-        process.send_signal(signal.SIGINT)  # wrk prints its figures and exits
+        if process.poll() is None:  # still running: it ended the load late, or not at all
+            process.send_signal(signal.SIGINT)  # wrk prints its figures and exits
         out, _ = process.communicate(timeout=30)
     if not line:
         raise RuntimeError(f"wrk ended or timed out before the load's last answer:\n{out}")
-    seconds, failed = line.split()
+    seconds, failed, cpu_s = line.split()
     p50, p99 = wrk_percentile_ms(out, 50), wrk_percentile_ms(out, 99)
     if p50 is None or p99 is None:
         raise RuntimeError(f"wrk printed no latency distribution:\n{out}")
-    return Load(float(seconds), int(failed), p50, p99, spent)
+    return Load(float(seconds), int(failed), p50, p99, round(float(cpu_s) * 1e9))
 
 
 def _read(path: Path) -> str:

@@ -94,7 +94,7 @@ def cpu_ns(pid: int) -> tuple[int, int]:
                 other += ns
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 other += sum(sum(cpu_ns(int(child))) for child in f.read().split())
-    except FileNotFoundError:  # ended meanwhile
+    except (FileNotFoundError, ProcessLookupError):  # ended meanwhile (reaped, or not yet)
         pass
     return main, other
 
