@@ -79,10 +79,13 @@ def test_the_service_url_is_nginx(compose: dict[str, Any]) -> None:
     assert published(compose["services"]["nginx"]) == {port: 8080}  # nginx listens on 8080
 
 
-def run_nginx_command(nginx: dict[str, Any], tmp_path: Path) -> tuple[str, list[str]]:
+def run_nginx_command(
+    nginx: dict[str, Any], tmp_path: Path, *, tested: bool = True
+) -> tuple[dict[str, str], list[str]]:
     """nginx's start command with its bind mounts mapped to their sources and its tmpfs mounts
-    to temporary directories, and a fake `nginx` on PATH: the configuration file it writes and
-    the arguments it starts nginx with."""
+    to temporary directories, and a fake `nginx` on PATH whose `nginx -t` passes if `tested`:
+    the configuration files it writes (name -> text) and the arguments it starts nginx
+    with."""
     shell, flag, script = nginx["command"]
     assert (shell, flag) == ("/bin/sh", "-c")
     assert "$" not in script, "compose would interpolate it (write $$)"
@@ -100,7 +103,8 @@ def run_nginx_command(nginx: dict[str, Any], tmp_path: Path) -> tuple[str, list[
     bin_dir.mkdir()
     args_file = tmp_path / "nginx-args"
     fake = bin_dir / "nginx"
-    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {args_file}\n")
+    test = f'[ "$1" = -t ] && exit {0 if tested else 1}\n'
+    fake.write_text(f"#!/bin/sh\n{test}printf '%s\\n' \"$@\" > {args_file}\n")
     fake.chmod(0o755)
     busybox = shutil.which("busybox")
     if busybox is not None:  # the Alpine image's sh, sed and grep
@@ -113,8 +117,8 @@ def run_nginx_command(nginx: dict[str, Any], tmp_path: Path) -> tuple[str, list[
         command, env={"PATH": path}, capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 0, result.stderr
-    (written,) = [p for mount in nginx["tmpfs"] for p in paths[mount].glob("*.conf")]
-    return written.read_text(), args_file.read_text().splitlines()
+    written = {p.name: p.read_text() for mount in nginx["tmpfs"] for p in paths[mount].glob("*")}
+    return written, args_file.read_text().splitlines()
 
 
 def test_nginx_fronts_mt_with_the_committed_conf(
@@ -123,8 +127,9 @@ def test_nginx_fronts_mt_with_the_committed_conf(
     nginx = compose["services"]["nginx"]
     sources = [REPO / volume.split(":")[0] for volume in nginx["volumes"]]
     assert [source.resolve() for source in sources] == [NGINX_CONF]
-    text, args = run_nginx_command(nginx, tmp_path)
+    written, args = run_nginx_command(nginx, tmp_path)
     assert args == ["-g", "daemon off;"]
+    text = written["transformer-mt.conf"]
     # The committed file, but for its upstream server line (as benchmarks/servers.py does).
     committed = NGINX_CONF.read_text().splitlines()
     changed = [(a, b) for a, b in zip(committed, text.splitlines(), strict=True) if a != b]
@@ -140,6 +145,26 @@ def test_nginx_fronts_mt_with_the_committed_conf(
     (server,) = conf["{server}"]
     (listen,) = server["listen"]
     assert [int(listen[0])] == list(published(nginx).values())
+
+
+@pytest.mark.parametrize("tested", [True, False])
+def test_nginx_keeps_connections_through_a_reload_where_it_can(
+    compose: dict[str, Any], tmp_path: Path, tested: bool
+) -> None:
+    """keepalive_min_timeout where this nginx takes it (its `nginx -t` passes: 1.27.4 and
+    later), so that a reload answers a request on a kept-alive connection with "Connection:
+    close" rather than closing the connection as the request arrives; an older nginx (CI's
+    Debian 1.22) starts without it."""
+    written, args = run_nginx_command(compose["services"]["nginx"], tmp_path, tested=tested)
+    assert args == ["-g", "daemon off;"]
+    extra = {name: text for name, text in written.items() if name != "transformer-mt.conf"}
+    if tested:
+        assert extra == {"keepalive-min-timeout.conf": "keepalive_min_timeout 1s;\n"}
+        assert parse_nginx(extra["keepalive-min-timeout.conf"]) == {
+            "keepalive_min_timeout": [["1s"]]
+        }
+    else:
+        assert extra == {}
 
 
 def test_nginx_runs_read_only(compose: dict[str, Any]) -> None:

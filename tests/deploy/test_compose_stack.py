@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -87,11 +88,28 @@ def test_nginx_answers_through_the_replicas_sharing_redis(stack: tuple[str, str,
     response = httpx.post(f"{url}/translate", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert "Hunde" in response.json()["translations"][0]["text"]
-    labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", "service=redis")]
-    filters = [arg for label in labels for arg in ("--filter", label)]
-    (redis,) = podman("ps", "--quiet", *filters).split()
+    (redis,) = containers(project, "redis")
     keys = podman("exec", redis, "redis-cli", "dbsize")
     assert int(keys) >= 1
+
+
+def containers(project: str, service: str) -> list[str]:
+    labels = [f"label=com.docker.compose.{k}" for k in (f"project={project}", f"service={service}")]
+    filters = [arg for label in labels for arg in ("--filter", label)]
+    return podman("ps", "--quiet", *filters).split()
+
+
+def test_nginx_keeps_connections_through_a_reload_where_it_can(
+    stack: tuple[str, str, str],
+) -> None:
+    """The running nginx has keepalive_min_timeout if it is 1.27.4 or later (the compose file's
+    image), and starts without it if older (CI's stand-in, Debian's 1.22)."""
+    project, _, _ = stack
+    (nginx,) = containers(project, "nginx")
+    version = podman("exec", nginx, "sh", "-c", "nginx -v 2>&1").strip().rsplit("/", 1)[1]
+    effective = podman("exec", nginx, "nginx", "-T")
+    has = re.search(r"^\s*keepalive_min_timeout 1s;", effective, re.MULTILINE) is not None
+    assert has == (tuple(int(part) for part in version.split(".")) >= (1, 27, 4)), version
 
 
 def test_prometheus_scrapes_every_replica(stack: tuple[str, str, str]) -> None:
