@@ -228,9 +228,10 @@ def send_load(url: str, bodies: Sequence[str], clients: int, timeout_s: float = 
         deadline = time.monotonic() + timeout_s
         while not (line := _read(result)):
             if process.poll() is not None or time.monotonic() > deadline:
+                line = _read(result)  # written just before it ended, or not at all
                 break
             time.sleep(0.01)
-        if process.poll() is None:  # still running: it ended the load late, or not at all
+        if process.poll() is None:  # still running (ending, or past the deadline)
             process.send_signal(signal.SIGINT)  # wrk prints its figures and exits
         out, _ = process.communicate(timeout=30)
     if not line:

@@ -1,5 +1,5 @@
 """nginx reloaded under load: what a reload does to clients' kept-alive connections, with and
-without `keepalive_min_timeout` (nginx 1.27.4 and later).
+without `keepalive_min_timeout` (which nginx has from 1.27.4).
 
     python -m benchmarks.nginx_reload [--nginx /usr/sbin/nginx] [--root DIR] \\
         [--keepalive-min-timeout 1s] [--seconds 20] [--every 0.25] [--clients 8]
@@ -8,40 +8,46 @@ An nginx of its own on a free port answers every request itself (`return 200`: n
 behind it, so that what fails is the connection between client and nginx, which is all a
 reload touches), while `--clients` httpx clients, each on one kept-alive connection, POST a
 translation request after another, and nginx is reloaded (SIGHUP) every `--every` seconds.
-Before 1.27.4 an old worker closes its connections, idle or just answered, and a request sent
-on one as it closes gets no answer; with `--keepalive-min-timeout` it keeps them that long and
-answers with "Connection: close". `--root` runs an nginx installed under another root
-(chroot: e.g. Debian unstable's, `mmdebstrap --variant=minbase --include=nginx-light sid
-DIR`). Reports the reloads, the answers and the failures by kind; the last line is JSON.
+Without keepalive_min_timeout an old worker closes its connections, idle or just answered,
+and a request sent on one as it closes gets no answer; with `--keepalive-min-timeout` (nginx
+has it from 1.27.4) it keeps them that long and answers with "Connection: close". `--root`
+runs an nginx installed under another root (chroot: e.g. Debian unstable's, `mmdebstrap
+--variant=minbase --include=nginx-light sid DIR`). Reports the reloads, the answers and the
+failures by kind; the last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import grp
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.servers import HOST, free_port, nginx_binary
+from benchmarks.servers import HOST, free_port, nginx_binary, stop, wait_until_ready
 
 CONF = """
-worker_processes 1;
+daemon off;
+{user}worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log;
 events {{ worker_connections 1024; }}
 http {{
     access_log off;
-    client_body_temp_path {dir}/body;
+{temp_paths}
     keepalive_timeout 75s;
     {min_timeout}
     server {{
@@ -54,7 +60,7 @@ BODY = {"text": "Two dogs are playing in the snow.", "source": "en", "target": "
 
 
 async def load(
-    url: str, clients: int, seconds: float, every: float, reload: object
+    url: str, clients: int, seconds: float, every: float, reload: Callable[[], object]
 ) -> dict[str, Any]:
     """Clients posting back to back for `seconds`, `reload()` every `every` seconds: the
     reloads and the outcomes (status codes and exception names) counted."""
@@ -73,7 +79,7 @@ async def load(
         reloads = 0
         while time.monotonic() + every < stop:
             await asyncio.sleep(every)
-            reload()  # type: ignore[operator]
+            reload()
             reloads += 1
         return reloads
 
@@ -81,58 +87,80 @@ async def load(
     return {"reloads": reloads, "outcomes": dict(outcomes)}
 
 
+def nginx_version(binary: str, root: str = "") -> tuple[int, ...]:
+    """`binary`'s version (under `root` if given), from `nginx -v`."""
+    said = subprocess.run(
+        ["chroot", root, binary, "-v"] if root else [binary, "-v"],
+        capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    return parse_version(said)
+
+
+def parse_version(said: str) -> tuple[int, ...]:
+    """The version in what `nginx -v` says ("nginx version: nginx/1.24.0 (Ubuntu)")."""
+    found = re.search(r"nginx/(\d+(?:\.\d+)*)", said)
+    if found is None:
+        raise ValueError(f"no nginx version in {said!r}")
+    return tuple(int(part) for part in found[1].split("."))
+
+
 def run(
     nginx: str, root: str, min_timeout: str, clients: int, seconds: float, every: float
 ) -> dict[str, Any]:
     """One run on an nginx of its own (under `root` if given): see the module's docstring."""
     port = free_port()
-    with tempfile.TemporaryDirectory(
-        prefix="mt-reload-", dir=f"{root}/tmp" if root else None
-    ) as tmp:
-        inside = tmp.removeprefix(root) if root else tmp  # the directory as nginx sees it
+    top = Path(root).resolve() if root else None
+    with tempfile.TemporaryDirectory(prefix="mt-reload-", dir=top and top / "tmp") as tmp:
+        # Its directory as nginx sees it: its prefix, configuration, logs and temporary files.
+        inside = Path("/", Path(tmp).relative_to(top)) if top else Path(tmp)
+        temp_paths = "\n".join(
+            f"    {kind}_temp_path {inside / kind};"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        # Started as root, nginx would run its workers as nobody, who cannot write here.
+        user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
         directive = f"keepalive_min_timeout {min_timeout};" if min_timeout else ""
-        conf = CONF.format(dir=inside, min_timeout=directive, host=HOST, port=port)
+        conf = CONF.format(
+            user=user, dir=inside, temp_paths=temp_paths, min_timeout=directive, host=HOST,
+            port=port,
+        )  # fmt: skip
         Path(tmp, "nginx.conf").write_text(conf, encoding="utf-8")
-        command = [nginx, "-c", f"{inside}/nginx.conf", "-g", "daemon off;"]
-        # What it says before its error_log is open (a refused directive) goes to stderr.
-        with open(Path(tmp, "stderr"), "w") as stderr:
-            process = subprocess.Popen(
-                ["chroot", root, *command] if root else command, stderr=stderr
-            )
+        command = [nginx, "-p", str(inside), "-c", str(inside / "nginx.conf"),
+                   "-e", str(inside / "error.log")]  # fmt: skip
+        process = subprocess.Popen(
+            ["chroot", str(top), *command] if top else command,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        url = f"http://{HOST}:{port}"
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if process.poll() is not None:
-                    said = [Path(tmp, name) for name in ("stderr", "error.log")]
-                    text = "".join(path.read_text() for path in said if path.exists())
-                    raise RuntimeError(f"nginx did not start: {text}")
-                try:
-                    httpx.get(f"http://{HOST}:{port}/", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
-            version = subprocess.run(
-                ["chroot", root, nginx, "-v"] if root else [nginx, "-v"],
-                capture_output=True, text=True, check=True,
-            ).stderr.strip().rsplit("/", 1)[-1]  # fmt: skip
-            result = asyncio.run(
-                load(f"http://{HOST}:{port}", clients, seconds, every,
-                     lambda: process.send_signal(signal.SIGHUP))
-            )  # fmt: skip
+            try:
+                wait_until_ready(url, process, timeout=30, path="/")
+            except (RuntimeError, TimeoutError) as e:
+                errors = Path(tmp, "error.log")
+                said = errors.read_text(errors="replace")[-2000:] if errors.exists() else ""
+                raise RuntimeError(f"nginx did not start: {e}\n{said}") from None
+            version = nginx_version(nginx, str(top) if top else "")
+            reload = partial(process.send_signal, signal.SIGHUP)
+            result = asyncio.run(load(url, clients, seconds, every, reload))
         finally:
-            process.send_signal(signal.SIGQUIT)  # graceful: what is in progress ends
-            process.wait(timeout=30)
+            stop(process)
     answered = result["outcomes"].get("200", 0)
     failed = sum(result["outcomes"].values()) - answered
-    return {"nginx": version, "keepalive_min_timeout": min_timeout or None, **result,
-            "answered": answered, "failed": failed}  # fmt: skip
+    return {"nginx": ".".join(map(str, version)), "keepalive_min_timeout": min_timeout or None,
+            **result, "answered": answered, "failed": failed}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nginx", default=None, help="its path (default: nginx on PATH)")
+    parser.add_argument(
+        "--nginx",
+        default=None,
+        help="its path (default: nginx on PATH; /usr/sbin/nginx with --root)",
+    )
     parser.add_argument("--root", default="", help="run it with chroot under this root")
-    parser.add_argument("--keepalive-min-timeout", default="", help="e.g. 1s (1.27.4 and later)")
+    parser.add_argument(
+        "--keepalive-min-timeout", default="", help="e.g. 1s (nginx has it from 1.27.4)"
+    )
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--every", type=float, default=0.25, help="seconds between reloads")
     parser.add_argument("--clients", type=int, default=8)

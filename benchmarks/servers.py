@@ -85,7 +85,11 @@ def cpu_ns(pid: int) -> tuple[int, int]:
     other threads' and its children's (the engine's threads; nginx's workers)."""
     main = other = 0
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:  # ended and reaped
+        return main, other
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/schedstat") as f:
                 ns = int(f.read().split()[0])
             if int(task) == pid:
@@ -94,8 +98,8 @@ def cpu_ns(pid: int) -> tuple[int, int]:
                 other += ns
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 other += sum(sum(cpu_ns(int(child))) for child in f.read().split())
-    except (FileNotFoundError, ProcessLookupError):  # ended meanwhile (reaped, or not yet)
-        pass
+        except (FileNotFoundError, ProcessLookupError):  # this task ended meanwhile
+            continue
     return main, other
 
 
@@ -134,7 +138,8 @@ class Running:
         return f"http://{HOST}:{self.port}"
 
 
-def _stop(process: subprocess.Popen[Any]) -> None:
+def stop(process: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 30 s."""
     process.terminate()
     try:
         process.wait(30)
@@ -184,7 +189,7 @@ def services(
         yield [Running(port, process) for port, process in zip(ports, processes, strict=True)]
     finally:
         for process in processes:
-            _stop(process)
+            stop(process)
 
 
 def nginx_binary() -> str | None:
@@ -264,7 +269,7 @@ def nginx(
                 raise RuntimeError(f"{e}\n{errors}") from None
             yield Running(port, process)
         finally:
-            _stop(process)
+            stop(process)
 
 
 REDIS_SERVER = "redis-server"

@@ -129,11 +129,24 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
 
 def file_uploads(schema: dict[str, Any]) -> set[str]:
     """The paths of `schema` (an OpenAPI document) with a request body that has a file (a
-    binary field): the routes that take a document."""
+    binary field, `format: binary` in OpenAPI 3.0's words, a `contentMediaType` in 3.1's): the
+    routes that take a document. A body is written inline or, as FastAPI writes an
+    `UploadFile` parameter's, as a reference to the document's components."""
+    components = schema.get("components", {}).get("schemas", {})
+
+    def fields(body: dict[str, Any]) -> dict[str, Any]:
+        if "$ref" in body:
+            body = components[body["$ref"].removeprefix("#/components/schemas/")]
+        properties: dict[str, Any] = body.get("properties", {})
+        return properties
+
     return {
         path
         for path, operations in schema["paths"].items()
         for operation in operations.values()
         for body in operation.get("requestBody", {}).get("content", {}).values()
-        if any(p.get("format") == "binary" for p in body["schema"].get("properties", {}).values())
+        if any(
+            p.get("format") == "binary" or "contentMediaType" in p
+            for p in fields(body["schema"]).values()
+        )
     }

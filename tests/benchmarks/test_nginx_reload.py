@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.nginx_reload import run
+from benchmarks.nginx_reload import nginx_version, parse_version, run
 from benchmarks.servers import nginx_binary
 
 NGINX = nginx_binary()
-pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx)")
+needs_nginx = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx)")
 
 
-def version(report: dict[str, object]) -> tuple[int, ...]:
-    return tuple(int(part) for part in str(report["nginx"]).split("."))
+def test_the_version_is_read_from_what_nginx_v_says() -> None:
+    assert parse_version("nginx version: nginx/1.22.1\n") == (1, 22, 1)
+    assert parse_version("nginx version: nginx/1.24.0 (Ubuntu)\n") == (1, 24, 0)
+    with pytest.raises(ValueError, match="no nginx version"):
+        parse_version("sh: nginx: not found")
 
 
+@needs_nginx
 def test_clients_are_counted_through_reloads() -> None:
     assert NGINX is not None
     report = run(NGINX, "", "", clients=4, seconds=3, every=0.2)
-    assert report["reloads"] >= 10
+    assert report["reloads"] >= 5
     outcomes = report["outcomes"]
     assert report["answered"] == outcomes["200"] > 100
     # What a reload can do to a request: no answer on a connection it closed, nothing else.
@@ -28,14 +32,14 @@ def test_clients_are_counted_through_reloads() -> None:
     assert report["failed"] == sum(outcomes.values()) - outcomes["200"]
 
 
+@needs_nginx
 def test_keepalive_min_timeout_keeps_every_request_or_is_refused() -> None:
-    """nginx 1.27.4 and later lose nothing to a reload with it; older nginx refuses it at
+    """With it (nginx 1.27.4 and later) a reload loses nothing; an older nginx refuses it at
     start (why the committed conf leaves it to docker-compose.yml's check)."""
     assert NGINX is not None
-    plain = run(NGINX, "", "", clients=1, seconds=0.5, every=0.2)
-    if version(plain) >= (1, 27, 4):
+    if nginx_version(NGINX) >= (1, 27, 4):
         report = run(NGINX, "", "1s", clients=4, seconds=3, every=0.2)
-        assert report["reloads"] >= 10 and report["failed"] == 0
+        assert report["reloads"] >= 5 and report["failed"] == 0
     else:
         with pytest.raises(RuntimeError, match='unknown directive "keepalive_min_timeout"'):
             run(NGINX, "", "1s", clients=1, seconds=0.5, every=0.2)

@@ -14,9 +14,10 @@ from typing import Any
 import docx
 import httpx
 import pytest
+from fastapi import FastAPI, UploadFile
 
 from service.documents.safe import OLE_MAGIC
-from service.http.app import create_app
+from service.http.app import create_app, file_uploads
 from tests.service.document_helpers import replace_entry
 from tests.service.helpers import FakeModel, async_wait_for, fast_settings, running
 
@@ -339,6 +340,26 @@ async def test_each_apis_upload_takes_a_file_over_the_body_limit_up_to_the_docum
             assert over.status_code == 413, (path, over.text)  # 117,000 > 50,000 + 65,536
         response = await client.post("/translate", json={"text": "a" * 10_000, **EN_DE})
         assert response.status_code == 413  # elsewhere, the body's limit
+
+
+def test_a_route_that_takes_a_file_is_an_upload_however_its_body_is_written() -> None:
+    """Inline in the route's OpenAPI (the service's routes: `format: binary`) or, as FastAPI
+    writes an `UploadFile` parameter, a reference to a component (`contentMediaType`)."""
+    app = FastAPI()
+
+    @app.post("/upload")
+    async def upload(file: UploadFile) -> dict[str, str]:
+        return {}
+
+    @app.post("/json")
+    async def take(body: dict[str, str]) -> dict[str, str]:
+        return body
+
+    assert file_uploads(app.openapi()) == {"/upload"}
+    service = create_app(fast_settings(), models=[FakeModel()])
+    assert file_uploads(service.openapi()) == {
+        "/documents", "/libretranslate/translate_file", "/v2/document"
+    }  # fmt: skip
 
 
 async def test_a_document_with_nothing_to_translate_comes_back_as_sent(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+/tmp/tmp.f0Ezh9OUB8/sh
