@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import grp
 import json
-import os
 import re
 import signal
 import subprocess
@@ -37,24 +35,24 @@ from typing import Any
 
 import httpx
 
-from benchmarks.servers import HOST, free_port, nginx_binary, stop, wait_until_ready
+from benchmarks.servers import (
+    HOST,
+    free_port,
+    nginx_binary,
+    nginx_command,
+    nginx_main,
+    stop,
+    wait_until_ready,
+)
 
-CONF = """
-daemon off;
-{user}worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-{temp_paths}
+# The http context: a server that answers every request itself.
+HTTP = """    access_log off;
     keepalive_timeout 75s;
     {min_timeout}
     server {{
         listen {host}:{port};
         location / {{ return 200 "{{}}"; }}
     }}
-}}
 """
 BODY = {"text": "Two dogs are playing in the snow.", "source": "en", "target": "de"}
 
@@ -113,20 +111,10 @@ def run(
     with tempfile.TemporaryDirectory(prefix="mt-reload-", dir=top and top / "tmp") as tmp:
         # Its directory as nginx sees it: its prefix, configuration, logs and temporary files.
         inside = Path("/", Path(tmp).relative_to(top)) if top else Path(tmp)
-        temp_paths = "\n".join(
-            f"    {kind}_temp_path {inside / kind};"
-            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        )
-        # Started as root, nginx would run its workers as nobody, who cannot write here.
-        user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
         directive = f"keepalive_min_timeout {min_timeout};" if min_timeout else ""
-        conf = CONF.format(
-            user=user, dir=inside, temp_paths=temp_paths, min_timeout=directive, host=HOST,
-            port=port,
-        )  # fmt: skip
-        Path(tmp, "nginx.conf").write_text(conf, encoding="utf-8")
-        command = [nginx, "-p", str(inside), "-c", str(inside / "nginx.conf"),
-                   "-e", str(inside / "error.log")]  # fmt: skip
+        http = HTTP.format(min_timeout=directive, host=HOST, port=port)
+        Path(tmp, "nginx.conf").write_text(nginx_main(inside, http), encoding="utf-8")
+        command = nginx_command(nginx, inside)
         process = subprocess.Popen(
             ["chroot", str(top), *command] if top else command,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

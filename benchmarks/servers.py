@@ -219,6 +219,29 @@ def nginx_config(upstream_ports: Sequence[int], listen_port: int, conf: Path = N
     return text
 
 
+def nginx_main(prefix: Path, http: str, worker_connections: int = 1024) -> str:
+    """An nginx.conf in the foreground whose pid file, error log and temporary files are all
+    under `prefix` (as nginx sees it), around `http` (the http context's lines)."""
+    temp_paths = "".join(
+        f"    {kind}_temp_path {prefix / kind};\n"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    # Started as root, nginx would run its workers as nobody, who cannot write here.
+    user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
+    return (
+        f"daemon off;\n{user}worker_processes auto;\npid {prefix / 'nginx.pid'};\n"
+        f"error_log {prefix / 'error.log'} warn;\n"
+        f"events {{\n    worker_connections {worker_connections};\n}}\n"
+        f"http {{\n{temp_paths}{http}}}\n"
+    )
+
+
+def nginx_command(binary: str, prefix: Path) -> list[str]:
+    """`binary` run with `prefix`'s nginx.conf (`nginx_main`), logging there from the start."""
+    return [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
+            "-e", str(prefix / "error.log")]  # fmt: skip
+
+
 @contextlib.contextmanager
 def nginx(
     upstream: int | Sequence[int], worker_connections: int = 1024, access_log: Path | None = None
@@ -236,27 +259,15 @@ def nginx(
         prefix = Path(tmp)
         ports = [upstream] if isinstance(upstream, int) else list(upstream)
         (prefix / "transformer-mt.conf").write_text(nginx_config(ports, port))
-        temp_paths = "\n".join(
-            f"    {kind}_temp_path {prefix / kind};"
-            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-        )
         logging = (
             "    access_log off;\n"
             if access_log is None
             else "    log_format tries '$status $upstream_addr $upstream_status';\n"
             f"    access_log {access_log} tries;\n"
         )
-        # Started as root, nginx would run its workers as nobody, who cannot write here.
-        user = f"user root {grp.getgrgid(os.getegid()).gr_name};\n" if os.geteuid() == 0 else ""
-        (prefix / "nginx.conf").write_text(
-            f"daemon off;\n{user}worker_processes auto;\npid {prefix / 'nginx.pid'};\n"
-            f"error_log {prefix / 'error.log'} warn;\n"
-            f"events {{\n    worker_connections {worker_connections};\n}}\n"
-            f"http {{\n{logging}{temp_paths}\n"
-            f"    include {prefix / 'transformer-mt.conf'};\n}}\n"
-        )
-        command = [binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"),
-                   "-e", str(prefix / "error.log")]  # fmt: skip
+        http = f"{logging}    include {prefix / 'transformer-mt.conf'};\n"
+        (prefix / "nginx.conf").write_text(nginx_main(prefix, http, worker_connections))
+        command = nginx_command(binary, prefix)
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

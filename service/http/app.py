@@ -107,7 +107,8 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
     # A document's upload, on every route that takes a file: its file, and room for the
     # multipart framing and fields.
     upload = settings.max_document_bytes + UPLOAD_OVERHEAD_BYTES
-    uploads = dict.fromkeys(file_uploads(app.openapi()), upload)
+    schema = app.openapi()  # every router is in: the routes are known
+    uploads = dict.fromkeys(file_uploads(schema), upload)
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=settings.max_body_bytes, renderer=renderer, uploads=uploads
     )
@@ -120,7 +121,7 @@ def create_app(settings: Settings, *, models: Sequence[TranslationModel] | None 
             expose_headers=["Retry-After"],  # when a page's script may retry a 429 or 503
         )
     app.add_middleware(ResponseHeadersMiddleware)
-    routes = frozenset(path for path in app.openapi()["paths"]) | {"/docs", "/openapi.json"}
+    routes = frozenset(schema["paths"]) | {"/docs", "/openapi.json"}
     if settings.web_ui:
         routes |= {PAGE_PATH}
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics, routes=routes)

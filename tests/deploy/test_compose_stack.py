@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from benchmarks import rolling_restart
+from benchmarks.nginx_reload import parse_version
 from benchmarks.servers import free_port
 from tests.deploy.helpers import REPO
 
@@ -106,10 +107,10 @@ def test_nginx_keeps_connections_through_a_reload_where_it_can(
     image), and starts without it if older (CI's stand-in, Debian's 1.22)."""
     project, _, _ = stack
     (nginx,) = containers(project, "nginx")
-    version = podman("exec", nginx, "sh", "-c", "nginx -v 2>&1").strip().rsplit("/", 1)[1]
+    version = parse_version(podman("exec", nginx, "sh", "-c", "nginx -v 2>&1"))
     effective = podman("exec", nginx, "nginx", "-T")
     has = re.search(r"^\s*keepalive_min_timeout 1s;", effective, re.MULTILINE) is not None
-    assert has == (tuple(int(part) for part in version.split(".")) >= (1, 27, 4)), version
+    assert has == (version >= (1, 27, 4)), version
 
 
 def test_prometheus_scrapes_every_replica(stack: tuple[str, str, str]) -> None:

@@ -1,1 +1,0 @@
-/tmp/tmp.f0Ezh9OUB8/sh
