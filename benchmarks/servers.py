@@ -11,6 +11,7 @@ import gzip
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -291,7 +292,8 @@ class RedisServer:
     shared-state tests and benchmarks/cache_replay.py run against; `persistent`: every write
     appended to its file before it answers (as deploy/ runs it), else no persistence.
     `stop()` (a kill) and `start()` take it down and bring it back on the same port, with what
-    it had written when persistent (the fault tests). Raises FileNotFoundError where it is not
+    it had written when persistent; `freeze()` and `thaw()` make it hang and go on (the fault
+    tests). Raises FileNotFoundError where it is not
     installed (Debian: apt-get install redis-server)."""
 
     def __init__(self, directory: Path, *, persistent: bool = False) -> None:
@@ -337,6 +339,16 @@ class RedisServer:
             self.process.kill()
             self.process.wait(10)
         self.process = None
+
+    def freeze(self) -> None:
+        """Stop the server without closing anything (SIGSTOP): connections open and commands
+        are sent, and nothing answers, as from a Redis that hangs; `thaw()` lets it go on."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     def flush(self) -> None:
         """Empty every key (between tests that share the server)."""
