@@ -59,9 +59,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 def emptied(redis_server: RedisServer) -> str:
-    """The session's Redis, running (a fault test may have stopped it) and empty: its URL."""
-    if redis_server.process is None:
+    """The session's Redis, running (a fault test may have stopped or frozen it) and empty:
+    its URL."""
+    if redis_server.process is None or redis_server.process.poll() is not None:
         redis_server.start()
+    else:
+        redis_server.thaw()
     redis_server.flush()
     return redis_server.url
 

@@ -252,13 +252,20 @@ def uvicorn_thread(app: Any, config: Any = None) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    started = time.monotonic()
     while not server.started:
+        if not thread.is_alive() or time.monotonic() - started > 60:
+            raise RuntimeError(f"uvicorn did not start on port {port}")
         threading.Event().wait(0.01)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(5)
+        thread.join(10)
+        if thread.is_alive():  # connections still open: closed at once
+            server.force_exit = True
+            thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 class ServerProcess:
