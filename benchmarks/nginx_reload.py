@@ -63,11 +63,11 @@ async def load(
     """Clients posting back to back for `seconds`, `reload()` every `every` seconds: the
     reloads and the outcomes (status codes and exception names) counted."""
     outcomes: Counter[str] = Counter()
-    stop = time.monotonic() + seconds
+    end = time.monotonic() + seconds
 
     async def client() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-            while time.monotonic() < stop:
+            while time.monotonic() < end:
                 try:
                     outcomes[str((await http.post("/translate", json=BODY)).status_code)] += 1
                 except httpx.HTTPError as e:
@@ -75,7 +75,7 @@ async def load(
 
     async def reloader() -> int:
         reloads = 0
-        while time.monotonic() + every < stop:
+        while time.monotonic() + every < end:
             await asyncio.sleep(every)
             reload()
             reloads += 1

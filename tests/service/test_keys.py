@@ -45,11 +45,16 @@ def sqlite(tmp_path: Path) -> list[str]:
     return ["--store", "sqlite", "--db", str(tmp_path / "keys.sqlite3")]
 
 
-def app_on(store: list[str], fake: FakeModel, **settings: Any) -> Any:
+def store_settings(store: list[str], **settings: Any) -> Settings:
+    """The service's settings on the key store the CLI arguments `store` name."""
     kind, where = store[1], store[3]
     values = {"key_store": kind, "keys_reload_s": 0.05, **settings}
     values["keys_db" if kind == "sqlite" else "redis_url"] = where
-    return running(create_app(fast_settings(**values), models=[fake]))
+    return fast_settings(**values)
+
+
+def app_on(store: list[str], fake: FakeModel, **settings: Any) -> Any:
+    return running(create_app(store_settings(store, **settings), models=[fake]))
 
 
 async def post(client: httpx.AsyncClient, secret: str | None, text: str = "Hi.") -> httpx.Response:
@@ -286,13 +291,8 @@ async def test_redis_stopped_and_started_under_load_costs_no_error_and_no_deadli
     store = ["--store", "redis", "--redis-url", redis_url]
     secret = await added(capsys, store, "load", "--requests-per-minute", "100000")
     redis_timeout_s = 0.1
-    settings = fast_settings(
-        key_store="redis",
-        redis_url=redis_url,
-        keys_reload_s=0.05,
-        redis_timeout_s=redis_timeout_s,
-        redis_retry_s=0.2,
-        request_timeout_s=2.0,
+    settings = store_settings(
+        store, redis_timeout_s=redis_timeout_s, redis_retry_s=0.2, request_timeout_s=2.0
     )
     slowest = 0.0
     statuses: list[int] = []
